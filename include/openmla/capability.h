@@ -1,0 +1,34 @@
+// OpenMLA: capability queries. Each answers "supported" or the reason it is not.
+#pragma once
+
+#include <string>
+
+#include "openmla/status.h"
+
+namespace openmla {
+
+enum class Feature : int {
+  kKVCacheQuantize = 0,  // FP8 KV-cache quantise / dequantise / append kernels
+  kDenseDecode = 1,      // dense MLA decode over a paged BF16/FP16 cache
+  kSparseDecode = 2,     // sparse top-k MLA decode over an FP8 cache
+  kSparsePrefill = 3,    // sparse MLA prefill
+  kDensePrefill = 4,     // dense MHA prefill forward/backward
+};
+
+const char* feature_name(Feature feature);
+
+struct Capability {
+  bool supported = false;
+  std::string reason;  // empty when supported
+};
+
+// Is `feature` usable on CUDA device `device_id` with this build? Never throws, never syncs.
+// Reasons name what is missing: no CUDA device, compute capability != 9.0, feature compiled out, or
+// the kernel is not implemented yet in this version.
+Capability query_capability(Feature feature, int device_id = 0);
+
+// Library version "major.minor.patch" and the git commit it was built from.
+const char* version_string();
+const char* build_commit();
+
+}  // namespace openmla

@@ -1,0 +1,97 @@
+// OpenMLA: MLA decode (dense over a paged BF16/FP16 cache; sparse top-k over an FP8 cache).
+//
+// A decode call has three parts, all on the caller's stream, none synchronising the host:
+//   1. get_decode_workspace_sizes(): how much caller-owned device memory the schedule and the split-KV
+//      partials need. An engine sizes these once for its largest batch (num_sm_parts depends only on
+//      the head geometry and the SM count, never on sequence lengths).
+//   2. plan_decode(): a GPU kernel that computes the schedule (work partition over the SMs) from
+//      cache_seqlens (dense) or topk_length (sparse). Graph-capturable; reuse the schedule across all
+//      layers of one decoding step.
+//   3. dense_decode() / sparse_decode(): the attention kernel plus, for requests the schedule split,
+//      the combine kernel (launched with programmatic dependent launch).
+//
+// Conventions shared by every decode path:
+//   - out: (b, s_q, h_q, d_v) in q's dtype; lse: logical (b, h_q, s_q) float32, natural log of the
+//     sum of exp(scaled logits); any strides (the Python layer returns a transposed view).
+//   - A query row with no visible key gets out = 0 and lse = +inf.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "openmla/kv_cache.h"
+#include "openmla/status.h"
+#include "openmla/types.h"
+
+namespace openmla {
+
+// Number of int32 fields in one partition record of the schedule (see docs/decode-schedule.md).
+inline constexpr int kDecodeScheduleRecordInts = 8;
+
+// Static description of a decode problem: everything the schedule and the workspace depend on. The
+// per-step values (sequence lengths, top-k lengths) are tensors passed to plan_decode().
+struct DecodeProblem {
+  int64_t batch = 0;            // b >= 1
+  int64_t s_q = 1;              // query tokens per request (MTP / speculative: > 1)
+  int64_t h_q = 0;              // query heads, a multiple of h_kv
+  int64_t h_kv = 1;             // KV heads
+  int64_t d_qk = 576;           // 576 (V3.2 geometry) or 512 (MODEL1, sparse only)
+  int64_t d_v = 512;            // must be 512
+  int64_t page_block_size = 64; // tokens per cache page
+  KVCacheFormat cache_format = KVCacheFormat::kBFloat16;
+  bool causal = false;          // bottom-right aligned; ignored when s_q == 1
+  // Sparse decode only (sparse == true): top-k slots per query, optional extra cache.
+  bool sparse = false;
+  int64_t topk = 0;
+  int64_t extra_topk = 0;            // 0: no extra cache
+  int64_t extra_page_block_size = 0;
+  int num_sms = 0;                   // SMs to schedule over; 0: the current device's count
+};
+
+struct DecodeWorkspaceSizes {
+  int num_sm_parts = 0;          // partitions the schedule splits the work into (<= kMaxDecodeSmParts)
+  int64_t metadata_ints = 0;     // schedule records: num_sm_parts * kDecodeScheduleRecordInts int32
+  int64_t num_splits_ints = 0;   // split-slot prefix sums: batch + 1 int32
+  int64_t partial_rows = 0;      // (batch + num_sm_parts) * s_q * h_q rows of partial results
+  size_t partial_o_bytes = 0;    // partial_rows * d_v * sizeof(float)
+  size_t partial_lse_bytes = 0;  // partial_rows * sizeof(float)
+};
+
+inline constexpr int kMaxDecodeSmParts = 160;
+
+Status get_decode_workspace_sizes(const DecodeProblem& problem, DecodeWorkspaceSizes* sizes);
+
+// The schedule: caller-owned device memory, filled by plan_decode().
+struct DecodeSchedule {
+  TensorRef metadata;    // (num_sm_parts, 8) int32, contiguous
+  TensorRef num_splits;  // (batch + 1,) int32, contiguous; exclusive prefix sum of splits per request
+};
+
+// Split-KV scratch: caller-owned device memory, sized by get_decode_workspace_sizes().
+struct DecodeSplitBuffers {
+  TensorRef partial_o;    // (partial_rows, d_v) float32, contiguous
+  TensorRef partial_lse;  // (partial_rows,) float32, contiguous
+};
+
+// Fills `schedule` on the GPU. Dense: `cache_seqlens` (b,) int32. Sparse: `topk_length` (b,) int32
+// and `extra_topk_length` (b,) int32 may be absent (undefined TensorRef); cache_seqlens is ignored.
+Status plan_decode(const DecodeProblem& problem, const TensorRef& cache_seqlens, const TensorRef& topk_length,
+                   const TensorRef& extra_topk_length, const DecodeSchedule& schedule, cudaStream_t stream);
+
+struct DenseDecodeArgs {
+  TensorRef q;              // (b, s_q, h_q, d_qk) bf16/fp16; last dim contiguous, byte strides % 16 == 0
+  TensorRef k_cache;        // (num_blocks, page_block_size, h_kv, d_qk), q's dtype; last dim contiguous
+  TensorRef block_table;    // (b, max_blocks_per_seq) int32; last dim contiguous
+  TensorRef cache_seqlens;  // (b,) int32, contiguous; 0 allowed
+  float softmax_scale = 0.f;  // 0: d_qk ** -0.5
+  DecodeSchedule schedule;    // from plan_decode() with the same problem and cache_seqlens
+  DecodeSplitBuffers split;   // workspace
+  TensorRef out;            // (b, s_q, h_q, d_v), q's dtype; last dim contiguous
+  TensorRef lse;            // (b, h_q, s_q) float32, any strides
+};
+
+Status dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args, cudaStream_t stream);
+
+}  // namespace openmla

@@ -1,0 +1,62 @@
+// Parameters of the dense MLA decode main kernel. Plain data, built by api/decode.cpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/decode_scheduler/schedule_record.h"
+#include "openmla/status.h"
+
+namespace openmla::kernels {
+
+struct DenseDecodeParams {
+  // Geometry. Rows of one (request, kv head) are packed position-major:
+  //   row = s_idx * q_per_kv + head_in_group, rows_per_kv_head = s_q * q_per_kv.
+  int batch;
+  int s_q;
+  int h_q;
+  int h_kv;
+  int q_per_kv;          // h_q / h_kv
+  int rows_per_kv_head;  // s_q * q_per_kv
+  int num_m_blocks;      // ceil(rows_per_kv_head / 64)
+  int num_sm_parts;      // records in `schedule`
+  bool causal;           // bottom-right; false when s_q == 1
+  bool is_fp16;          // element type of q / k_cache / out: fp16 if true, else bf16
+  float softmax_scale;
+  float scale_log2;      // softmax_scale * log2(e)
+
+  // q: (b, s_q, h_q, 576), last dim contiguous; strides in elements.
+  const void* q;
+  int64_t q_stride_b, q_stride_s, q_stride_h;
+  // k_cache: (num_blocks, 64, h_kv, 576), last dim contiguous; strides in elements.
+  const void* k_cache;
+  int64_t k_stride_block, k_stride_row, k_stride_head;
+  int64_t num_cache_blocks;
+  // block_table: (b, max_blocks_per_seq) int32; only the first ceil(L/64) entries of a row are valid.
+  const int32_t* block_table;
+  int64_t block_table_stride;
+  int max_blocks_per_seq;
+  const int32_t* cache_seqlens;  // (b,)
+
+  // out: (b, s_q, h_q, 512); lse: logical (b, h_q, s_q) float32; strides in elements.
+  void* out;
+  int64_t out_stride_b, out_stride_s, out_stride_h;
+  float* lse;
+  int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+
+  // Split-KV partials, one slot per (request chunk) = num_splits[req] + ordinal. Inside a slot the
+  // s_q*h_q rows are packed kv-head-major: row = kv_head * rows_per_kv_head + packed_row.
+  //   partial_o[(slot * s_q * h_q + row) * 512 + col], partial_lse[slot * s_q * h_q + row] (base 2).
+  float* partial_o;
+  float* partial_lse;
+
+  const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
+  const int32_t* num_splits;             // (b + 1,) exclusive prefix sum of splits per request
+};
+
+// Launches the main kernel on `stream`, grid (num_m_blocks, h_kv, num_sm_parts). `k_cache_tma` is
+// built by the launcher. The combine kernel is launched separately (kernels/combine).
+Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream);
+
+}  // namespace openmla::kernels
