@@ -1,0 +1,38 @@
+"""Shared pytest fixtures. GPU tests carry the `gpu` marker and skip with a visible reason when there is
+no torch, no CUDA device, or no Hopper GPU; everything else runs everywhere."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def _gpu_skip_reason():
+    try:
+        import torch
+    except Exception:
+        return "GPU test: PyTorch is not installed on this machine"
+    if not torch.cuda.is_available():
+        return "GPU test: no CUDA device on this machine"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"GPU test: needs a Hopper GPU (sm_90a), found compute capability {major}.{minor}"
+    return None
+
+
+GPU_SKIP_REASON = _gpu_skip_reason()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a Hopper GPU and torch")
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPU_SKIP_REASON is None:
+        return
+    skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
