@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Runs OpenMLA's benchmarks: prints a table and writes JSON records.
+
+Benchmark modules are the files benchmarks/bench_*.py. Each defines:
+
+    SUITE = "dense_decode"              # the name --suite selects
+    DEFAULT = True                      # optional: part of the default run (True if absent)
+    def cases(): -> list[dict]          # each case a dict with a unique "name" and its parameters;
+                                        #   cases(quick) is called with harness.quick if it takes an argument
+    def run(case, harness): -> dict     # times the case and returns a record:
+        {"time_us": ..., "flops": ..., "bytes": ...}   (flops/bytes from formulas.py; either may be absent)
+        optional: "tflops"/"gbps" (if it computes them itself), "name", "params", "target", anything else
+    TARGETS = {...}                     # optional: case name -> {"tflops"|"gbps"|"time_us": value}, or
+                                        #   case name -> {"h100": {...}, "h200": {...}} per device
+
+run.py adds tflops/gbps, the percentage of the measured ceilings, the target and ratio (> 1 is
+better than the target), the device, the git commit and the time stamp.
+
+    python3 benchmarks/run.py                          # default suites
+    python3 benchmarks/run.py --suite kv_cache --filter 'v32.*1M' --json out.json
+    python3 benchmarks/run.py --list                   # suites and cases, without running
+    python3 benchmarks/run.py --cpu-reference          # no GPU: a small dense-decode case on the CPU reference
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import glob
+import importlib
+import inspect
+import json
+import os
+import re
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.join(ROOT, "python"))
+
+import harness as harness_mod  # noqa: E402
+
+TARGET_METRICS = ("tflops", "gbps", "time_us")
+
+
+# ------------------------------------------------------------------------------------------------
+# Discovery
+# ------------------------------------------------------------------------------------------------
+def discover():
+    """Imports every benchmarks/bench_*.py. Returns ({suite: module}, [(file, error)])."""
+    suites, errors = {}, []
+    for path in sorted(glob.glob(os.path.join(HERE, "bench_*.py"))):
+        stem = os.path.splitext(os.path.basename(path))[0]
+        try:
+            mod = importlib.import_module(stem)
+        except Exception:
+            errors.append((stem[len("bench_"):], f"import of {os.path.basename(path)} failed:\n{traceback.format_exc()}"))
+            continue
+        suite = getattr(mod, "SUITE", stem[len("bench_"):])
+        suites[suite] = mod
+    return suites, errors
+
+
+def module_cases(mod, quick: bool):
+    fn = mod.cases
+    try:
+        takes_arg = len(inspect.signature(fn).parameters) > 0
+    except (TypeError, ValueError):
+        takes_arg = False
+    return list(fn(quick) if takes_arg else fn())
+
+
+def target_for(mod, name: str, device: str, record: dict):
+    """(metric, value) of the target for this case on this device, or (None, None)."""
+    entry = record.get("target")
+    if entry is None:
+        entry = getattr(mod, "TARGETS", {}).get(name)
+    if not entry:
+        return None, None
+    if not any(k in entry for k in TARGET_METRICS):  # per device: pick the one named in the device name
+        dev = device.lower()
+        entry = next((v for k, v in entry.items() if k.lower() in dev), None)
+        if not entry:
+            return None, None
+    for metric in TARGET_METRICS:
+        if metric in entry:
+            return metric, float(entry[metric])
+    return None, None
+
+
+# ------------------------------------------------------------------------------------------------
+# Running
+# ------------------------------------------------------------------------------------------------
+def complete_record(mod, suite, case, rec, ceilings, device, commit, stamp):
+    params = {k: v for k, v in case.items() if k != "name"}
+    out = {"suite": suite, "name": rec.get("name", case["name"]), "params": rec.get("params", params)}
+    t = float(rec["time_us"])
+    out["time_us"] = t
+    tflops = rec.get("tflops")
+    if tflops is None and rec.get("flops"):
+        tflops = rec["flops"] / (t * 1e-6) / 1e12
+    gbps = rec.get("gbps")
+    if gbps is None and rec.get("bytes"):
+        gbps = rec["bytes"] / (t * 1e-6) / 1e9
+    out["tflops"] = tflops
+    out["gbps"] = gbps
+    out["pct_matmul_ceiling"] = 100.0 * tflops / ceilings["matmul_tflops"] if tflops and ceilings else None
+    out["pct_copy_ceiling"] = 100.0 * gbps / ceilings["copy_gbps"] if gbps and ceilings else None
+    metric, value = target_for(mod, out["name"], device, rec)
+    ratio = None
+    if metric == "time_us":
+        ratio = value / t
+    elif metric is not None and out.get(metric):
+        ratio = out[metric] / value
+    out["target"] = {"metric": metric, "value": value} if metric else None
+    out["ratio"] = ratio
+    out.update(device=device, git_commit=commit, timestamp=stamp)
+    for k, v in rec.items():  # anything else the module reports (kernel-only time, splits, ...)
+        if k not in out and k not in ("flops", "bytes"):
+            out[k] = v
+    for k in ("flops", "bytes"):
+        if rec.get(k) is not None:
+            out[k] = rec[k]
+    return out
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def params_text(params: dict, width: int = 46) -> str:
+    s = " ".join(f"{k}={v}" for k, v in params.items())
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def print_table(records, errors, ceilings, device, commit):
+    print()
+    print(f"device: {device}   commit: {commit}")
+    if ceilings:
+        print(f"ceilings: copy {ceilings['copy_gbps']:.0f} GB/s (read+write), bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s")
+    head = f"{'name':<34} {'params':<46} {'time_us':>10} {'TFLOP/s':>8} {'GB/s':>7} {'%ceil':>8} {'target':>12} {'ratio':>6}"
+    print(head)
+    print("-" * len(head))
+    for r in records:
+        pm, pc = r.get("pct_matmul_ceiling"), r.get("pct_copy_ceiling")
+        if pm is None and pc is None:
+            ceil = "-"
+        elif pc is None or (pm is not None and pm >= pc):
+            ceil = f"{pm:.0f}% mm"
+        else:
+            ceil = f"{pc:.0f}% bw"
+        tgt = r.get("target")
+        tgt_s = f"{tgt['value']:.0f} {tgt['metric'].replace('_us', 'us')}" if tgt else "-"
+        print(f"{r['name'][:34]:<34} {params_text(r['params']):<46} {r['time_us']:>10.2f} {fmt(r['tflops'], '.1f'):>8} "
+              f"{fmt(r['gbps'], '.0f'):>7} {ceil:>8} {tgt_s:>12} {fmt(r['ratio'], '.3f'):>6}")
+    for name, err in errors:
+        print(f"{name[:34]:<34} ERROR: {err.strip().splitlines()[-1][:120]}")
+
+
+def run_benchmarks(args) -> int:
+    suites, import_errors = discover()
+    if args.list:
+        for suite, mod in sorted(suites.items()):
+            default = "" if getattr(mod, "DEFAULT", True) else "  (not in the default run)"
+            print(f"{suite}{default}")
+            for c in module_cases(mod, args.quick):
+                print(f"  {c['name']}")
+        for name, err in import_errors:
+            print(f"{name}: {err.strip().splitlines()[-1]}")
+        return 1 if import_errors else 0
+
+    wanted = [s for arg in (args.suite or []) for s in arg.split(",") if s]
+    if wanted and wanted != ["all"]:
+        unknown = [s for s in wanted if s not in suites and s not in dict(import_errors)]
+        if unknown:
+            print(f"run.py: unknown suite(s) {unknown}; available: {sorted(suites)}", file=sys.stderr)
+            return 2
+        selected = [s for s in sorted(suites) if s in wanted]
+        import_errors = [e for e in import_errors if e[0] in wanted]
+    else:
+        selected = [s for s in sorted(suites) if wanted == ["all"] or getattr(suites[s], "DEFAULT", True)]
+    pattern = re.compile(args.filter) if args.filter else None
+
+    device = harness_mod.device_name()
+    commit = harness_mod.git_commit()
+    stamp = harness_mod.timestamp()
+    t0 = time.time()
+    print(f"measuring ceilings on {device} ...", flush=True)
+    ceilings = harness_mod.measure_ceilings()
+    print(f"  copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s", flush=True)
+    h = harness_mod.Harness(ceilings, warmup=args.warmup, reps=args.reps, quick=args.quick)
+
+    records, errors = [], list(import_errors)
+    for suite in selected:
+        mod = suites[suite]
+        try:
+            cases = module_cases(mod, args.quick)
+        except Exception:
+            errors.append((suite, traceback.format_exc()))
+            continue
+        for case in cases:
+            if pattern and not pattern.search(case["name"]):
+                continue
+            print(f"[{suite}] {case['name']} ...", flush=True)
+            try:
+                rec = mod.run(case, h)
+                records.append(complete_record(mod, suite, case, rec, ceilings, device, commit, stamp))
+            except Exception:
+                tb = traceback.format_exc()
+                print(tb, file=sys.stderr)
+                errors.append((case["name"], tb))
+            gc.collect()
+            try:
+                import torch
+
+                torch.cuda.empty_cache()
+            except Exception:
+                pass
+
+    print_table(records, errors, ceilings, device, commit)
+    print(f"\n{len(records)} case(s) in {time.time() - t0:.0f} s, {len(errors)} error(s)")
+
+    doc = {
+        "schema": 1,
+        "device": device,
+        "git_commit": commit,
+        "timestamp": stamp,
+        "ceilings": ceilings,
+        "suites": selected,
+        "filter": args.filter,
+        "records": records,
+        "errors": [{"name": n, "error": e} for n, e in errors],
+    }
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
+    if args.history_dir and records:
+        name = f"{stamp[:10]}_{harness_mod.device_slug(device)}_{commit}.json"
+        path = os.path.join(args.history_dir, name)
+        os.makedirs(args.history_dir, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {path}")
+    return 1 if errors else 0
+
+
+# ------------------------------------------------------------------------------------------------
+# No GPU: a small dense-decode case through the CPU reference
+# ------------------------------------------------------------------------------------------------
+def run_cpu_reference() -> int:
+    b, s_q, h_q, h_kv, s_k, d_qk, d_v, page = 2, 1, 16, 1, 256, 576, 512, 64
+    try:
+        import numpy as np
+
+        import openmla
+        ref = openmla.reference
+    except Exception as err:
+        print(f"CPU reference not available: {type(err).__name__}: {err}")
+        return 1
+    rng = np.random.default_rng(0)
+    blocks_per_seq = (s_k + page - 1) // page
+    q = rng.standard_normal((b, s_q, h_q, d_qk), dtype=np.float32)
+    k_cache = rng.standard_normal((b * blocks_per_seq, page, h_kv, d_qk), dtype=np.float32)
+    block_table = rng.permutation(b * blocks_per_seq).astype(np.int32).reshape(b, blocks_per_seq)
+    cache_seqlens = np.array([s_k, s_k // 2 + 3], dtype=np.int32)[:b]
+    print(f"dense decode on the CPU reference: b={b} s_q={s_q} h_q={h_q} h_kv={h_kv} s_k<={s_k} "
+          f"d_qk={d_qk} d_v={d_v} page={page}, seqlens={cache_seqlens.tolist()}")
+    t0 = time.perf_counter()
+    try:
+        out, lse = ref.dense_decode(q, k_cache, block_table, cache_seqlens, head_dim_v=d_v, causal=False)
+    except Exception as err:
+        print(f"CPU reference dense_decode failed: {type(err).__name__}: {err}")
+        return 1
+    dt = time.perf_counter() - t0
+    out, lse = np.asarray(out, dtype=np.float64), np.asarray(lse, dtype=np.float64)
+    flops = harness_mod.formulas.decode_flops(b, s_q, h_q, float(cache_seqlens.mean()), d_qk, d_v)
+    print(f"  out {tuple(out.shape)}  mean |out| = {np.abs(out).mean():.4f}  finite: {bool(np.isfinite(out).all())}")
+    print(f"  lse {tuple(lse.shape)}  range [{lse.min():.3f}, {lse.max():.3f}]")
+    print(f"  {dt * 1e3:.1f} ms on the CPU ({flops / dt / 1e9:.2f} GFLOP/s; double accumulation, deliberately naive)")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", action="append", help="suite(s) to run (repeat or comma-separate; 'all' for every one)")
+    p.add_argument("--filter", default=os.environ.get("BENCH_FILTER") or None, help="regex on case names ($BENCH_FILTER)")
+    p.add_argument("--json", help="write the records here")
+    p.add_argument("--history-dir", help="also write a copy named <date>_<device>_<commit>.json into this folder")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions; modules may shrink their case list")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--list", action="store_true", help="list suites and cases without running them")
+    p.add_argument("--cpu-reference", action="store_true", help="run a small dense-decode case on the CPU reference")
+    args = p.parse_args(argv)
+    if args.warmup is None:
+        args.warmup = 5 if args.quick else 10
+    if args.reps is None:
+        args.reps = 20 if args.quick else 50
+    if args.cpu_reference:
+        return run_cpu_reference()
+    if os.environ.get("BENCH_SUITE") and not args.suite:
+        args.suite = [os.environ["BENCH_SUITE"]]
+    return run_benchmarks(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

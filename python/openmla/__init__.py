@@ -1,0 +1,118 @@
+"""OpenMLA: Multi-head Latent Attention kernels for NVIDIA Hopper (sm_90a).
+
+The Python API mirrors DeepSeek's ``flash_mla`` package (same names, arguments, returns), so an engine
+can switch by changing one import:
+
+    import openmla as flash_mla
+    sched_meta, _ = flash_mla.get_mla_metadata()
+    out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512,
+                                                sched_meta, causal=True)
+
+Besides the decode functions, the package exports the FP8 KV-cache codec (``quantize_kv_cache``,
+``dequantize_kv_cache``, ``append_kv_cache``), ``query_capability``, ``version`` and ``build_commit``,
+and the CPU reference implementations as ``openmla.reference``.
+
+Importing the package needs neither torch nor a GPU. Torch is used at run time, where present, to
+allocate outputs and find the current stream.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+try:
+    from . import _openmla
+except ModuleNotFoundError as _err:  # only "not built"; a broken extension (undefined symbol...) raises as is
+    if _err.name != f"{__name__}._openmla":
+        raise
+    raise ImportError(
+        "openmla: the compiled extension openmla._openmla is not built. Run tools/test.sh (or "
+        "`cmake -S . -B build -G Ninja && cmake --build build`), which places it in python/openmla/, "
+        "or install the package with `pip install .`"
+    ) from _err
+
+#: Feature names understood by query_capability().
+FEATURES = ("kv_cache_quantize", "dense_decode", "sparse_decode", "sparse_prefill", "dense_prefill")
+
+__version__ = _openmla.version()
+
+
+def version() -> str:
+    """The library version, "major.minor.patch"."""
+    return _openmla.version()
+
+
+def build_commit() -> str:
+    """The git commit the compiled library was built from ("unknown" when built outside git)."""
+    return _openmla.build_commit()
+
+
+def query_capability(feature: str, device=0) -> tuple[bool, str]:
+    """Whether ``feature`` runs on CUDA device ``device`` with this build: ``(True, "")`` or ``(False, reason)``.
+
+    ``feature`` is one of :data:`FEATURES`. ``device`` is a device index, a ``torch.device`` or a string
+    such as ``"cuda:1"``. The reason names what is missing: no CUDA device, a GPU that is not Hopper
+    (compute capability 9.0), a kernel family compiled out, or a kernel not implemented yet. Never raises
+    for a missing GPU; raises ValueError for an unknown feature name.
+    """
+    return tuple(_openmla.query_capability(feature, _device_index(device)))
+
+
+def _device_index(device) -> int:
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        kind, _, idx = device.partition(":")
+        if kind == "cuda" and (idx == "" or idx.isdigit()):
+            return int(idx) if idx else 0
+    elif getattr(device, "type", None) == "cuda":  # torch.device
+        return device.index or 0
+    raise ValueError(f"argument 'device': expected a CUDA device index, torch.device or 'cuda[:N]', got {device!r}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Public functions of the submodules, re-exported at the top level (flash_mla-compatible names).
+# A submodule file that is absent (a kernel family not in this tree yet) turns its names into a clear
+# ImportError at first use; an error raised while importing a submodule that exists is NOT hidden.
+# ---------------------------------------------------------------------------------------------------
+_EXPORTS = {
+    "kv_cache": ("quantize_kv_cache", "dequantize_kv_cache", "append_kv_cache"),
+    "decode": ("get_mla_metadata", "flash_mla_with_kvcache", "FlashMLASchedMeta"),
+}
+_MISSING: dict[str, str] = {}  # public name -> why it is unavailable
+
+__all__ = ["FEATURES", "version", "build_commit", "query_capability"]
+
+for _module_name, _names in _EXPORTS.items():
+    if importlib.util.find_spec(f"{__name__}.{_module_name}") is None:
+        for _name in _names:
+            _MISSING[_name] = (
+                f"openmla.{_name} is not available: the submodule openmla.{_module_name} "
+                f"(python/openmla/{_module_name}.py) is missing from this installation"
+            )
+        continue
+    _module = importlib.import_module(f".{_module_name}", __name__)
+    for _name in _names:
+        if hasattr(_module, _name):
+            globals()[_name] = getattr(_module, _name)
+            __all__.append(_name)
+        else:
+            _MISSING[_name] = f"openmla.{_name} is not available: openmla.{_module_name} does not define it"
+
+if importlib.util.find_spec(f"{__name__}.reference") is not None:
+    from . import reference  # noqa: E402  (CPU reference implementations, over _openmla.ref)
+
+    __all__.append("reference")
+else:
+    _MISSING["reference"] = (
+        "openmla.reference is not available: python/openmla/reference.py is missing from this installation"
+    )
+
+
+def __getattr__(name: str):
+    if name in _MISSING:
+        raise ImportError(_MISSING[name])
+    raise AttributeError(f"module 'openmla' has no attribute {name!r}")
+
+
+del _module_name, _names
