@@ -1,0 +1,169 @@
+// Binding of include/openmla/decode.h: workspace sizes, GPU scheduling and dense decode.
+//
+// Thin on purpose: arrays become TensorRefs, keyword arguments become a DecodeProblem, the C++ API does
+// every check, and its Status becomes the matching Python exception with the message unchanged.
+// The flash_mla-compatible layer (schedule caching, output allocation) is python/openmla/decode.py.
+#include <string>
+
+#include <nanobind/stl/string.h>
+
+#include "bind_common.h"
+#include "openmla/decode.h"
+
+namespace openmla::py {
+
+namespace {
+
+// The DecodeProblem fields accepted as keyword arguments, in the order the header declares them.
+constexpr const char* kProblemFields =
+    "batch, s_q, h_q, h_kv, d_qk, d_v, page_block_size, cache_format, causal, sparse, topk, extra_topk, "
+    "extra_page_block_size, num_sms";
+
+KVCacheFormat cache_format_from_name(const std::string& name) {
+  if (name == "bf16" || name == "bfloat16") return KVCacheFormat::kBFloat16;
+  if (name == "fp16" || name == "float16") return KVCacheFormat::kFloat16;
+  if (name == "fp8_v32") return KVCacheFormat::kFp8V32;
+  if (name == "fp8_model1") return KVCacheFormat::kFp8Model1;
+  throw nb::value_error(("argument 'cache_format': unknown format '" + name +
+                         "'; expected one of 'bf16', 'fp16', 'fp8_v32', 'fp8_model1'")
+                            .c_str());
+}
+
+// Python ints only: a bool or float slipping into a size field is a caller bug worth reporting.
+int64_t int_field(nb::handle value, const std::string& key) {
+  if (!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr()))
+    throw nb::type_error(("problem field '" + key + "' must be an int, got " +
+                          nb::cast<std::string>(nb::str(value.type())))
+                             .c_str());
+  return nb::cast<int64_t>(value);
+}
+
+bool bool_field(nb::handle value, const std::string& key) {
+  if (!PyBool_Check(value.ptr()))
+    throw nb::type_error(("problem field '" + key + "' must be a bool, got " +
+                          nb::cast<std::string>(nb::str(value.type())))
+                             .c_str());
+  return value.ptr() == Py_True;
+}
+
+// Builds the DecodeProblem from keyword arguments; unspecified fields keep the header's defaults.
+DecodeProblem problem_from_kwargs(const nb::kwargs& kwargs) {
+  DecodeProblem p;
+  for (auto [k, v] : kwargs) {
+    const std::string key = nb::cast<std::string>(k);
+    if (key == "batch") p.batch = int_field(v, key);
+    else if (key == "s_q") p.s_q = int_field(v, key);
+    else if (key == "h_q") p.h_q = int_field(v, key);
+    else if (key == "h_kv") p.h_kv = int_field(v, key);
+    else if (key == "d_qk") p.d_qk = int_field(v, key);
+    else if (key == "d_v") p.d_v = int_field(v, key);
+    else if (key == "page_block_size") p.page_block_size = int_field(v, key);
+    else if (key == "cache_format") p.cache_format = cache_format_from_name(nb::cast<std::string>(v));
+    else if (key == "causal") p.causal = bool_field(v, key);
+    else if (key == "sparse") p.sparse = bool_field(v, key);
+    else if (key == "topk") p.topk = int_field(v, key);
+    else if (key == "extra_topk") p.extra_topk = int_field(v, key);
+    else if (key == "extra_page_block_size") p.extra_page_block_size = int_field(v, key);
+    else if (key == "num_sms") p.num_sms = static_cast<int>(int_field(v, key));
+    else
+      throw nb::type_error(
+          ("unknown keyword argument '" + key + "'; the decode problem fields are: " + kProblemFields).c_str());
+  }
+  return p;
+}
+
+nb::dict workspace_sizes(const nb::kwargs& kwargs) {
+  const DecodeProblem problem = problem_from_kwargs(kwargs);
+  DecodeWorkspaceSizes sizes;
+  throw_if_error(get_decode_workspace_sizes(problem, &sizes));
+  nb::dict d;
+  d["num_sm_parts"] = sizes.num_sm_parts;
+  d["metadata_ints"] = sizes.metadata_ints;
+  d["num_splits_ints"] = sizes.num_splits_ints;
+  d["partial_rows"] = sizes.partial_rows;
+  d["partial_o_bytes"] = sizes.partial_o_bytes;
+  d["partial_lse_bytes"] = sizes.partial_lse_bytes;
+  return d;
+}
+
+void plan(const Array& cache_seqlens, const Array& metadata, const Array& num_splits, const OptArray& topk_length,
+          const OptArray& extra_topk_length, uintptr_t stream, const nb::kwargs& kwargs) {
+  const DecodeProblem problem = problem_from_kwargs(kwargs);
+  DecodeSchedule schedule;
+  schedule.metadata = to_tensor_ref(metadata, "tile_scheduler_metadata");
+  schedule.num_splits = to_tensor_ref(num_splits, "num_splits");
+  const TensorRef seqlens = to_tensor_ref(cache_seqlens, "cache_seqlens");
+  const TensorRef topk = to_tensor_ref(topk_length, "topk_length");
+  const TensorRef extra_topk = to_tensor_ref(extra_topk_length, "extra_topk_length");
+  Status status;
+  {
+    // Launching needs no Python state; let other Python threads run meanwhile.
+    nb::gil_scoped_release release;
+    status = plan_decode(problem, seqlens, topk, extra_topk, schedule, to_stream(stream));
+  }
+  throw_if_error(status);
+}
+
+void dense(const Array& q, const Array& k_cache, const Array& block_table, const Array& cache_seqlens,
+           const Array& metadata, const Array& num_splits, const Array& partial_o, const Array& partial_lse,
+           const Array& out, const Array& lse, float softmax_scale, uintptr_t stream, const nb::kwargs& kwargs) {
+  const DecodeProblem problem = problem_from_kwargs(kwargs);
+  DenseDecodeArgs args;
+  args.q = to_tensor_ref(q, "q");
+  args.k_cache = to_tensor_ref(k_cache, "k_cache");
+  args.block_table = to_tensor_ref(block_table, "block_table");
+  args.cache_seqlens = to_tensor_ref(cache_seqlens, "cache_seqlens");
+  args.softmax_scale = softmax_scale;
+  args.schedule.metadata = to_tensor_ref(metadata, "tile_scheduler_metadata");
+  args.schedule.num_splits = to_tensor_ref(num_splits, "num_splits");
+  args.split.partial_o = to_tensor_ref(partial_o, "partial_o");
+  args.split.partial_lse = to_tensor_ref(partial_lse, "partial_lse");
+  args.out = to_tensor_ref(out, "out");
+  args.lse = to_tensor_ref(lse, "lse");
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = dense_decode(problem, args, to_stream(stream));
+  }
+  throw_if_error(status);
+}
+
+}  // namespace
+
+void bind_decode(nb::module_& m) {
+  m.attr("DECODE_SCHEDULE_RECORD_INTS") = kDecodeScheduleRecordInts;
+  m.attr("MAX_DECODE_SM_PARTS") = kMaxDecodeSmParts;
+
+  m.def("get_decode_workspace_sizes", &workspace_sizes,
+        "get_decode_workspace_sizes(**problem) -> dict\n\n"
+        "Sizes of the caller-owned decode workspace for a problem given as keyword arguments (batch, s_q, h_q, "
+        "h_kv, d_qk, d_v, page_block_size, cache_format ('bf16', 'fp16', 'fp8_v32', 'fp8_model1'), causal, "
+        "sparse, topk, extra_topk, extra_page_block_size, num_sms (0: the current device's SM count)).\n"
+        "Returns {num_sm_parts, metadata_ints, num_splits_ints, partial_rows, partial_o_bytes, "
+        "partial_lse_bytes}. Host-only: launches nothing.");
+
+  m.def("plan_decode", &plan, nb::arg("cache_seqlens"), nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"),
+        nb::arg("topk_length") = nb::none(), nb::arg("extra_topk_length") = nb::none(), nb::arg("stream") = 0,
+        nb::arg("problem"),
+        "plan_decode(cache_seqlens, tile_scheduler_metadata, num_splits, topk_length=None, "
+        "extra_topk_length=None, stream=0, **problem)\n\n"
+        "Computes the decode schedule on the GPU, on `stream` (a cudaStream_t as int), without host "
+        "synchronisation (graph-capturable).\n"
+        "cache_seqlens: (b,) int32 CUDA (dense). tile_scheduler_metadata: (num_sm_parts, 8) int32 CUDA, "
+        "contiguous, written. num_splits: (b + 1,) int32 CUDA, contiguous, written. topk_length / "
+        "extra_topk_length: (b,) int32 CUDA, sparse only.");
+
+  m.def("dense_decode", &dense, nb::arg("q"), nb::arg("k_cache"), nb::arg("block_table"), nb::arg("cache_seqlens"),
+        nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"), nb::arg("partial_o"), nb::arg("partial_lse"),
+        nb::arg("out"), nb::arg("lse"), nb::arg("softmax_scale") = 0.f, nb::arg("stream") = 0, nb::arg("problem"),
+        "dense_decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, partial_o, "
+        "partial_lse, out, lse, softmax_scale=0.0, stream=0, **problem)\n\n"
+        "Dense MLA decode over a paged BF16/FP16 cache, main kernel plus combine, on `stream`.\n"
+        "q: (b, s_q, h_q, d_qk); k_cache: (num_blocks, page_block_size, h_kv, d_qk), q's dtype; block_table: "
+        "(b, max_blocks_per_seq) int32; cache_seqlens: (b,) int32; schedule from plan_decode() with the same "
+        "problem and cache_seqlens; partial_o: (partial_rows, d_v) float32; partial_lse: (partial_rows,) "
+        "float32; out: (b, s_q, h_q, d_v) q's dtype, written; lse: (b, h_q, s_q) float32 any strides, "
+        "written. softmax_scale 0 means d_qk ** -0.5.");
+}
+
+}  // namespace openmla::py
