@@ -1,0 +1,215 @@
+"""MLA decode with DeepSeek ``flash_mla``'s Python interface (dense mode over a paged BF16/FP16 cache).
+
+Drop-in usage (one schedule object per decoding step, shared by every layer of that step)::
+
+    import openmla as flash_mla
+
+    sched_meta, _ = flash_mla.get_mla_metadata()
+    for layer in layers:
+        out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache[layer], block_table, cache_seqlens, 512,
+                                                    sched_meta, causal=True)
+
+The first call that receives ``sched_meta`` allocates the schedule and the split-KV scratch buffers on
+q's device and computes the schedule on the GPU from ``cache_seqlens`` (no host synchronisation); later
+calls reuse them. Everything here is CUDA-graph capturable: capture ``get_mla_metadata()`` and the calls
+of one step together and the schedule is recomputed from the (updated in place) ``cache_seqlens`` on
+every replay. See docs/python-api.md.
+
+Argument checks (dtypes, shapes, strides, devices) live in the C++ API; its messages reach the caller
+unchanged as ValueError (bad argument), NotImplementedError (not supported) or RuntimeError (CUDA).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from . import _openmla as _C
+from ._runtime import is_torch_tensor, require_torch, stream_of
+
+__all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache"]
+
+_SPARSE_NOT_IMPLEMENTED = "sparse decode is not implemented yet in this version"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """The shapes and flags a schedule was planned for (flash_mla's ``FlashMLASchedMeta.Config`` fields,
+    then the ones OpenMLA also checks)."""
+
+    b: int
+    s_q: int
+    h_q: int
+    page_block_size: int
+    h_k: int
+    causal: bool
+    is_fp8_kvcache: bool
+    topk: Optional[int]
+    extra_page_block_size: Optional[int]
+    extra_topk: Optional[int]
+    # OpenMLA: the split buffers are sized by d_v and live on one device.
+    d_qk: int
+    d_v: int
+    device: Any
+
+
+class FlashMLASchedMeta:
+    """Decode schedule of one decoding step, filled on first use by :func:`flash_mla_with_kvcache`.
+
+    Fields (flash_mla-compatible):
+      have_initialized (bool): False until the first call planned the schedule.
+      config: the shapes and flags of that call (b, s_q, h_q, page_block_size, h_k, causal,
+        is_fp8_kvcache, topk, extra_page_block_size, extra_topk; OpenMLA adds d_qk, d_v, device).
+      tile_scheduler_metadata: (num_sm_parts, 8) int32 CUDA tensor, one work record per SM partition.
+      num_splits: (b + 1,) int32 CUDA tensor, exclusive prefix sum of the per-request split counts.
+    OpenMLA additions: partial_o (partial_rows, d_v) float32 and partial_lse (partial_rows,) float32, the
+    split-KV scratch of this step; workspace_sizes, the dict from ``get_decode_workspace_sizes``.
+
+    Reuse the object only across calls with the same shapes, flags and ``cache_seqlens`` values (every
+    layer of one step). A call whose shapes or flags differ raises ValueError naming the field; the values
+    of ``cache_seqlens`` are not checked (that would need a host synchronisation).
+    """
+
+    Config = _Config
+
+    def __init__(self):
+        self.have_initialized: bool = False
+        self.config: Optional[_Config] = None
+        self.tile_scheduler_metadata = None
+        self.num_splits = None
+        self.partial_o = None
+        self.partial_lse = None
+        self.workspace_sizes: Optional[dict] = None
+
+    def __repr__(self) -> str:
+        if not self.have_initialized:
+            return "FlashMLASchedMeta(have_initialized=False)"
+        return f"FlashMLASchedMeta(have_initialized=True, config={self.config})"
+
+
+def get_mla_metadata(*args, **kwargs):
+    """Returns ``(FlashMLASchedMeta(), None)``: an empty schedule for one decoding step.
+
+    Every argument is accepted and ignored (flash_mla kept the old positional signature
+    ``(cache_seqlens, s_q * h_q // h_kv, h_kv, h_q, is_fp8, topk)`` for compatibility; the schedule is now
+    computed inside the first :func:`flash_mla_with_kvcache` call). Allocates nothing and launches nothing,
+    so it may be called inside CUDA-graph capture.
+    """
+    del args, kwargs
+    return FlashMLASchedMeta(), None
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                           num_splits=None, softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None,
+                           attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
+                           extra_topk_length=None, *, out=None, lse=None):
+    """MLA decode attention over a paged KV cache (flash_mla-compatible; dense mode).
+
+    Args:
+      q: (b, s_q, h_q, d_qk) bfloat16 or float16 CUDA tensor, d_qk = 576. Last dim contiguous; other
+        strides free (multiples of 8 elements).
+      k_cache: (num_blocks, page_block_size, h_kv, d_qk), q's dtype, same device; page_block_size = 64;
+        h_q % h_kv == 0. V is the first head_dim_v dims of K (MLA's shared latent). Last dim contiguous.
+      block_table: (b, max_blocks_per_seq) int32; entry [i, j] is the page holding tokens
+        [64 j, 64 j + 64) of request i. Entries past ceil(cache_seqlens[i] / 64) are never read.
+      cache_seqlens: (b,) int32, contiguous; 0 allowed (out = 0, lse = +inf for that request).
+      head_dim_v: 512.
+      tile_scheduler_metadata: the FlashMLASchedMeta from :func:`get_mla_metadata`, planned on first use.
+      num_splits: must be None (kept for flash_mla's positional order).
+      softmax_scale: scale of q.k; None means q.shape[-1] ** -0.5.
+      causal: bottom-right aligned mask (query i of s_q sees keys j <= L - s_q + i); ignored when s_q = 1.
+      is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
+        extra_topk_length: sparse-mode arguments; not implemented yet (NotImplementedError).
+      out: optional (b, s_q, h_q, head_dim_v) tensor of q's dtype to write into (last dim contiguous).
+      lse: optional (b, h_q, s_q) float32 tensor to write into (any strides).
+
+    Returns:
+      (out, lse): out (b, s_q, h_q, head_dim_v) in q's dtype; lse (b, h_q, s_q) float32, the natural log
+      of the sum of exp(softmax_scale * q.k) over the visible keys, +inf for a row with no visible key.
+      A freshly allocated lse is a transposed view of (b, s_q, h_q) storage (do not assume contiguity).
+      When ``out`` / ``lse`` are given, those same tensors are returned.
+
+    Raises:
+      ValueError: a bad argument (the message names it), or a reused schedule whose recorded shapes or
+        flags differ from this call's (the message names the field).
+      NotImplementedError: sparse-mode arguments.
+      RuntimeError: a CUDA error.
+    """
+    sched = tile_scheduler_metadata
+    if not isinstance(sched, FlashMLASchedMeta):
+        raise TypeError("argument 'tile_scheduler_metadata' must be the FlashMLASchedMeta returned by "
+                        f"openmla.get_mla_metadata(), got {type(sched).__name__}")
+    if num_splits is not None:
+        raise ValueError("argument 'num_splits' must be None: the split counts are kept in the FlashMLASchedMeta "
+                         "passed as tile_scheduler_metadata (get_mla_metadata() returns None for num_splits)")
+    if (indices is not None or attn_sink is not None or extra_k_cache is not None
+            or extra_indices_in_kvcache is not None or topk_length is not None or extra_topk_length is not None
+            or is_fp8_kvcache):
+        raise NotImplementedError(_SPARSE_NOT_IMPLEMENTED)
+
+    torch = require_torch("flash_mla_with_kvcache")
+    # Only what allocating the outputs and the workspace needs is checked here; the C++ API checks the rest.
+    _require_cuda_tensor(q, "q", "(b, s_q, h_q, d_qk)")
+    _require_cuda_tensor(k_cache, "k_cache", "(num_blocks, page_block_size, h_kv, d_qk)")
+    b, s_q, h_q, d_qk = (int(x) for x in q.shape)
+    d_v = int(head_dim_v)
+    config = _Config(b=b, s_q=s_q, h_q=h_q, page_block_size=int(k_cache.shape[1]), h_k=int(k_cache.shape[2]),
+                     causal=bool(causal), is_fp8_kvcache=False, topk=None, extra_page_block_size=None,
+                     extra_topk=None, d_qk=d_qk, d_v=d_v, device=q.device)
+    problem = dict(batch=b, s_q=s_q, h_q=h_q, h_kv=config.h_k, d_qk=d_qk, d_v=d_v,
+                   page_block_size=config.page_block_size,
+                   cache_format="fp16" if q.dtype == torch.float16 else "bf16", causal=config.causal,
+                   num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count)
+    scale = float(q.shape[-1]) ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+    with torch.cuda.device(q.device):
+        stream = stream_of(q)
+        if sched.have_initialized:
+            _check_same_config(sched.config, config)
+        else:
+            _plan(torch, sched, config, problem, cache_seqlens, stream)
+        if out is None:
+            out = torch.empty((b, s_q, h_q, d_v), dtype=q.dtype, device=q.device)
+        if lse is None:
+            # Stored position-major like the kernel's rows, returned in flash_mla's logical order.
+            lse = torch.empty((b, s_q, h_q), dtype=torch.float32, device=q.device).transpose(1, 2)
+        _C.dense_decode(q, k_cache, block_table, cache_seqlens, sched.tile_scheduler_metadata, sched.num_splits,
+                        sched.partial_o, sched.partial_lse, out, lse, softmax_scale=scale, stream=stream, **problem)
+    return out, lse
+
+
+def _require_cuda_tensor(t, name: str, shape: str) -> None:
+    if not is_torch_tensor(t):
+        raise TypeError(f"argument '{name}' must be a torch.Tensor {shape}, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"argument '{name}' must have 4 dimensions {shape}, got shape {tuple(t.shape)}")
+    if not t.is_cuda:
+        raise ValueError(f"argument '{name}' must be a CUDA tensor, got a tensor on {t.device}")
+
+
+def _plan(torch, sched: FlashMLASchedMeta, config: _Config, problem: dict, cache_seqlens, stream: int) -> None:
+    """First use: size (this also validates the problem), allocate on q's device, plan on `stream`."""
+    sizes = _C.get_decode_workspace_sizes(**problem)
+    dev = config.device
+    metadata = torch.empty((sizes["num_sm_parts"], _C.DECODE_SCHEDULE_RECORD_INTS), dtype=torch.int32, device=dev)
+    splits = torch.empty((sizes["num_splits_ints"],), dtype=torch.int32, device=dev)
+    partial_o = torch.empty((sizes["partial_rows"], config.d_v), dtype=torch.float32, device=dev)
+    partial_lse = torch.empty((sizes["partial_rows"],), dtype=torch.float32, device=dev)
+    _C.plan_decode(cache_seqlens, metadata, splits, stream=stream, **problem)
+    # Recorded only once planning succeeded, so a failed first call leaves the object reusable.
+    sched.tile_scheduler_metadata = metadata
+    sched.num_splits = splits
+    sched.partial_o = partial_o
+    sched.partial_lse = partial_lse
+    sched.workspace_sizes = sizes
+    sched.config = config
+    sched.have_initialized = True
+
+
+def _check_same_config(planned: _Config, current: _Config) -> None:
+    for field in dataclasses.fields(_Config):
+        was, now = getattr(planned, field.name), getattr(current, field.name)
+        if was != now:
+            raise ValueError(
+                f"tile_scheduler_metadata was planned for {field.name}={was!r} but this call has "
+                f"{field.name}={now!r}: a FlashMLASchedMeta can only be reused by calls with the same shapes and "
+                "flags (one object per decoding step, shared by its layers); get a new one from get_mla_metadata()")
