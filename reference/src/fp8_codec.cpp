@@ -26,11 +26,12 @@ struct LayoutInfo {
   int64_t nope_dim;
   int64_t tile_dim;
   int64_t num_tiles;
+  int64_t rope_offset;  // byte offset of the bf16 RoPE inside the token's data record
 };
 
 LayoutInfo info(Fp8Layout layout) {
-  if (layout == Fp8Layout::kV32) return {576, 512, 128, 4};
-  return {512, 448, 64, 7};
+  if (layout == Fp8Layout::kV32) return {576, 512, 128, 4, 528};  // after 512 e4m3 + 16 scale bytes
+  return {512, 448, 64, 7, 448};                                  // right after the 448 e4m3 bytes
 }
 
 // Scale of one tile from its bf16 values, or NaN if the tile holds a NaN or an infinity.
@@ -146,8 +147,8 @@ void fp8_encode_token(Fp8Layout layout, const uint16_t* src, uint8_t* page_base,
     }
   }
   if (layout == Fp8Layout::kModel1) scales[li.num_tiles] = 0;  // pad byte
-  // RoPE: bf16 copied bit for bit right after the NoPE bytes.
-  std::memcpy(data + li.nope_dim, src + li.nope_dim, static_cast<size_t>(kRopeDim) * 2);
+  // RoPE: bf16 copied bit for bit.
+  std::memcpy(data + li.rope_offset, src + li.nope_dim, static_cast<size_t>(kRopeDim) * 2);
 }
 
 void fp8_decode_token_bf16(Fp8Layout layout, const uint8_t* page_base, int64_t page_size, int64_t row,
@@ -169,7 +170,7 @@ void fp8_decode_token_bf16(Fp8Layout layout, const uint8_t* page_base, int64_t p
       dst[d] = fp8_decoded_float_to_bf16(e4m3fn_to_float(data[d]) * s);
     }
   }
-  std::memcpy(dst + li.nope_dim, data + li.nope_dim, static_cast<size_t>(kRopeDim) * 2);
+  std::memcpy(dst + li.nope_dim, data + li.rope_offset, static_cast<size_t>(kRopeDim) * 2);
 }
 
 void fp8_decode_token(Fp8Layout layout, const uint8_t* page_base, int64_t page_size, int64_t row, float* dst) {
