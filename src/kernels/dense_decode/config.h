@@ -1,0 +1,68 @@
+// Dense MLA decode (sm_90a): compile-time traits and the shared-memory plan.
+// Design note: docs/dense-decode.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace openmla::kernels::dense_decode {
+
+struct Config {
+  static constexpr int kHeadDimQK = 576;  // 512 NoPE + 64 RoPE
+  static constexpr int kHeadDimV = 512;   // V = first 512 dims of K
+  static constexpr int kBlockM = 64;      // query rows of one CTA tile (one wgmma M)
+  static constexpr int kBlockN = 64;      // KV tokens per block (= the page size the kernel takes)
+  static constexpr int kTileCols = 64;    // columns per 128B-swizzled tile: 64 x 16-bit = 128 bytes
+  static constexpr int kNumTiles = kHeadDimQK / kTileCols;       // 9 tiles per 64 x 576 block
+  static constexpr int kNumVTiles = kHeadDimV / kTileCols;       // 8 tiles carry V
+  static constexpr int kVTilesPerHalf = kNumVTiles / 2;          // 4 tiles = 256 columns per warpgroup
+  static constexpr int kRopeTile = kNumTiles - 1;                // tile 8: RoPE dims, QK^T only
+  static constexpr int kTileBytes = kBlockN * kTileCols * 2;     // 8192
+  static constexpr int kSwizzleAtomBytes = 1024;                 // 8 rows x 128 B
+  static constexpr int kRowBytes = kTileCols * 2;                // 128
+
+  static constexpr int kWarpgroupThreads = 128;
+  static constexpr int kNumWarpgroups = 2;  // WG0 owns O[:, 0:256], WG1 owns O[:, 256:512]
+  static constexpr int kThreads = kWarpgroupThreads * kNumWarpgroups;
+
+  // Output staging (aliases the K buffers once a request's main loop is done). Pitches padded to keep the
+  // accumulator-layout writes free of bank conflicts.
+  static constexpr int kStageBf16PitchBytes = kHeadDimV * 2 + 16;  // 1040
+  static constexpr int kStageF32Pitch = kHeadDimV + 8;             // 520 floats
+
+  // Row-max start value (base-2 scaled units): finite so that exp2(m_old - m_new) never sees inf - inf.
+  static constexpr float kMaxInit = -1e30f;
+
+  static_assert(kHeadDimQK % kTileCols == 0, "576 = 9 tiles of 64");
+  static_assert(kVTilesPerHalf * kTileCols == 256, "each warpgroup owns a 64 x 256 O tile (wgmma N = 256)");
+};
+
+// Named barriers (id 0 is __syncthreads). Each pairs one warpgroup's bar.arrive with the other's bar.sync.
+enum class NamedBarrier : int {
+  kMax0Ready = 1,   // WG0 published m0 and a0 = 2^(m - m0) for the pair           (WG0 arrive, WG1 sync)
+  kScale1Ready = 2, // WG1 published a1 = 2^(m0 - m1) and stored P1 to smem       (WG1 arrive, WG0 sync)
+  kP0Ready = 3,     // WG0 stored P0 (rescaled to m1) to smem                       (WG0 arrive, WG1 sync)
+  kWg0Local = 4,    // WG0 only: zero-filled V rows are visible to its wgmma
+  kWg1Local = 5,    // WG1 only: same for WG1
+  kRowSumReady = 6, // both: per-row partial sums exchanged in the epilogue
+};
+
+// Shared memory. Tiles are 1024-byte aligned for the 128B swizzle (TMA and wgmma agree on it).
+struct alignas(1024) SharedStorage {
+  alignas(1024) uint8_t q[Config::kNumTiles][Config::kTileBytes];  // Q tile, 64 x 576, K-major swizzled
+  // Two KV blocks (K0 = even, K1 = odd block of a pair), 64 x 576 each. The RoPE tile of each buffer is
+  // dead after its QK^T and doubles as the P buffer the other warpgroup reads (P0 in K0, P1 in K1).
+  // After a request's main loop the whole area is the output staging buffer.
+  alignas(1024) uint8_t k[2][Config::kNumTiles][Config::kTileBytes];
+  float max0[Config::kBlockM];    // m0 of the current pair (scaled base-2 units)
+  float scale0[Config::kBlockM];  // a0 = 2^(m_prev - m0)
+  float max1[Config::kBlockM];    // m1
+  float scale1[Config::kBlockM];  // a1 = 2^(m0 - m1)
+  float row_sum[2][Config::kBlockM];
+  alignas(8) uint64_t k_bar[2][Config::kNumTiles];  // one TMA completion barrier per 8 KB tile
+};
+
+static_assert(sizeof(SharedStorage::k) >= Config::kBlockM * Config::kStageF32Pitch * 4, "fp32 staging fits in K");
+static_assert(sizeof(SharedStorage) + 1024 <= 232448, "227 KB opt-in shared memory limit of sm_90");
+
+}  // namespace openmla::kernels::dense_decode

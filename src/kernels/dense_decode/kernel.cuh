@@ -1,0 +1,576 @@
+// Dense MLA decode main kernel (sm_90a): paged BF16/FP16 KV cache, d_qk = 576, d_v = 512.
+//
+// One CTA = 2 warpgroups = one 64-row query tile (rows of one (request, kv head), packed position-major)
+// walking the KV-block range its schedule partition assigns. KV blocks are consumed in pairs (K0, K1)
+// with the "seesaw" schedule: WG0 owns O[:, 0:256], WG1 owns O[:, 256:512]; each computes the QK^T of one
+// block of the pair, and the two online-softmax updates are chained through shared memory so one
+// warpgroup's softmax overlaps the other's tensor-core work. Design note: docs/dense-decode.md.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/ptx.cuh"
+#include "kernels/dense_decode/config.h"
+#include "kernels/dense_decode/params.h"
+
+namespace openmla::kernels::dense_decode {
+
+using C = Config;
+
+// ---------------------------------------------------------------------------------------------------
+// Element type glue (bf16 or fp16)
+// ---------------------------------------------------------------------------------------------------
+template <bool kIsFp16>
+struct Element;
+
+template <>
+struct Element<false> {
+  __device__ static uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  template <int kTransB>
+  __device__ static void mma_qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+    ptx::wgmma_m64n64k16_ss_bf16<kTransB>(d, a, b, scale_d);
+  }
+  __device__ static void mma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+    ptx::wgmma_m64n256k16_rs_bf16<1>(d, a, b, 1);
+  }
+  __device__ static void mma_pv_ss(float (&d)[128], uint64_t a, uint64_t b) {
+    ptx::wgmma_m64n256k16_ss_bf16<1>(d, a, b, 1);
+  }
+};
+
+template <>
+struct Element<true> {
+  __device__ static uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  template <int kTransB>
+  __device__ static void mma_qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+    ptx::wgmma_m64n64k16_ss_f16<kTransB>(d, a, b, scale_d);
+  }
+  __device__ static void mma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+    ptx::wgmma_m64n256k16_rs_f16<1>(d, a, b, 1);
+  }
+  __device__ static void mma_pv_ss(float (&d)[128], uint64_t a, uint64_t b) {
+    ptx::wgmma_m64n256k16_ss_f16<1>(d, a, b, 1);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Shared-memory addressing
+// ---------------------------------------------------------------------------------------------------
+// K-major operand (Q, K, P): rows of 128 B, 8-row swizzle atoms 1024 B apart (SBO); LBO unused.
+__device__ __forceinline__ uint64_t desc_k_major(const void* p) {
+  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), 16, C::kSwizzleAtomBytes);
+}
+// MN-major operand (V viewed from the K tiles): 64 columns per tile, next 64 columns one tile (LBO) away,
+// next 8 tokens one swizzle atom (SBO) away.
+__device__ __forceinline__ uint64_t desc_mn_major(const void* p) {
+  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), C::kTileBytes, C::kSwizzleAtomBytes);
+}
+// Byte offset of element (row, col) inside one 64 x 64 128B-swizzled tile.
+__device__ __forceinline__ int swizzled_offset(int row, int col) {
+  return row * C::kRowBytes + ((((col >> 3) ^ (row & 7)) << 4) | ((col & 7) << 1));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Per-thread view of a wgmma m64nN accumulator: rows row0 and row0 + 8, column pairs 8j + 2*(lane % 4).
+// ---------------------------------------------------------------------------------------------------
+struct Fragment {
+  int row[2];
+  int col;  // column of the first element of chunk j = 0
+};
+
+__device__ __forceinline__ Fragment make_fragment(int wg_tid) {
+  const int warp = wg_tid / 32, lane = wg_tid % 32;
+  Fragment f;
+  f.row[0] = warp * 16 + lane / 4;
+  f.row[1] = f.row[0] + 8;
+  f.col = (lane % 4) * 2;
+  return f;
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffff, v, 1);
+  return v + __shfl_xor_sync(0xffffffff, v, 2);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Building blocks of the pair step
+// ---------------------------------------------------------------------------------------------------
+// S = Q K^T over the 9 tiles of one KV buffer, waiting tile by tile so the GEMM starts on the first
+// arrival. `kFirstTile` rotates the order (WG1 starts with the tiles refilled first).
+template <bool kIsFp16, int kFirstTile>
+__device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int buf, uint32_t phase) {
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int i = 0; i < C::kNumTiles; ++i) {
+    const int t = (i + kFirstTile) % C::kNumTiles;
+    ptx::mbarrier_wait_parity(&smem.k_bar[buf][t], phase);
+#pragma unroll
+    for (int kk = 0; kk < C::kTileCols / 16; ++kk) {
+      Element<kIsFp16>::template mma_qk<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
+                                           (i | kk) != 0);
+    }
+  }
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  ptx::fence_registers(s);
+}
+
+// Logits of keys at or beyond a row's border (exclusive key index) become -inf. Overwrite, never add:
+// the K rows past the sequence may hold NaN.
+__device__ __forceinline__ void mask_logits(float (&s)[32], const Fragment& f, int block_token0, const int (&border)[2]) {
+  if (block_token0 + C::kBlockN <= min(border[0], border[1])) return;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int tok = block_token0 + j * 8 + f.col + e;
+      if (tok >= border[0]) s[j * 4 + e] = -INFINITY;
+      if (tok >= border[1]) s[j * 4 + 2 + e] = -INFINITY;
+    }
+  }
+}
+
+__device__ __forceinline__ void row_max(const float (&s)[32], float (&mx)[2]) {
+  mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[j * 4 + 0], s[j * 4 + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[j * 4 + 2], s[j * 4 + 3]));
+  }
+  mx[0] = quad_max(mx[0]);
+  mx[1] = quad_max(mx[1]);
+}
+
+// s <- 2^(s * scale_log2 - m); returns this thread's partial row sums.
+__device__ __forceinline__ void exponentiate(float (&s)[32], float scale_log2, const float (&m)[2], float (&sum)[2]) {
+  sum[0] = sum[1] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[j * 4 + e] = ptx::exp2_approx(fmaf(s[j * 4 + e], scale_log2, -m[0]));
+      s[j * 4 + 2 + e] = ptx::exp2_approx(fmaf(s[j * 4 + 2 + e], scale_log2, -m[1]));
+      sum[0] += s[j * 4 + e];
+      sum[1] += s[j * 4 + 2 + e];
+    }
+  }
+}
+
+__device__ __forceinline__ void scale_rows(float (&o)[128], float a0, float a1) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    o[j * 4 + 0] *= a0;
+    o[j * 4 + 1] *= a0;
+    o[j * 4 + 2] *= a1;
+    o[j * 4 + 3] *= a1;
+  }
+}
+
+// The 64 x 64 P tile in the register A-operand layout of m64nNk16 (four k16 slices).
+template <bool kIsFp16>
+__device__ __forceinline__ void to_a_fragments(const float (&s)[32], uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    a[kk][0] = Element<kIsFp16>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+    a[kk][1] = Element<kIsFp16>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+    a[kk][2] = Element<kIsFp16>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+    a[kk][3] = Element<kIsFp16>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// Stores P (16-bit) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma.
+template <bool kIsFp16>
+__device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, const Fragment& f) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = j * 8 + f.col;
+    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[0], col)) = Element<kIsFp16>::pack(s[j * 4 + 0], s[j * 4 + 1]);
+    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[1], col)) = Element<kIsFp16>::pack(s[j * 4 + 2], s[j * 4 + 3]);
+  }
+  ptx::fence_proxy_async_shared();
+}
+
+// O_half += P V_half over 64 tokens: P from registers, V = 4 tiles of one buffer viewed MN-major.
+template <bool kIsFp16>
+__device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], const uint8_t* v_tiles) {
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) Element<kIsFp16>::mma_pv_rs(o, p[kk], desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  ptx::fence_registers(o);
+}
+
+// O_half += P V_half with P read from shared memory (written by the other warpgroup).
+template <bool kIsFp16>
+__device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    Element<kIsFp16>::mma_pv_ss(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  ptx::fence_registers(o);
+}
+
+// Rows past the sequence end inside a partial block may hold NaN; 0 * NaN would poison P V. Zero them in
+// the 4 V tiles this warpgroup is about to read, then make the writes visible to its wgmma.
+__device__ __forceinline__ void zero_tail_rows(uint8_t* v_tiles, int first_row, int wg_tid, NamedBarrier bar) {
+  const int rows = C::kBlockN - first_row;
+  const int chunks_per_tile = rows * (C::kRowBytes / 16);
+  for (int i = wg_tid; i < chunks_per_tile * C::kVTilesPerHalf; i += C::kWarpgroupThreads) {
+    const int tile = i / chunks_per_tile, rem = i % chunks_per_tile;
+    *reinterpret_cast<uint4*>(v_tiles + tile * C::kTileBytes + (first_row + rem / 8) * C::kRowBytes + (rem % 8) * 16) =
+        make_uint4(0, 0, 0, 0);
+  }
+  ptx::fence_proxy_async_shared();
+  ptx::named_barrier_sync(static_cast<int>(bar), C::kWarpgroupThreads);
+}
+
+// TMA loads of tiles [t_begin, t_end) of KV block `block` of request `req` into buffer `buf`.
+__device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtensorMap* map, const DenseDecodeParams& p,
+                                              int req, int block, int kv_head, int buf, int t_begin, int t_end,
+                                              uint64_t policy) {
+  const int page = p.block_table[static_cast<int64_t>(req) * p.block_table_stride + block];
+  for (int t = t_begin; t < t_end; ++t) {
+    ptx::mbarrier_arrive_expect_tx(&smem.k_bar[buf][t], C::kTileBytes);
+    ptx::tma_load_4d(smem.k[buf][t], map, &smem.k_bar[buf][t], t * C::kTileCols, 0, kv_head, page, policy);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------------------
+template <bool kIsFp16>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map) {
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage& smem = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  const int tid = threadIdx.x;
+  // Broadcast from lane 0 so the compiler knows the value is warp-uniform: wgmma under a branch it cannot
+  // prove uniform gets serialised (ptxas C7520).
+  const int wg = __shfl_sync(0xffffffff, tid / C::kWarpgroupThreads, 0);
+  const int wg_tid = tid % C::kWarpgroupThreads;
+  const int m_block = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const Fragment frag = make_fragment(wg_tid);
+  const int lane = tid % 32;
+
+  if (tid == 0) {
+    ptx::prefetch_tensormap(&k_map);
+    for (int b = 0; b < 2; ++b)
+      for (int t = 0; t < C::kNumTiles; ++t) ptx::mbarrier_init(&smem.k_bar[b][t], 1);
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  DecodeScheduleRecord rec = params.schedule[blockIdx.z];
+  rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
+  rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);
+  rec.begin_block = __shfl_sync(0xffffffff, rec.begin_block, 0);
+  rec.end_block = __shfl_sync(0xffffffff, rec.end_block, 0);
+  if (rec.begin_req >= params.batch) {
+    ptx::griddep_launch_dependents();
+    return;
+  }
+
+  const uint64_t policy = ptx::make_l2_evict_first_policy();
+  const int R = params.rows_per_kv_head;
+  const int row_base = m_block * C::kBlockM;
+  // Issuing threads: one per warpgroup.
+  const bool is_issuer = wg_tid == 0;
+  uint32_t phase[2] = {0, 0};
+
+  for (int req = rec.begin_req; req <= rec.end_req; ++req) {
+    // ---------------------------------------------------------------- request prologue
+    const int seqlen = __shfl_sync(0xffffffff, params.cache_seqlens[req], 0);
+    const int num_seq_blocks = (seqlen + C::kBlockN - 1) / C::kBlockN;
+    int blk_begin = req == rec.begin_req ? rec.begin_block : 0;
+    int blk_end = req == rec.end_req ? rec.end_block : num_seq_blocks;
+    const bool is_split =
+        (req == rec.begin_req && rec.is_first_req_split) || (req == rec.end_req && rec.is_last_req_split);
+    const int split_slot = params.num_splits[req] + (req == rec.begin_req ? rec.begin_split : 0);
+
+    // Right border (exclusive key index) of each of this thread's two rows; bottom-right causal mask.
+    int border[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = row_base + frag.row[i];
+      border[i] = (params.causal && r < R) ? seqlen - (params.s_q - 1 - r / params.q_per_kv) : seqlen;
+    }
+    // Blocks past the last valid row's border are fully masked for the whole tile: skip them.
+    {
+      const int last_row = min(row_base + C::kBlockM, R) - 1;
+      const int max_border = params.causal ? seqlen - (params.s_q - 1 - last_row / params.q_per_kv) : seqlen;
+      blk_end = min(blk_end, max(0, (max_border + C::kBlockN - 1) / C::kBlockN));
+    }
+    const bool has_work = blk_begin < blk_end;
+
+    if (has_work) {
+      if (tid == 0) {
+        load_kv_tiles(smem, &k_map, params, req, blk_begin, kv_head, 0, 0, C::kNumTiles, policy);
+        if (blk_begin + 1 < blk_end)
+          load_kv_tiles(smem, &k_map, params, req, blk_begin + 1, kv_head, 1, 0, C::kNumTiles, policy);
+      }
+      // Q tile: rows of this (request, kv head), zero-filled past R; 16-byte chunks into the swizzled layout.
+      const auto* q = static_cast<const uint8_t*>(params.q);
+      constexpr int kChunksPerRow = C::kHeadDimQK / 8;
+      for (int i = tid; i < C::kBlockM * kChunksPerRow; i += C::kThreads) {
+        const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+        const int r = row_base + row;
+        uint8_t* dst = smem.q[chunk / 8] + row * C::kRowBytes + (((chunk % 8) ^ (row & 7)) << 4);
+        if (r < R) {
+          const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
+          const int64_t elem = static_cast<int64_t>(req) * params.q_stride_b + s_idx * params.q_stride_s +
+                               head * params.q_stride_h + chunk * 8;
+          ptx::cp_async_16(dst, q + elem * 2, 16);
+        } else {
+          ptx::cp_async_16(dst, q, 0);
+        }
+      }
+      ptx::cp_async_commit();
+      ptx::cp_async_wait_all();
+      ptx::fence_proxy_async_shared();
+    }
+    __syncthreads();
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    float m_run[2] = {C::kMaxInit, C::kMaxInit};  // running max, base-2 scaled units
+    float l_run[2] = {0.f, 0.f};                   // this thread's partial row sums, relative to m_run
+
+    // ---------------------------------------------------------------- main loop over block pairs
+    for (int blk0 = blk_begin; blk0 < blk_end; blk0 += 2) {
+      const int blk1 = blk0 + 1;
+      const bool has_k1 = blk1 < blk_end;
+      const bool has_next = blk0 + 2 < blk_end;
+      const bool next_has_k1 = blk0 + 3 < blk_end;
+      const int tok0 = blk0 * C::kBlockN, tok1 = blk1 * C::kBlockN;
+      const bool k0_partial = tok0 + C::kBlockN > seqlen;
+      const bool k1_partial = tok1 + C::kBlockN > seqlen;
+      float s[32];
+      uint32_t pa[4][4];
+
+      if (wg == 0) {
+        // Step 1: S0 = Q K0^T.
+        gemm_qk<kIsFp16, 0>(s, smem, 0, phase[0]);
+        mask_logits(s, frag, tok0, border);
+        // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
+        float mx[2], m0[2], a0[2], sum[2];
+        row_max(s, mx);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          m0[i] = fmaxf(m_run[i], mx[i] * params.scale_log2);
+          a0[i] = ptx::exp2_approx(m_run[i] - m0[i]);
+        }
+        exponentiate(s, params.scale_log2, m0, sum);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a0[i] + sum[i];
+        if (lane % 4 == 0) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            smem.max0[frag.row[i]] = m0[i];
+            smem.scale0[frag.row[i]] = a0[i];
+          }
+        }
+        ptx::named_barrier_arrive(static_cast<int>(NamedBarrier::kMax0Ready), C::kThreads);
+        scale_rows(o, a0[0], a0[1]);
+        to_a_fragments<kIsFp16>(s, pa);
+        if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
+        gemm_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
+        if (has_next && is_issuer)
+          load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, 0, C::kVTilesPerHalf, policy);
+
+        // Step 4: wait for a1 and P1; rescale P0 to m1 and hand it to WG1.
+        ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kScale1Ready), C::kThreads);
+        float a1[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          a1[i] = smem.scale1[frag.row[i]];
+          m_run[i] = smem.max1[frag.row[i]];
+          l_run[i] *= a1[i];
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          s[j * 4 + 0] *= a1[0];
+          s[j * 4 + 1] *= a1[0];
+          s[j * 4 + 2] *= a1[1];
+          s[j * 4 + 3] *= a1[1];
+        }
+        store_p<kIsFp16>(s, smem.k[0][C::kRopeTile], frag);
+        ptx::named_barrier_arrive(static_cast<int>(NamedBarrier::kP0Ready), C::kThreads);
+
+        // Step 6: O_L = a1 O_L + P1 V1_L.
+        scale_rows(o, a1[0], a1[1]);
+        if (has_k1) {
+          if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
+#pragma unroll
+          for (int t = 0; t < C::kVTilesPerHalf; ++t) ptx::mbarrier_wait_parity(&smem.k_bar[1][t], phase[1]);
+          gemm_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
+          if (next_has_k1 && is_issuer) {
+            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, 0, C::kVTilesPerHalf, policy);
+            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
+          }
+        }
+      } else {
+        // Step 1: S1 = Q K1^T, starting with the tiles WG1 itself refilled first.
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (has_k1) {
+          gemm_qk<kIsFp16, C::kVTilesPerHalf>(s, smem, 1, phase[1]);
+          mask_logits(s, frag, tok1, border);
+          row_max(s, mx);
+        }
+        // Step 3: m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); O_R = a0 a1 O_R + P1 V1_R.
+        ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kMax0Ready), C::kThreads);
+        float m1[2], a01[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float m0 = smem.max0[frag.row[i]];
+          const float a0 = smem.scale0[frag.row[i]];
+          m1[i] = fmaxf(m0, mx[i] * params.scale_log2);
+          const float a1 = ptx::exp2_approx(m0 - m1[i]);
+          a01[i] = a0 * a1;
+          m_run[i] = m1[i];
+          if (lane % 4 == 0) {
+            smem.scale1[frag.row[i]] = a1;
+            smem.max1[frag.row[i]] = m1[i];
+          }
+        }
+        if (has_k1) {
+          exponentiate(s, params.scale_log2, m1, sum);
+          store_p<kIsFp16>(s, smem.k[1][C::kRopeTile], frag);
+        }
+        ptx::named_barrier_arrive(static_cast<int>(NamedBarrier::kScale1Ready), C::kThreads);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a01[i] + sum[i];
+        scale_rows(o, a01[0], a01[1]);
+        if (has_k1) {
+          to_a_fragments<kIsFp16>(s, pa);
+          if (k1_partial) zero_tail_rows(smem.k[1][C::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
+          gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][C::kVTilesPerHalf]);
+          if (next_has_k1 && is_issuer)
+            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
+                          policy);
+        }
+
+        // Step 5: O_R += P0 V0_R.
+        ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kP0Ready), C::kThreads);
+        if (k0_partial) zero_tail_rows(smem.k[0][C::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
+#pragma unroll
+        for (int t = C::kVTilesPerHalf; t < 2 * C::kVTilesPerHalf; ++t)
+          ptx::mbarrier_wait_parity(&smem.k_bar[0][t], phase[0]);
+        gemm_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
+        if (has_next && is_issuer)
+          load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
+      }
+      phase[0] ^= 1;
+      if (has_k1) phase[1] ^= 1;
+    }
+
+    // ---------------------------------------------------------------- epilogue
+    if (req == rec.end_req) ptx::griddep_launch_dependents();
+    float total[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float l = quad_sum(l_run[i]);
+      if (lane % 4 == 0) smem.row_sum[wg][frag.row[i]] = l;
+    }
+    // Also certifies both warpgroups are done reading the K buffers, which become the staging area.
+    ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kRowSumReady), C::kThreads);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) total[i] = smem.row_sum[0][frag.row[i]] + smem.row_sum[1][frag.row[i]];
+    bool empty[2];
+    float inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      empty[i] = !(total[i] > 0.f);  // no visible key (or a pathological NaN)
+      inv[i] = empty[i] ? 0.f : 1.f / total[i];
+    }
+    scale_rows(o, inv[0], inv[1]);
+
+    uint8_t* stage = &smem.k[0][0][0];
+    const int col_base = wg * (C::kHeadDimV / 2);
+    if (!is_split) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int col = col_base + j * 8 + frag.col;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          *reinterpret_cast<uint32_t*>(stage + frag.row[i] * C::kStageBf16PitchBytes + col * 2) =
+              Element<kIsFp16>::pack(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
+      }
+    } else {
+      float* stage_f = reinterpret_cast<float*>(stage);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int col = col_base + j * 8 + frag.col;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          *reinterpret_cast<float2*>(stage_f + frag.row[i] * C::kStageF32Pitch + col) =
+              make_float2(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
+      }
+    }
+    // Softmax statistics: WG0 writes them (one thread per row).
+    if (wg == 0 && lane % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = row_base + frag.row[i];
+        if (r >= R) continue;
+        const float log2_sum = empty[i] ? 0.f : m_run[i] + log2f(total[i]);
+        if (!is_split) {
+          const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
+          params.lse[static_cast<int64_t>(req) * params.lse_stride_b + head * params.lse_stride_h +
+                     s_idx * params.lse_stride_s] = empty[i] ? INFINITY : log2_sum * 0.69314718055994531f;
+        } else {
+          params.partial_lse[static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r] =
+              empty[i] ? -INFINITY : log2_sum;
+        }
+      }
+    }
+    __syncthreads();
+    if (!is_split) {
+      constexpr int kChunksPerRow = C::kHeadDimV * 2 / 16;  // 64
+      auto* out = static_cast<uint8_t*>(params.out);
+      for (int i = tid; i < C::kBlockM * kChunksPerRow; i += C::kThreads) {
+        const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+        const int r = row_base + row;
+        if (r >= R) continue;
+        const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
+        const int64_t elem = static_cast<int64_t>(req) * params.out_stride_b + s_idx * params.out_stride_s +
+                             head * params.out_stride_h + chunk * 8;
+        *reinterpret_cast<uint4*>(out + elem * 2) =
+            *reinterpret_cast<const uint4*>(stage + row * C::kStageBf16PitchBytes + chunk * 16);
+      }
+    } else {
+      constexpr int kChunksPerRow = C::kHeadDimV / 4;  // 128 float4 per row
+      const float* stage_f = reinterpret_cast<const float*>(stage);
+      for (int i = tid; i < C::kBlockM * kChunksPerRow; i += C::kThreads) {
+        const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+        const int r = row_base + row;
+        if (r >= R) continue;
+        const int64_t prow = static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r;
+        *reinterpret_cast<float4*>(params.partial_o + prow * C::kHeadDimV + chunk * 4) =
+            *reinterpret_cast<const float4*>(stage_f + row * C::kStageF32Pitch + chunk * 4);
+      }
+    }
+    // The staging area is the K buffers and Q is reloaded: nobody may run ahead into the next request.
+    __syncthreads();
+  }
+}
+
+}  // namespace openmla::kernels::dense_decode

@@ -1,0 +1,51 @@
+// Host launcher of the dense MLA decode main kernel: TMA descriptor for the paged cache, grid, smem.
+#include "kernels/dense_decode/kernel.cuh"
+#include "kernels/dense_decode/params.h"
+
+#include "api/validate.h"
+#include "common/tensor_map.h"
+
+namespace openmla::kernels {
+
+namespace {
+
+template <bool kIsFp16>
+Status launch_typed(const DenseDecodeParams& p, cudaStream_t stream) {
+  using dense_decode::Config;
+  using dense_decode::SharedStorage;
+  // The cache as a 4-D tensor (576 columns, 64 rows of a page, kv heads, pages); one box is a 64 x 64 tile.
+  detail::TensorMapSpec spec{};
+  spec.dtype = kIsFp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  spec.rank = 4;
+  spec.dims[0] = Config::kHeadDimQK;
+  spec.dims[1] = Config::kBlockN;
+  spec.dims[2] = static_cast<uint64_t>(p.h_kv);
+  spec.dims[3] = static_cast<uint64_t>(p.num_cache_blocks);
+  spec.byte_strides[0] = static_cast<uint64_t>(p.k_stride_row) * 2;
+  spec.byte_strides[1] = static_cast<uint64_t>(p.k_stride_head) * 2;
+  spec.byte_strides[2] = static_cast<uint64_t>(p.k_stride_block) * 2;
+  spec.box[0] = Config::kTileCols;
+  spec.box[1] = Config::kBlockN;
+  spec.box[2] = 1;
+  spec.box[3] = 1;
+  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  spec.l2_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  CUtensorMap k_map;
+  OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&k_map, p.k_cache, spec, "dense decode k_cache"));
+
+  auto kernel = dense_decode::dense_decode_kernel<kIsFp16>;
+  const int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+                               "dense decode: setting the shared-memory size");
+  dim3 grid(p.num_m_blocks, p.h_kv, p.num_sm_parts);
+  kernel<<<grid, Config::kThreads, smem_bytes, stream>>>(p, k_map);
+  return detail::last_cuda_error("dense decode kernel launch");
+}
+
+}  // namespace
+
+Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream) {
+  return params.is_fp16 ? launch_typed<true>(params, stream) : launch_typed<false>(params, stream);
+}
+
+}  // namespace openmla::kernels
