@@ -1,0 +1,20 @@
+// Internal entry points of api/decode.cpp, exposed for the C++ tests: the full argument validation of
+// each public decode function, without launching anything. With problem.num_sms > 0 they make no CUDA
+// call at all (tests run them with fake device pointers on machines without a GPU).
+#pragma once
+
+#include "openmla/decode.h"
+
+namespace openmla::detail {
+
+// Validates `problem` for get_decode_workspace_sizes / plan_decode (geometry only).
+Status validate_decode_problem(const DecodeProblem& problem);
+
+// Every check of plan_decode; on success *num_sm_parts is the partition count the schedule uses.
+Status validate_plan_decode(const DecodeProblem& problem, const TensorRef& cache_seqlens, const TensorRef& topk_length,
+                            const TensorRef& extra_topk_length, const DecodeSchedule& schedule, int* num_sm_parts);
+
+// Every check of dense_decode; on success *num_sm_parts is the partition count of the schedule.
+Status validate_dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args, int* num_sm_parts);
+
+}  // namespace openmla::detail

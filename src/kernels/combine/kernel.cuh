@@ -1,0 +1,165 @@
+// Split-KV combine: merges the fp32 partials of every split request into the final out / lse.
+//
+// One warp per (request, partial row); lane l owns columns 4l + 128j, j = 0..3 (four float4, so a warp
+// reads each 2 KiB partial row with four fully coalesced 512-byte loads). The next split's row is
+// loaded before the current one is accumulated, so one row of loads is always in flight.
+//
+// Math (base 2, as the main kernel stores partial lse), for chunk lse values l_i and rows O_i:
+//   M = max_i l_i (0 if every chunk is empty),  S = sum_i 2^(l_i - M),  G = log2(S) + M  (+inf if S == 0)
+//   lse = G * ln 2 (natural log, written before any sink adjustment: the sink never changes lse)
+//   sink (natural units) s, in base 2 t = s * log2(e):  G' = max(G, t) + log2(1 + 2^-|G - t|)
+//     (t = -inf: G' = G; t = +inf: G' = +inf so out = 0)
+//   out = sum_i 2^(l_i - G') O_i, or 0 when G is +inf (no visible key, whatever the sink).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/combine/params.h"
+
+namespace openmla::kernels::combine {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+inline constexpr int kColumnsPerLane = kCombineHeadDim / 32;   // 16 floats
+inline constexpr int kVectorsPerLane = kColumnsPerLane / 4;     // 4 float4
+inline constexpr int kVectorStride = 32 * 4;                   // columns between a lane's float4s
+static_assert(kCombineHeadDim % 128 == 0, "four float4 per lane cover the row");
+
+// Waits until the preceding kernel on the stream (launched before us; we are its programmatic
+// dependent) has completed and its memory is visible. No-op when launched without PDL.
+__device__ __forceinline__ void wait_for_main_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// NOTE: ordinary (coherent) loads, never ld.global.nc / __ldg: the data was written by the kernel we
+// overlap with via PDL, and the read-only path may be reordered or served from stale lines. The pointer
+// is deliberately not __restrict__ so the compiler cannot prove it read-only and switch to .nc.
+__device__ __forceinline__ void load_row(const float* row, float4 (&v)[kVectorsPerLane]) {
+#pragma unroll
+  for (int j = 0; j < kVectorsPerLane; ++j) v[j] = *reinterpret_cast<const float4*>(row + j * kVectorStride);
+}
+
+template <typename Element>
+__device__ __forceinline__ uint2 pack4(float a, float b, float c, float d);
+
+template <>
+__device__ __forceinline__ uint2 pack4<__nv_bfloat16>(float a, float b, float c, float d) {
+  __nv_bfloat162 lo = __floats2bfloat162_rn(a, b);
+  __nv_bfloat162 hi = __floats2bfloat162_rn(c, d);
+  return make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+}
+
+template <>
+__device__ __forceinline__ uint2 pack4<__half>(float a, float b, float c, float d) {
+  __half2 lo = __floats2half2_rn(a, b);
+  __half2 hi = __floats2half2_rn(c, d);
+  return make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+template <typename Element>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
+  // ---- Prologue: runs while the main kernel drains (nothing here reads its output) -------------------
+  const int req = blockIdx.x;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int rows = p.s_q * p.h_q;  // partial rows per split slot
+  const int row = blockIdx.y * kCombineWarps + warp;
+  if (row >= rows) return;
+  // num_splits comes from the scheduler, which completed before the main kernel started (the scheduler
+  // is launched without PDL and never triggers early), so it is safe to read before the wait.
+  const int32_t first_slot = p.num_splits[req];
+  const int32_t num_slots = p.num_splits[req + 1] - first_slot;
+  if (num_slots <= 1) return;  // not split: the main kernel wrote the final result
+
+  const int rows_per_kv_head = p.s_q * p.q_per_kv;
+  const int kv_head = row / rows_per_kv_head;
+  const int packed = row - kv_head * rows_per_kv_head;
+  const int s_idx = packed / p.q_per_kv;
+  const int head = kv_head * p.q_per_kv + (packed - s_idx * p.q_per_kv);
+  const float sink_log2 = p.attn_sink != nullptr ? p.attn_sink[head] * kLog2e : -INFINITY;
+
+  const int64_t lse_slot_stride = rows;
+  const int64_t o_slot_stride = static_cast<int64_t>(rows) * kCombineHeadDim;
+  const float* lse_row = p.partial_lse + static_cast<int64_t>(first_slot) * lse_slot_stride + row;
+  const float* o_row = p.partial_o + static_cast<int64_t>(first_slot) * o_slot_stride +
+                       static_cast<int64_t>(row) * kCombineHeadDim + lane * 4;
+
+  wait_for_main_kernel();
+
+  // ---- Global log-sum-exp over the chunks -------------------------------------------------------------
+  float m = -INFINITY;
+  for (int i = lane; i < num_slots; i += 32) m = fmaxf(m, lse_row[i * lse_slot_stride]);
+  m = warp_max(m);
+  const float m_safe = m == -INFINITY ? 0.f : m;
+  float s = 0.f;
+  for (int i = lane; i < num_slots; i += 32) s += exp2f(lse_row[i * lse_slot_stride] - m_safe);
+  s = warp_sum(s);
+  const float g = s == 0.f ? INFINITY : log2f(s) + m_safe;
+
+  if (lane == 0) {
+    p.lse[req * p.lse_stride_b + head * p.lse_stride_h + s_idx * p.lse_stride_s] = g * kLn2;
+  }
+
+  // ---- Weighted sum of the chunk rows ----------------------------------------------------------------
+  float acc[kColumnsPerLane];
+#pragma unroll
+  for (int c = 0; c < kColumnsPerLane; ++c) acc[c] = 0.f;
+
+  if (g != INFINITY) {
+    const float g_sink = fmaxf(g, sink_log2) + log2f(1.f + exp2f(-fabsf(g - sink_log2)));
+    if (g_sink != INFINITY) {  // +inf sink: the output is exactly 0
+      float4 cur[kVectorsPerLane];
+      load_row(o_row, cur);
+      float lse_cur = lse_row[0];
+      for (int i = 0; i < num_slots; ++i) {
+        float4 next[kVectorsPerLane];
+        float lse_next = -INFINITY;
+        if (i + 1 < num_slots) {  // prefetch the next chunk before using this one
+          load_row(o_row + (i + 1) * o_slot_stride, next);
+          lse_next = lse_row[(i + 1) * lse_slot_stride];
+        }
+        const float w = exp2f(lse_cur - g_sink);
+        // An empty chunk (lse -inf) has weight 0; skipping it (warp-uniform) keeps any non-finite
+        // filler in its row out of the result.
+        if (w != 0.f) {
+#pragma unroll
+          for (int j = 0; j < kVectorsPerLane; ++j) {
+            acc[4 * j + 0] = fmaf(w, cur[j].x, acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(w, cur[j].y, acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(w, cur[j].z, acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(w, cur[j].w, acc[4 * j + 3]);
+          }
+        }
+        if (i + 1 < num_slots) {
+#pragma unroll
+          for (int j = 0; j < kVectorsPerLane; ++j) cur[j] = next[j];
+          lse_cur = lse_next;
+        }
+      }
+    }
+  }
+
+  // ---- Store -------------------------------------------------------------------------------------------
+  Element* out = static_cast<Element*>(p.out) + req * p.out_stride_b + s_idx * p.out_stride_s +
+                 head * p.out_stride_h + lane * 4;
+#pragma unroll
+  for (int j = 0; j < kVectorsPerLane; ++j) {
+    *reinterpret_cast<uint2*>(out + j * kVectorStride) =
+        pack4<Element>(acc[4 * j + 0], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+  }
+}
+
+}  // namespace openmla::kernels::combine

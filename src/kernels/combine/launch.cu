@@ -1,0 +1,45 @@
+#include "kernels/combine/kernel.cuh"
+#include "kernels/combine/params.h"
+
+#include "api/validate.h"
+
+namespace openmla::kernels {
+
+namespace {
+
+template <typename Element>
+Status launch_combine_typed(const CombineParams& params, cudaStream_t stream) {
+  const int rows = params.s_q * params.h_q;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(params.batch), static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps), 1);
+  config.blockDim = dim3(kCombineWarps * 32, 1, 1);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  // Programmatic dependent launch: combine CTAs may become resident while the main kernel's last CTAs
+  // run; the kernel's griddepcontrol.wait restores full ordering before any partial is read.
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, combine::combine_kernel<Element>, params),
+                               "combine kernel launch");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status launch_combine(const CombineParams& params, cudaStream_t stream) {
+  if (params.batch < 1 || params.s_q < 1 || params.h_q < 1 || params.h_kv < 1 || params.q_per_kv < 1 ||
+      params.h_q != params.h_kv * params.q_per_kv)
+    return Status::internal("combine: inconsistent geometry");
+  if ((static_cast<int64_t>(params.s_q) * params.h_q + kCombineWarps - 1) / kCombineWarps > 65535)
+    return Status::internal("combine: s_q * h_q too large for the grid's y dimension");
+  if (params.partial_o == nullptr || params.partial_lse == nullptr || params.num_splits == nullptr ||
+      params.out == nullptr || params.lse == nullptr)
+    return Status::internal("combine: a required pointer is null");
+  return params.is_fp16 ? launch_combine_typed<__half>(params, stream)
+                        : launch_combine_typed<__nv_bfloat16>(params, stream);
+}
+
+}  // namespace openmla::kernels

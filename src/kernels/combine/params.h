@@ -1,0 +1,49 @@
+// Parameters of the split-KV combine kernel, shared by dense and sparse decode. Plain data.
+//
+// Partial rows (written by the main kernel) are indexed per split slot, kv-head-major:
+//   row = kv_head * (s_q * q_per_kv) + s_idx * q_per_kv + head_in_group,   head = kv_head * q_per_kv + head_in_group
+//   partial_o[(slot * s_q * h_q + row) * 512 + col]   fp32, already normalised by the chunk's own row sum
+//   partial_lse[slot * s_q * h_q + row]               fp32, base 2; -inf for a chunk with no visible key
+// With h_kv == 1 this is the position-major (s_q, h_q) packing of the sparse path.
+// Request i owns slots [num_splits[i], num_splits[i+1]); requests with fewer than 2 slots are skipped
+// (the main kernel wrote their final out/lse).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "openmla/status.h"
+
+namespace openmla::kernels {
+
+struct CombineParams {
+  int batch;
+  int s_q;
+  int h_q;
+  int h_kv;
+  int q_per_kv;  // h_q / h_kv
+  bool is_fp16;  // out element type: fp16 if true, else bf16
+
+  const float* partial_o;    // (slots, s_q * h_q, 512) fp32, written by the main kernel (PDL predecessor)
+  const float* partial_lse;  // (slots, s_q * h_q) fp32, base 2
+  const int32_t* num_splits; // (b + 1,) from the scheduler
+  const float* attn_sink;    // (h_q,) natural-log units, may be null (no sink)
+
+  // out: (b, s_q, h_q, 512) in q's dtype, last dim contiguous, other strides multiples of 4 elements
+  // (8-byte stores); lse: logical (b, h_q, s_q) float32, natural log. Strides in elements.
+  void* out;
+  int64_t out_stride_b, out_stride_s, out_stride_h;
+  float* lse;
+  int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+};
+
+inline constexpr int kCombineWarps = 8;  // rows per CTA: one warp per (request, query row)
+inline constexpr int kCombineHeadDim = 512;
+
+// Launches the combine kernel on `stream` with programmatic dependent launch: its prologue overlaps the
+// tail of the main kernel launched just before on the same stream, and it waits on the grid dependency
+// (griddepcontrol.wait) before reading partials. Grid (b, ceil(s_q * h_q / kCombineWarps)).
+Status launch_combine(const CombineParams& params, cudaStream_t stream);
+
+}  // namespace openmla::kernels

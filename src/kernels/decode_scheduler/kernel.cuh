@@ -1,0 +1,109 @@
+// Decode scheduler kernel: one CTA of kDecodeSchedulerThreads threads.
+//
+//   1. Every thread sizes a strided share of the requests (64-token blocks, see request_blocks) and the
+//      CTA sums n_i + overhead into the total work (int64: b * 2^25 blocks would overflow int32).
+//   2. Requests are staged kDecodeSchedulerChunk at a time in shared memory; thread 0 runs the greedy
+//      pass (PartitionWalk, request-major) over each chunk while the others wait at the barrier. The
+//      pass is inherently sequential but touches each request and partition O(1) times, a few µs for
+//      thousands of requests.
+//   3. Thread 0 closes the last partition and marks the rest idle.
+//
+// Failure guard: with payload = ceil(total / parts) + overhead every request is always assigned (each
+// partition consumes at least payload - overhead work). Should the walk ever run out of partitions,
+// the kernel does not leave a half-written schedule: every record becomes idle (begin_req = batch, so
+// the main kernel does nothing) and num_splits becomes 0, ..., 0, -1 (no request is combined;
+// num_splits[batch] == -1 is the device-visible flag, which tests read back).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/decode_scheduler/launch.h"
+#include "kernels/decode_scheduler/partition_walk.h"
+
+namespace openmla::kernels::decode_scheduler {
+
+// Signed block count: -n marks an empty request (dense L <= 0), whose finished range ends at block 0.
+__device__ __forceinline__ int32_t request_blocks_signed(const DecodeSchedulerParams& p, int i) {
+  constexpr int64_t kBlock = kDecodeBlockTokens;
+  if (!p.sparse) {
+    const int32_t len = p.cache_seqlens[i];
+    if (len <= 0) return -1;
+    return static_cast<int32_t>((static_cast<int64_t>(len) + kBlock - 1) / kBlock);
+  }
+  int64_t t = p.topk;
+  if (p.topk_length != nullptr) t = min(max(static_cast<int64_t>(p.topk_length[i]), int64_t{0}), t);
+  t = max(t, int64_t{1});  // never an empty main loop
+  if (p.extra_topk > 0) {
+    int64_t extra = p.extra_topk;
+    if (p.extra_topk_length != nullptr)
+      extra = min(max(static_cast<int64_t>(p.extra_topk_length[i]), int64_t{0}), extra);
+    t = (t + kBlock - 1) / kBlock * kBlock + extra;
+  }
+  return static_cast<int32_t>((t + kBlock - 1) / kBlock);
+}
+
+__device__ __forceinline__ int64_t block_sum(int64_t v, int64_t* warp_sums) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  int64_t total = 0;
+#pragma unroll
+  for (int w = 0; w < kDecodeSchedulerThreads / 32; ++w) total += warp_sums[w];
+  return total;
+}
+
+__global__ void __launch_bounds__(kDecodeSchedulerThreads, 1) decode_scheduler_kernel(DecodeSchedulerParams p) {
+  static_assert(kDecodeSchedulerThreads % 32 == 0, "whole warps");
+  __shared__ int32_t staged[kDecodeSchedulerChunk];  // signed block counts of one chunk of requests
+  __shared__ int64_t warp_sums[kDecodeSchedulerThreads / 32];
+  __shared__ bool failed;
+
+  // ---- Pass 1: total work ----------------------------------------------------------------------------
+  int64_t local = 0;
+  for (int i = threadIdx.x; i < p.batch; i += kDecodeSchedulerThreads) {
+    const int32_t n = request_blocks_signed(p, i);
+    local += (n < 0 ? -n : n) + kDecodeRequestOverheadBlocks;
+  }
+  const int64_t total = block_sum(local, warp_sums);
+  const int64_t payload = p.payload_override > 0
+                              ? p.payload_override
+                              : (total + p.num_sm_parts - 1) / p.num_sm_parts + kDecodeRequestOverheadBlocks;
+
+  // ---- Pass 2: greedy walk, chunk by chunk ---------------------------------------------------------------
+  PartitionWalk walk;  // meaningful in thread 0 only
+  if (threadIdx.x == 0) {
+    walk.begin(p.batch, p.num_sm_parts, payload, p.records, p.num_splits);
+    failed = false;
+  }
+  for (int base = 0; base < p.batch; base += kDecodeSchedulerChunk) {
+    const int count = min(kDecodeSchedulerChunk, p.batch - base);
+    __syncthreads();  // the previous chunk has been walked (and `failed` initialised)
+    if (failed) break;  // uniform: every thread reads it after the same barrier
+    for (int i = threadIdx.x; i < count; i += kDecodeSchedulerThreads) staged[i] = request_blocks_signed(p, base + i);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < count; ++i) {
+        const int32_t n = staged[i];
+        if (!walk.add_request(base + i, n < 0 ? -n : n, n < 0)) {
+          failed = true;
+          break;
+        }
+      }
+    }
+  }
+
+  // ---- Epilogue --------------------------------------------------------------------------------------------
+  if (threadIdx.x != 0) return;
+  if (!failed) {
+    walk.finish();
+    return;
+  }
+  for (int part = 0; part < p.num_sm_parts; ++part) p.records[part] = PartitionWalk::idle_record(p.batch);
+  for (int i = 0; i < p.batch; ++i) p.num_splits[i] = 0;
+  p.num_splits[p.batch] = -1;
+}
+
+}  // namespace openmla::kernels::decode_scheduler

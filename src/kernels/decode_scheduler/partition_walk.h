@@ -1,0 +1,119 @@
+// The greedy partition pass of the decode scheduler in its request-major form: the GPU kernel feeds it
+// one request at a time (its block counts arrive in shared-memory chunks), so it is written as a small
+// state machine. It is host+device code so the CPU tests can run this exact logic against the
+// independently written partition-major twin (heuristics/decode_schedule.cpp).
+//
+// Greedy rule (docs/decode-schedule.md): a partition starts with budget = payload. For the current
+// request with `rem` blocks left: if budget >= rem + overhead, finish the request here; else if
+// budget - overhead > 0, take budget - overhead blocks, close the partition and continue the request in
+// the next one; else close the partition without touching the request.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/decode_scheduler/schedule_record.h"
+
+#if defined(__CUDACC__)
+#define OPENMLA_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define OPENMLA_HOST_DEVICE inline
+#endif
+
+namespace openmla::kernels {
+
+struct PartitionWalk {
+  // Configuration.
+  int32_t batch;
+  int32_t num_parts;
+  int64_t payload;
+  DecodeScheduleRecord* records;  // (num_parts,)
+  int32_t* num_splits;            // (batch + 1,); num_splits[0] is written by begin()
+  // State.
+  int32_t part;          // partition being filled
+  int64_t budget;        // what is left of its payload
+  bool open;             // `part` has a begin recorded
+  bool last_partial;     // its end request stops mid-way
+  int32_t prefix;        // running split-slot prefix sum
+  DecodeScheduleRecord cur;
+
+  OPENMLA_HOST_DEVICE void begin(int32_t batch_, int32_t num_parts_, int64_t payload_, DecodeScheduleRecord* records_,
+                                 int32_t* num_splits_) {
+    batch = batch_;
+    num_parts = num_parts_;
+    payload = payload_;
+    records = records_;
+    num_splits = num_splits_;
+    part = 0;
+    budget = 0;
+    open = false;
+    last_partial = false;
+    prefix = 0;
+    num_splits[0] = 0;
+  }
+
+  OPENMLA_HOST_DEVICE void close_partition() {
+    const bool first_partial = cur.begin_block > 0;
+    if (cur.begin_req == cur.end_req) {
+      cur.is_first_req_split = cur.is_last_req_split = (first_partial || last_partial) ? 1 : 0;
+    } else {
+      cur.is_first_req_split = first_partial ? 1 : 0;
+      cur.is_last_req_split = last_partial ? 1 : 0;
+    }
+    cur.pad = 0;
+    records[part] = cur;
+    ++part;
+    open = false;
+  }
+
+  // Assigns request `req` (`blocks` >= 1 units of work; `empty`: its finished range ends at block 0).
+  // Returns false if the partitions ran out first (the caller then writes the failure encoding).
+  OPENMLA_HOST_DEVICE bool add_request(int32_t req, int32_t blocks, bool empty) {
+    constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
+    int64_t block = 0;
+    int32_t split = 0;
+    while (true) {
+      if (!open) {
+        if (part >= num_parts) return false;
+        cur.begin_req = req;
+        cur.begin_block = static_cast<int32_t>(block);
+        cur.begin_split = split;
+        budget = payload;
+        open = true;
+      }
+      const int64_t remaining = blocks - block;
+      if (budget >= remaining + kOverhead) {
+        budget -= remaining + kOverhead;
+        prefix += split + 1;
+        num_splits[req + 1] = prefix;
+        cur.end_req = req;
+        cur.end_block = empty ? 0 : blocks;
+        last_partial = false;
+        return true;  // the partition stays open for the next request
+      }
+      if (budget - kOverhead > 0) {
+        block += budget - kOverhead;
+        cur.end_req = req;
+        cur.end_block = static_cast<int32_t>(block);
+        last_partial = true;
+        ++split;
+      }
+      // Either way this partition is full: a request is never left without an end in `cur`, because a
+      // fresh partition always has budget = payload > overhead and so takes at least one block.
+      close_partition();
+    }
+  }
+
+  // Closes the last partition and marks the remaining ones idle.
+  OPENMLA_HOST_DEVICE void finish() {
+    if (open) close_partition();
+    for (; part < num_parts; ++part) records[part] = idle_record(batch);
+  }
+
+  OPENMLA_HOST_DEVICE static DecodeScheduleRecord idle_record(int32_t batch) {
+    // begin_req == batch tells the kernel to return; end_req = batch - 1 keeps an inclusive
+    // [begin, end] loop empty for a kernel that does not test begin first.
+    return DecodeScheduleRecord{batch, batch - 1, 0, 0, 0, 0, 0, 0};
+  }
+};
+
+}  // namespace openmla::kernels

@@ -1,0 +1,314 @@
+// Decode API: workspace sizes and every validation error of plan_decode / dense_decode. Uses fake,
+// aligned, non-null "device" pointers and problem.num_sms > 0: all checks run before any CUDA call, so
+// no GPU is needed and nothing is ever launched on the fake pointers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "api/decode_internal.h"
+#include "openmla/decode.h"
+
+namespace openmla {
+namespace {
+
+void* fake_ptr(int i) { return reinterpret_cast<void*>(uintptr_t{0x10000000} + uintptr_t(i) * 0x1000000); }
+
+constexpr int kSms = 132;
+
+DecodeProblem dense_problem() {
+  DecodeProblem p;
+  p.batch = 2;
+  p.s_q = 2;
+  p.h_q = 16;
+  p.h_kv = 1;
+  p.causal = true;
+  p.num_sms = kSms;  // no device query
+  return p;
+}
+
+// A valid dense call: b = 2, s_q = 2, h_q = 16, h_kv = 1 -> num_sm_parts = 132 / 1 / 1 = 132.
+DenseDecodeArgs dense_args(const DecodeProblem& p) {
+  const int64_t parts = 132;
+  const int64_t rows = (p.batch + parts) * p.s_q * p.h_q;
+  DenseDecodeArgs a;
+  a.q = make_tensor(fake_ptr(1), DType::kBFloat16, {p.batch, p.s_q, p.h_q, 576});
+  a.k_cache = make_tensor(fake_ptr(2), DType::kBFloat16, {10, 64, p.h_kv, 576});
+  a.block_table = make_tensor(fake_ptr(3), DType::kInt32, {p.batch, 4});
+  a.cache_seqlens = make_tensor(fake_ptr(4), DType::kInt32, {p.batch});
+  a.schedule.metadata = make_tensor(fake_ptr(5), DType::kInt32, {parts, kDecodeScheduleRecordInts});
+  a.schedule.num_splits = make_tensor(fake_ptr(6), DType::kInt32, {p.batch + 1});
+  a.split.partial_o = make_tensor(fake_ptr(7), DType::kFloat32, {rows, 512});
+  a.split.partial_lse = make_tensor(fake_ptr(8), DType::kFloat32, {rows});
+  a.out = make_tensor(fake_ptr(9), DType::kBFloat16, {p.batch, p.s_q, p.h_q, 512});
+  a.lse = make_tensor(fake_ptr(10), DType::kFloat32, {p.batch, p.h_q, p.s_q});
+  return a;
+}
+
+TEST(DecodeApi, WorkspaceSizesDense) {
+  DecodeProblem p;
+  p.batch = 128;
+  p.s_q = 1;
+  p.h_q = 128;
+  p.num_sms = kSms;
+  DecodeWorkspaceSizes s;
+  ASSERT_TRUE(get_decode_workspace_sizes(p, &s).is_ok());
+  EXPECT_EQ(s.num_sm_parts, 66);
+  EXPECT_EQ(s.metadata_ints, 66 * 8);
+  EXPECT_EQ(s.num_splits_ints, 129);
+  EXPECT_EQ(s.partial_rows, (128 + 66) * 128);
+  EXPECT_EQ(s.partial_o_bytes, size_t((128 + 66) * 128) * 512 * 4);
+  EXPECT_EQ(s.partial_lse_bytes, size_t((128 + 66) * 128) * 4);
+
+  p.s_q = 2;
+  p.h_q = 64;
+  p.h_kv = 2;  // 64 rows per kv head: one m-block, 132 / 2 = 66
+  ASSERT_TRUE(get_decode_workspace_sizes(p, &s).is_ok());
+  EXPECT_EQ(s.num_sm_parts, 66);
+  EXPECT_EQ(s.partial_rows, (128 + 66) * 2 * 64);
+}
+
+TEST(DecodeApi, WorkspaceSizesSparse) {
+  DecodeProblem p;
+  p.batch = 4;
+  p.s_q = 2;
+  p.h_q = 128;
+  p.sparse = true;
+  p.topk = 2048;
+  p.d_qk = 576;
+  p.cache_format = KVCacheFormat::kFp8V32;
+  p.num_sms = kSms;
+  DecodeWorkspaceSizes s;
+  ASSERT_TRUE(get_decode_workspace_sizes(p, &s).is_ok());
+  EXPECT_EQ(s.num_sm_parts, 33);
+  EXPECT_EQ(s.partial_rows, (4 + 33) * 2 * 128);
+}
+
+TEST(DecodeApi, WorkspaceSizesErrors) {
+  DecodeProblem p = dense_problem();
+  Status st = get_decode_workspace_sizes(p, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("sizes"), std::string::npos);
+  DecodeWorkspaceSizes s;
+  p.h_kv = 3;
+  st = get_decode_workspace_sizes(p, &s);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("problem.h_q"), std::string::npos) << st.message();
+  p = dense_problem();
+  p.sparse = true;
+  p.topk = 100;
+  st = get_decode_workspace_sizes(p, &s);
+  EXPECT_NE(st.message().find("problem.topk"), std::string::npos) << st.message();
+}
+
+TEST(DecodeApi, ValidDenseCallPassesValidation) {
+  const DecodeProblem p = dense_problem();
+  int parts = 0;
+  const Status st = detail::validate_dense_decode(p, dense_args(p), &parts);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(parts, 132);
+
+  // Larger split buffers than needed are fine (an engine sizes them for its largest batch).
+  DenseDecodeArgs a = dense_args(p);
+  a.split.partial_o.shape[0] += 1000;
+  a.split.partial_lse.shape[0] += 1000;
+  EXPECT_TRUE(detail::validate_dense_decode(p, a, &parts).is_ok());
+  // fp16 everywhere.
+  DecodeProblem p16 = p;
+  p16.cache_format = KVCacheFormat::kFloat16;
+  a = dense_args(p16);
+  a.q.dtype = a.k_cache.dtype = a.out.dtype = DType::kFloat16;
+  EXPECT_TRUE(detail::validate_dense_decode(p16, a, &parts).is_ok());
+  // Free strides (multiples of 8 elements) on q, k_cache, out; any strides on lse.
+  a = dense_args(p);
+  a.q.stride[0] = 4 * 16 * 576;
+  a.k_cache.stride[0] = 64 * 576 + 8;
+  a.out.stride[1] = 16 * 512 + 64;
+  a.lse = make_tensor(fake_ptr(10), DType::kFloat32, {2, 16, 2}, {32, 1, 16});  // (b, s_q, h_q) storage
+  EXPECT_TRUE(detail::validate_dense_decode(p, a, &parts).is_ok());
+}
+
+struct Mutation {
+  const char* what;
+  std::function<void(DecodeProblem&, DenseDecodeArgs&)> apply;
+  const char* expect_in_message;
+};
+
+TEST(DecodeApi, DenseDecodeValidationErrors) {
+  const std::vector<Mutation> mutations = {
+      {"batch 0", [](DecodeProblem& p, DenseDecodeArgs&) { p.batch = 0; }, "problem.batch"},
+      {"s_q 0", [](DecodeProblem& p, DenseDecodeArgs&) { p.s_q = 0; }, "problem.s_q"},
+      {"h_q not multiple of h_kv", [](DecodeProblem& p, DenseDecodeArgs&) { p.h_kv = 3; }, "problem.h_q"},
+      {"h_kv 0", [](DecodeProblem& p, DenseDecodeArgs&) { p.h_kv = 0; }, "problem.h_kv"},
+      {"d_v", [](DecodeProblem& p, DenseDecodeArgs&) { p.d_v = 576; }, "problem.d_v"},
+      {"d_qk", [](DecodeProblem& p, DenseDecodeArgs&) { p.d_qk = 512; }, "problem.d_qk"},
+      {"page size", [](DecodeProblem& p, DenseDecodeArgs&) { p.page_block_size = 32; }, "problem.page_block_size"},
+      {"sparse", [](DecodeProblem& p, DenseDecodeArgs&) { p.sparse = true; p.topk = 64; }, "problem.sparse"},
+      {"fp8 format", [](DecodeProblem& p, DenseDecodeArgs&) { p.cache_format = KVCacheFormat::kFp8V32; },
+       "problem.cache_format"},
+      {"num_sms", [](DecodeProblem& p, DenseDecodeArgs&) { p.num_sms = -1; }, "problem.num_sms"},
+      {"huge s_q*h_q", [](DecodeProblem& p, DenseDecodeArgs&) { p.s_q = 1 << 20; }, "problem.s_q"},
+      // q
+      {"q missing", [](DecodeProblem&, DenseDecodeArgs& a) { a.q = TensorRef{}; }, "'q'"},
+      {"q on cpu", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.device = DeviceType::kCPU; }, "'q'"},
+      {"q float32", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.dtype = DType::kFloat32; }, "'q'"},
+      {"q fp16 vs bf16 cache", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.dtype = DType::kFloat16; }, "'q'"},
+      {"q 3-D", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.ndim = 3; }, "'q'"},
+      {"q batch", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.shape[0] = 3; }, "'q'"},
+      {"q s_q", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.shape[1] = 1; }, "'q'"},
+      {"q h_q", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.shape[2] = 8; }, "'q'"},
+      {"q d 512", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.shape[3] = 512; }, "'q'"},
+      {"q last dim strided", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.stride[3] = 2; }, "'q'"},
+      {"q stride not 16 B", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.stride[2] = 580; }, "'q'"},
+      {"q misaligned", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.data = static_cast<char*>(a.q.data) + 8; }, "'q'"},
+      {"q stride > int32", [](DecodeProblem&, DenseDecodeArgs& a) { a.q.stride[0] = int64_t{1} << 32; }, "'q'"},
+      // k_cache
+      {"k missing", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache = TensorRef{}; }, "'k_cache'"},
+      {"k dtype", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.dtype = DType::kFloat16; }, "'k_cache'"},
+      {"k 3-D", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.ndim = 3; }, "'k_cache'"},
+      {"k page 32", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.shape[1] = 32; }, "only 64"},
+      {"k h_kv", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.shape[2] = 2; }, "'k_cache'"},
+      {"k d", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.shape[3] = 512; }, "'k_cache'"},
+      {"k no blocks", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.shape[0] = 0; }, "'k_cache'"},
+      {"k last dim strided", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.stride[3] = 2; }, "'k_cache'"},
+      {"k stride not 16 B", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.stride[1] = 580; }, "'k_cache'"},
+      {"k misaligned", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.data = static_cast<char*>(a.k_cache.data) + 2; },
+       "'k_cache'"},
+      {"k on cpu", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.device = DeviceType::kCPU; }, "'k_cache'"},
+      // block_table, cache_seqlens
+      {"bt dtype", [](DecodeProblem&, DenseDecodeArgs& a) { a.block_table.dtype = DType::kInt64; }, "'block_table'"},
+      {"bt 1-D", [](DecodeProblem&, DenseDecodeArgs& a) { a.block_table.ndim = 1; }, "'block_table'"},
+      {"bt batch", [](DecodeProblem&, DenseDecodeArgs& a) { a.block_table.shape[0] = 1; }, "'block_table'"},
+      {"bt strided", [](DecodeProblem&, DenseDecodeArgs& a) { a.block_table.stride[1] = 2; }, "'block_table'"},
+      {"bt empty", [](DecodeProblem&, DenseDecodeArgs& a) { a.block_table.shape[1] = 0; }, "'block_table'"},
+      {"seqlens missing", [](DecodeProblem&, DenseDecodeArgs& a) { a.cache_seqlens = TensorRef{}; }, "'cache_seqlens'"},
+      {"seqlens int64", [](DecodeProblem&, DenseDecodeArgs& a) { a.cache_seqlens.dtype = DType::kInt64; },
+       "'cache_seqlens'"},
+      {"seqlens shape", [](DecodeProblem&, DenseDecodeArgs& a) { a.cache_seqlens.shape[0] = 3; }, "'cache_seqlens'"},
+      {"seqlens strided", [](DecodeProblem&, DenseDecodeArgs& a) { a.cache_seqlens.stride[0] = 2; }, "'cache_seqlens'"},
+      {"seqlens on cpu", [](DecodeProblem&, DenseDecodeArgs& a) { a.cache_seqlens.device = DeviceType::kCPU; },
+       "'cache_seqlens'"},
+      // out, lse
+      {"out missing", [](DecodeProblem&, DenseDecodeArgs& a) { a.out = TensorRef{}; }, "'out'"},
+      {"out dtype", [](DecodeProblem&, DenseDecodeArgs& a) { a.out.dtype = DType::kFloat32; }, "'out'"},
+      {"out d_v", [](DecodeProblem&, DenseDecodeArgs& a) { a.out.shape[3] = 576; }, "'out'"},
+      {"out h_q", [](DecodeProblem&, DenseDecodeArgs& a) { a.out.shape[2] = 32; }, "'out'"},
+      {"out last dim strided", [](DecodeProblem&, DenseDecodeArgs& a) { a.out.stride[3] = 2; }, "'out'"},
+      {"out stride not 16 B", [](DecodeProblem&, DenseDecodeArgs& a) { a.out.stride[2] = 516; }, "'out'"},
+      {"lse dtype", [](DecodeProblem&, DenseDecodeArgs& a) { a.lse.dtype = DType::kBFloat16; }, "'lse'"},
+      {"lse (b, s_q, h_q)", [](DecodeProblem&, DenseDecodeArgs& a) { a.lse.shape[1] = 2; a.lse.shape[2] = 16; }, "'lse'"},
+      {"lse 2-D", [](DecodeProblem&, DenseDecodeArgs& a) { a.lse.ndim = 2; }, "'lse'"},
+      // schedule, split buffers
+      {"metadata missing", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.metadata = TensorRef{}; },
+       "schedule.metadata"},
+      {"metadata parts", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.metadata.shape[0] = 66; },
+       "schedule.metadata"},
+      {"metadata width", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.metadata.shape[1] = 4; a.schedule.metadata.stride[0] = 4; },
+       "schedule.metadata"},
+      {"metadata dtype", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.metadata.dtype = DType::kInt64; },
+       "schedule.metadata"},
+      {"num_splits shape", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.num_splits.shape[0] = 2; },
+       "schedule.num_splits"},
+      {"num_splits dtype", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.num_splits.dtype = DType::kFloat32; },
+       "schedule.num_splits"},
+      {"num_sms differs from plan", [](DecodeProblem& p, DenseDecodeArgs&) { p.num_sms = 66; }, "schedule.metadata"},
+      {"partial_o missing", [](DecodeProblem&, DenseDecodeArgs& a) { a.split.partial_o = TensorRef{}; },
+       "split.partial_o"},
+      {"partial_o rows", [](DecodeProblem&, DenseDecodeArgs& a) { a.split.partial_o.shape[0] -= 1; },
+       "split.partial_o"},
+      {"partial_o width", [](DecodeProblem&, DenseDecodeArgs& a) { a.split.partial_o.shape[1] = 576; a.split.partial_o.stride[0] = 576; },
+       "split.partial_o"},
+      {"partial_o dtype", [](DecodeProblem&, DenseDecodeArgs& a) { a.split.partial_o.dtype = DType::kBFloat16; },
+       "split.partial_o"},
+      {"partial_o strided", [](DecodeProblem&, DenseDecodeArgs& a) { a.split.partial_o.stride[0] = 1024; },
+       "split.partial_o"},
+      {"partial_lse rows", [](DecodeProblem&, DenseDecodeArgs& a) { a.split.partial_lse.shape[0] = 10; },
+       "split.partial_lse"},
+      {"partial_lse dtype", [](DecodeProblem&, DenseDecodeArgs& a) { a.split.partial_lse.dtype = DType::kInt32; },
+       "split.partial_lse"},
+      // devices, scale
+      {"out on another GPU", [](DecodeProblem&, DenseDecodeArgs& a) { a.out.device_id = 1; }, "'out'"},
+      {"partial_lse on another GPU", [](DecodeProblem&, DenseDecodeArgs& a) { a.split.partial_lse.device_id = 1; },
+       "split.partial_lse"},
+      {"scale nan", [](DecodeProblem&, DenseDecodeArgs& a) { a.softmax_scale = std::nanf(""); }, "softmax_scale"},
+      {"scale inf", [](DecodeProblem&, DenseDecodeArgs& a) { a.softmax_scale = INFINITY; }, "softmax_scale"},
+  };
+  for (const Mutation& m : mutations) {
+    DecodeProblem p = dense_problem();
+    DenseDecodeArgs a = dense_args(p);
+    m.apply(p, a);
+    int parts = 0;
+    const Status st = detail::validate_dense_decode(p, a, &parts);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << m.what << ": " << st.message();
+    EXPECT_NE(st.message().find(m.expect_in_message), std::string::npos)
+        << m.what << ": message does not name " << m.expect_in_message << ": " << st.message();
+    // The public entry point fails the same way (and launches nothing).
+    const Status pub = dense_decode(p, a, nullptr);
+    EXPECT_EQ(pub.code(), StatusCode::kInvalidArgument) << m.what;
+    EXPECT_EQ(pub.message(), st.message()) << m.what;
+  }
+}
+
+TEST(DecodeApi, PlanValidation) {
+  const DecodeProblem p = dense_problem();
+  const DenseDecodeArgs a = dense_args(p);
+  int parts = 0;
+  Status st = detail::validate_plan_decode(p, a.cache_seqlens, {}, {}, a.schedule, &parts);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(parts, 132);
+
+  const auto expect_error = [&](const DecodeProblem& pp, const TensorRef& seqlens, const TensorRef& topk_len,
+                                const TensorRef& extra_len, const DecodeSchedule& sched, const char* needle) {
+    int n = 0;
+    const Status s = detail::validate_plan_decode(pp, seqlens, topk_len, extra_len, sched, &n);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << needle << ": " << s.message();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+    const Status pub = plan_decode(pp, seqlens, topk_len, extra_len, sched, nullptr);
+    EXPECT_EQ(pub.code(), StatusCode::kInvalidArgument) << needle;
+  };
+  expect_error(p, TensorRef{}, {}, {}, a.schedule, "cache_seqlens");
+  TensorRef bad = a.cache_seqlens;
+  bad.dtype = DType::kInt64;
+  expect_error(p, bad, {}, {}, a.schedule, "cache_seqlens");
+  bad = a.cache_seqlens;
+  bad.device = DeviceType::kCPU;
+  expect_error(p, bad, {}, {}, a.schedule, "cache_seqlens");
+  DecodeSchedule sched = a.schedule;
+  sched.metadata.shape[0] = 10;
+  expect_error(p, a.cache_seqlens, {}, {}, sched, "schedule.metadata");
+  sched = a.schedule;
+  sched.num_splits.shape[0] = 5;
+  expect_error(p, a.cache_seqlens, {}, {}, sched, "schedule.num_splits");
+  sched = a.schedule;
+  sched.num_splits.device_id = 3;
+  expect_error(p, a.cache_seqlens, {}, {}, sched, "schedule.num_splits");
+  DecodeProblem bad_problem = p;
+  bad_problem.batch = -1;
+  expect_error(bad_problem, a.cache_seqlens, {}, {}, a.schedule, "problem.batch");
+
+  // Sparse: lengths optional, extra lengths only with an extra cache.
+  DecodeProblem sp = p;
+  sp.sparse = true;
+  sp.topk = 2048;
+  sp.h_q = 128;
+  sp.cache_format = KVCacheFormat::kFp8V32;
+  DecodeSchedule ssched = a.schedule;
+  ssched.metadata.shape[0] = 33;  // 132 / 2 / 2
+  st = detail::validate_plan_decode(sp, {}, {}, {}, ssched, &parts);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(parts, 33);
+  st = detail::validate_plan_decode(sp, {}, a.cache_seqlens, {}, ssched, &parts);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  expect_error(sp, {}, a.cache_seqlens, a.cache_seqlens, ssched, "extra_topk_length");
+  TensorRef bad_len = a.cache_seqlens;
+  bad_len.shape[0] = 7;
+  expect_error(sp, {}, bad_len, {}, ssched, "topk_length");
+  sp.extra_topk = 100;
+  expect_error(sp, {}, {}, {}, ssched, "problem.extra_topk");
+}
+
+}  // namespace
+}  // namespace openmla

@@ -1,0 +1,470 @@
+// Decode schedule: the partition-count heuristics, per-request work sizes, the CPU twin of the GPU
+// scheduler (exact records on hand-derived cases, invariants on adversarial length lists), the GPU
+// algorithm's request-major walk run on the CPU against the twin, and the GPU kernel against the twin
+// (skipped without a Hopper GPU).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "heuristics/decode_schedule.h"
+#include "kernels/decode_scheduler/launch.h"
+#include "kernels/decode_scheduler/partition_walk.h"
+#include "openmla/capability.h"
+#include "openmla/decode.h"
+
+namespace openmla {
+namespace {
+
+using heuristics::DecodeScheduleHost;
+using kernels::DecodeScheduleRecord;
+using kernels::kDecodeRequestOverheadBlocks;
+
+constexpr int32_t kInt32Max = 2147483647;
+
+DecodeScheduleRecord rec(int32_t br, int32_t er, int32_t bb, int32_t eb, int32_t bs, int32_t f, int32_t l) {
+  return DecodeScheduleRecord{br, er, bb, eb, bs, f, l, 0};
+}
+
+std::string to_string(const DecodeScheduleRecord& r) {
+  return "{" + std::to_string(r.begin_req) + "," + std::to_string(r.end_req) + "," + std::to_string(r.begin_block) +
+         "," + std::to_string(r.end_block) + "," + std::to_string(r.begin_split) + "," +
+         std::to_string(r.is_first_req_split) + "," + std::to_string(r.is_last_req_split) + "," +
+         std::to_string(r.pad) + "}";
+}
+
+void expect_records(const std::vector<DecodeScheduleRecord>& got, const std::vector<DecodeScheduleRecord>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(0, std::memcmp(&got[i], &want[i], sizeof(DecodeScheduleRecord)))
+        << "partition " << i << ": got " << to_string(got[i]) << ", want " << to_string(want[i]);
+}
+
+// ---- Heuristics ------------------------------------------------------------------------------------------
+
+TEST(DecodeScheduleHeuristics, DenseNumSmParts) {
+  // facts §3.1: 132 SMs, h_q = 128, h_kv = 1.
+  EXPECT_EQ(heuristics::dense_num_sm_parts(1, 128, 1, 132), 66);
+  EXPECT_EQ(heuristics::dense_num_sm_parts(2, 128, 1, 132), 33);
+  EXPECT_EQ(heuristics::dense_num_sm_parts(1, 16, 1, 132), 132);
+  EXPECT_EQ(heuristics::dense_num_sm_parts(4, 128, 1, 132), 16);   // 8 m-blocks
+  EXPECT_EQ(heuristics::dense_num_sm_parts(1, 64, 8, 132), 16);    // 8 rows per kv head: 1 m-block, 132 / 8
+  EXPECT_EQ(heuristics::dense_num_sm_parts(2, 126, 2, 132), 33);   // 126 rows per kv head -> 2 m-blocks
+  EXPECT_EQ(heuristics::dense_num_sm_parts(1, 16, 1, 400), kMaxDecodeSmParts);  // capped for the combine
+  EXPECT_EQ(heuristics::dense_num_sm_parts(64, 128, 8, 132), 1);   // never below 1
+}
+
+TEST(DecodeScheduleHeuristics, SparseNumSmParts) {
+  EXPECT_EQ(heuristics::sparse_num_sm_parts(2, 128, 132), 33);
+  EXPECT_EQ(heuristics::sparse_num_sm_parts(1, 64, 132), 132);
+  EXPECT_EQ(heuristics::sparse_num_sm_parts(1, 128, 132), 66);
+  EXPECT_EQ(heuristics::sparse_num_sm_parts(300, 128, 132), 1);
+  DecodeProblem p;
+  p.sparse = true;
+  p.s_q = 2;
+  p.h_q = 128;
+  EXPECT_EQ(heuristics::decode_num_sm_parts(p, 132), 33);
+  p.sparse = false;
+  p.s_q = 1;
+  EXPECT_EQ(heuristics::decode_num_sm_parts(p, 132), 66);
+}
+
+TEST(DecodeScheduleHeuristics, DenseRequestBlocks) {
+  EXPECT_EQ(heuristics::dense_request_blocks(0), 1);
+  EXPECT_EQ(heuristics::dense_request_blocks(-5), 1);
+  EXPECT_EQ(heuristics::dense_request_blocks(1), 1);
+  EXPECT_EQ(heuristics::dense_request_blocks(64), 1);
+  EXPECT_EQ(heuristics::dense_request_blocks(65), 2);
+  EXPECT_EQ(heuristics::dense_request_blocks(4096), 64);
+  EXPECT_EQ(heuristics::dense_request_blocks(kInt32Max), 33554432);
+  EXPECT_TRUE(heuristics::dense_request_empty(0));
+  EXPECT_FALSE(heuristics::dense_request_empty(1));
+}
+
+TEST(DecodeScheduleHeuristics, SparseRequestBlocks) {
+  const int32_t zero = 0, one = 1, len100 = 100, huge = 100000, neg = -7, e70 = 70;
+  EXPECT_EQ(heuristics::sparse_request_blocks(2048, nullptr, 0, nullptr), 32);
+  EXPECT_EQ(heuristics::sparse_request_blocks(2048, &zero, 0, nullptr), 1);    // raised to one slot
+  EXPECT_EQ(heuristics::sparse_request_blocks(2048, &neg, 0, nullptr), 1);
+  EXPECT_EQ(heuristics::sparse_request_blocks(2048, &len100, 0, nullptr), 2);
+  EXPECT_EQ(heuristics::sparse_request_blocks(2048, &huge, 0, nullptr), 32);   // clamped to topk
+  // Extra cache: main part rounded to whole blocks, then the extra slots.
+  EXPECT_EQ(heuristics::sparse_request_blocks(2048, &zero, 512, nullptr), 1 + 8);
+  EXPECT_EQ(heuristics::sparse_request_blocks(2048, &len100, 512, &e70), 2 + 2);
+  EXPECT_EQ(heuristics::sparse_request_blocks(2048, &one, 512, &zero), 1);
+  EXPECT_EQ(heuristics::sparse_request_blocks(2048, nullptr, 512, &huge), 32 + 8);
+}
+
+// ---- The CPU twin on hand-derived cases -------------------------------------------------------------------
+
+// facts §3.3 worked example: 8 partitions, seqlens [4096, 0, 100, 8192] -> blocks [64, 1, 2, 128],
+// total 215, payload ceil(215 / 8) + 5 = 32, i.e. 27 blocks of a long request per partition.
+TEST(DecodeScheduleTwin, WorkedExample) {
+  const DecodeScheduleHost s = heuristics::build_dense_decode_schedule({4096, 0, 100, 8192}, 8);
+  EXPECT_TRUE(s.all_assigned);
+  EXPECT_EQ(heuristics::decode_payload(heuristics::decode_total_work({64, 1, 2, 128}), 8), 32);
+  expect_records(s.records, {
+                                rec(0, 0, 0, 27, 0, 1, 1),
+                                rec(0, 0, 27, 54, 1, 1, 1),
+                                rec(0, 2, 54, 2, 2, 1, 0),  // finishes 0, empty 1 (end 0), whole 2
+                                rec(3, 3, 0, 27, 0, 1, 1),
+                                rec(3, 3, 27, 54, 1, 1, 1),
+                                rec(3, 3, 54, 81, 2, 1, 1),
+                                rec(3, 3, 81, 108, 3, 1, 1),
+                                rec(3, 3, 108, 128, 4, 1, 1),  // begin == end: flags are the OR
+                            });
+  EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 3, 4, 5, 10}));
+}
+
+TEST(DecodeScheduleTwin, SmallRequestsShareOnePartitionAndIdleTail) {
+  // blocks [1, 2, 1], total 19, 4 parts: payload ceil(19/4) + 5 = 10.
+  // p0: req 0 (6) -> budget 4 < 7: stop. p1: req 1 (7) -> 3: stop. p2: req 2 (6). p3 idle.
+  const DecodeScheduleHost s = heuristics::build_dense_decode_schedule({10, 100, 0}, 4);
+  expect_records(s.records, {
+                                rec(0, 0, 0, 1, 0, 0, 0),
+                                rec(1, 1, 0, 2, 0, 0, 0),
+                                rec(2, 2, 0, 0, 0, 0, 0),  // empty request: end_block 0
+                                rec(3, 2, 0, 0, 0, 0, 0),  // idle: begin_req = batch, end_req = batch - 1
+                            });
+  EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 1, 2, 3}));
+}
+
+TEST(DecodeScheduleTwin, OnePartitionTakesEverything) {
+  const DecodeScheduleHost s = heuristics::build_dense_decode_schedule({64, 65, 1000}, 1);
+  expect_records(s.records, {rec(0, 2, 0, 16, 0, 0, 0)});
+  EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 1, 2, 3}));
+}
+
+TEST(DecodeScheduleTwin, MidRequestStartAndEndFlags) {
+  // blocks [10, 10], 2 parts: total 30, payload 20. p0: req 0 whole (15) -> budget 5: stop before req 1?
+  // 5 - 5 = 0: yes, stop. p1: req 1 whole. Then with 3 parts: payload 15: p0 req 0 (15) exactly.
+  DecodeScheduleHost s = heuristics::build_dense_decode_schedule({640, 640}, 2);
+  expect_records(s.records, {rec(0, 0, 0, 10, 0, 0, 0), rec(1, 1, 0, 10, 0, 0, 0)});
+  // blocks [20, 20], 3 parts: total 50, payload 22. p0: req 0 takes 17 (split). p1: rest of req 0 (3+5=8)
+  // then 14 left: req 1 takes 9 (split). p2: rest of req 1 (11 + 5 = 16).
+  s = heuristics::build_dense_decode_schedule({1280, 1280}, 3);
+  expect_records(s.records, {rec(0, 0, 0, 17, 0, 1, 1), rec(0, 1, 17, 9, 1, 1, 1), rec(1, 1, 9, 20, 1, 1, 1)});
+  EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 2, 4}));
+}
+
+TEST(DecodeScheduleTwin, FailureEncoding) {
+  // A payload that cannot hold one block (override) must be reported, not half-written.
+  const DecodeScheduleHost s = heuristics::build_decode_schedule({3, 4}, {}, 2, /*payload_override=*/5);
+  EXPECT_FALSE(s.all_assigned);
+  expect_records(s.records, {rec(2, 1, 0, 0, 0, 0, 0), rec(2, 1, 0, 0, 0, 0, 0)});
+  EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 0, heuristics::kDecodeScheduleFailed}));
+  // Progress but not enough partitions.
+  const DecodeScheduleHost t = heuristics::build_decode_schedule({30, 30}, {}, 2, /*payload_override=*/10);
+  EXPECT_FALSE(t.all_assigned);
+  EXPECT_EQ(t.num_splits.back(), heuristics::kDecodeScheduleFailed);
+}
+
+// ---- Invariants on adversarial lists -----------------------------------------------------------------------
+
+// Checks everything the main kernel and the combine rely on. `blocks` / `empty` as given to the pass.
+void check_invariants(const DecodeScheduleHost& s, const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
+                      int parts) {
+  const int32_t batch = static_cast<int32_t>(blocks.size());
+  ASSERT_TRUE(s.all_assigned);
+  ASSERT_EQ(static_cast<int>(s.records.size()), parts);
+  ASSERT_EQ(static_cast<int32_t>(s.num_splits.size()), batch + 1);
+  ASSERT_EQ(s.num_splits[0], 0);
+  for (int32_t i = 0; i < batch; ++i) {
+    ASSERT_GE(s.num_splits[i + 1] - s.num_splits[i], 1) << "request " << i;
+    if (blocks[i] == 1) ASSERT_EQ(s.num_splits[i + 1] - s.num_splits[i], 1) << "one-block request " << i << " split";
+  }
+  ASSERT_LE(s.num_splits[batch], batch + parts);
+
+  const int64_t payload = heuristics::decode_payload(heuristics::decode_total_work(blocks), parts);
+  const auto end_of = [&](int32_t r) { return (!empty.empty() && empty[r]) ? 0 : blocks[r]; };
+  std::vector<int64_t> next_block(batch, 0);
+  std::vector<int32_t> next_split(batch, 0);
+  int32_t expect_req = 0;  // requests are covered in order
+  bool idle_seen = false;
+  for (int p = 0; p < parts; ++p) {
+    const DecodeScheduleRecord& r = s.records[p];
+    ASSERT_EQ(r.pad, 0);
+    if (r.begin_req == batch) {
+      idle_seen = true;
+      const DecodeScheduleRecord idle = kernels::PartitionWalk::idle_record(batch);
+      ASSERT_EQ(0, std::memcmp(&r, &idle, sizeof(r))) << "partition " << p;
+      continue;
+    }
+    ASSERT_FALSE(idle_seen) << "busy partition " << p << " after an idle one";
+    ASSERT_LE(r.begin_req, r.end_req);
+    ASSERT_LT(r.end_req, batch);
+    int64_t load = 0;
+    bool first_partial = false, last_partial = false;
+    for (int32_t q = r.begin_req; q <= r.end_req; ++q) {
+      // The end of a chunk strictly before end_req is the request's end.
+      const int64_t begin = q == r.begin_req ? r.begin_block : 0;
+      const int64_t end = q == r.end_req ? r.end_block : end_of(q);
+      const int32_t ordinal = q == r.begin_req ? r.begin_split : 0;
+      ASSERT_EQ(q, expect_req) << "partition " << p << ": requests must be covered in order";
+      ASSERT_EQ(begin, next_block[q]) << "partition " << p << " request " << q;
+      ASSERT_EQ(ordinal, next_split[q]) << "partition " << p << " request " << q;
+      const bool finished = end == end_of(q);
+      if (!finished) {
+        ASSERT_EQ(q, r.end_req) << "only the end request may stop mid-way";
+        ASSERT_GT(end, begin) << "a split chunk takes at least one block";
+      }
+      if (q == r.begin_req) first_partial = begin > 0;
+      if (q == r.end_req) last_partial = !finished;
+      load += (finished ? blocks[q] - begin : end - begin) + kDecodeRequestOverheadBlocks;
+      next_block[q] = end;
+      ++next_split[q];
+      expect_req = finished ? q + 1 : q;
+    }
+    ASSERT_LE(load, payload) << "partition " << p << " over its payload";
+    if (r.begin_req == r.end_req) {
+      ASSERT_EQ(r.is_first_req_split, (first_partial || last_partial) ? 1 : 0) << "partition " << p;
+      ASSERT_EQ(r.is_last_req_split, r.is_first_req_split) << "partition " << p;
+    } else {
+      ASSERT_EQ(r.is_first_req_split, first_partial ? 1 : 0) << "partition " << p;
+      ASSERT_EQ(r.is_last_req_split, last_partial ? 1 : 0) << "partition " << p;
+    }
+  }
+  ASSERT_EQ(expect_req, batch) << "not every request covered";
+  for (int32_t q = 0; q < batch; ++q) {
+    ASSERT_EQ(next_block[q], end_of(q)) << "request " << q;
+    ASSERT_EQ(next_split[q], s.num_splits[q + 1] - s.num_splits[q]) << "request " << q;
+  }
+}
+
+// Runs the GPU kernel's request-major walk (partition_walk.h) on the CPU.
+DecodeScheduleHost run_walk(const std::vector<int32_t>& blocks, const std::vector<bool>& empty, int parts,
+                            int64_t payload_override = 0) {
+  const int32_t batch = static_cast<int32_t>(blocks.size());
+  DecodeScheduleHost out;
+  out.records.assign(parts, DecodeScheduleRecord{-7, -7, -7, -7, -7, -7, -7, -7});
+  out.num_splits.assign(batch + 1, -7);
+  const int64_t payload = payload_override > 0
+                              ? payload_override
+                              : heuristics::decode_payload(heuristics::decode_total_work(blocks), parts);
+  kernels::PartitionWalk walk;
+  walk.begin(batch, parts, payload, out.records.data(), out.num_splits.data());
+  for (int32_t i = 0; i < batch; ++i) {
+    if (!walk.add_request(i, blocks[i], !empty.empty() && empty[i])) {
+      out.all_assigned = false;
+      break;
+    }
+  }
+  if (out.all_assigned) {
+    walk.finish();
+  } else {  // the kernel's failure epilogue
+    for (auto& r : out.records) r = kernels::PartitionWalk::idle_record(batch);
+    std::fill(out.num_splits.begin(), out.num_splits.end(), 0);
+    out.num_splits[batch] = -1;
+  }
+  return out;
+}
+
+void expect_same_bytes(const DecodeScheduleHost& a, const DecodeScheduleHost& b, const std::string& what) {
+  ASSERT_EQ(a.records.size(), b.records.size()) << what;
+  ASSERT_EQ(a.num_splits.size(), b.num_splits.size()) << what;
+  for (size_t i = 0; i < a.records.size(); ++i)
+    ASSERT_EQ(0, std::memcmp(&a.records[i], &b.records[i], sizeof(DecodeScheduleRecord)))
+        << what << ": partition " << i << ": " << to_string(a.records[i]) << " vs " << to_string(b.records[i]);
+  ASSERT_EQ(a.num_splits, b.num_splits) << what;
+}
+
+struct SeqlenCase {
+  std::string name;
+  std::vector<int32_t> seqlens;
+};
+
+std::vector<SeqlenCase> adversarial_cases() {
+  std::vector<SeqlenCase> cases;
+  cases.push_back({"all_zero", std::vector<int32_t>(64, 0)});
+  cases.push_back({"b1_zero", {0}});
+  cases.push_back({"b1_small", {5}});
+  cases.push_back({"b1_long", {32768}});
+  cases.push_back({"one_huge", {kInt32Max}});
+  cases.push_back({"one_huge_among_small", {1, 0, kInt32Max - 63, 64, 65, 0}});
+  cases.push_back({"exact_multiples", {64, 128, 192, 4096, 8192}});
+  cases.push_back({"worked_example", {4096, 0, 100, 8192}});
+  cases.push_back({"negative_as_zero", {-1, 100, -2147483647 - 1, 300}});
+  std::mt19937 rng(1234);
+  std::vector<int32_t> many(500);
+  for (auto& v : many) v = static_cast<int32_t>(rng() % 2000);
+  cases.push_back({"b500_gt_sms", many});
+  std::vector<int32_t> uniform(128, 8192);
+  cases.push_back({"b128_uniform_8k", uniform});
+  std::vector<int32_t> random(1000);
+  for (auto& v : random) {
+    const uint32_t kind = rng() % 10;
+    v = kind == 0 ? 0 : kind == 1 ? static_cast<int32_t>(rng() % 64) + 1 : static_cast<int32_t>(rng() % 70000);
+  }
+  cases.push_back({"b1000_random", random});
+  std::vector<int32_t> chunky(9000);  // crosses the GPU kernel's 4096-request staging chunks
+  for (auto& v : chunky) v = static_cast<int32_t>(rng() % 300);
+  cases.push_back({"b9000_chunks", chunky});
+  return cases;
+}
+
+const int kPartCounts[] = {1, 2, 7, 33, 66, 132, 160};
+
+TEST(DecodeScheduleTwin, InvariantsOnAdversarialLists) {
+  for (const auto& c : adversarial_cases()) {
+    std::vector<int32_t> blocks;
+    std::vector<bool> empty;
+    for (int32_t L : c.seqlens) {
+      blocks.push_back(heuristics::dense_request_blocks(L));
+      empty.push_back(heuristics::dense_request_empty(L));
+    }
+    for (int parts : kPartCounts) {
+      SCOPED_TRACE(c.name + " parts=" + std::to_string(parts));
+      const DecodeScheduleHost s = heuristics::build_dense_decode_schedule(c.seqlens, parts);
+      check_invariants(s, blocks, empty, parts);
+    }
+  }
+}
+
+TEST(DecodeScheduleTwin, SparseInvariants) {
+  std::mt19937 rng(99);
+  std::vector<int32_t> len(300), extra_len(300);
+  for (auto& v : len) v = static_cast<int32_t>(rng() % 2200) - 50;  // some negative, some > topk
+  for (auto& v : extra_len) v = static_cast<int32_t>(rng() % 600);
+  for (int parts : kPartCounts) {
+    SCOPED_TRACE("parts=" + std::to_string(parts));
+    const DecodeScheduleHost a = heuristics::build_sparse_decode_schedule(300, 2048, {}, 0, {}, parts);
+    check_invariants(a, std::vector<int32_t>(300, 32), {}, parts);
+    const DecodeScheduleHost b = heuristics::build_sparse_decode_schedule(300, 2048, len, 512, extra_len, parts);
+    std::vector<int32_t> blocks;
+    for (int i = 0; i < 300; ++i) blocks.push_back(heuristics::sparse_request_blocks(2048, &len[i], 512, &extra_len[i]));
+    check_invariants(b, blocks, {}, parts);
+  }
+}
+
+// The GPU kernel's walk (request-major) must give the twin's (partition-major) bytes.
+TEST(DecodeScheduleWalk, MatchesTwinOnAdversarialLists) {
+  for (const auto& c : adversarial_cases()) {
+    std::vector<int32_t> blocks;
+    std::vector<bool> empty;
+    for (int32_t L : c.seqlens) {
+      blocks.push_back(heuristics::dense_request_blocks(L));
+      empty.push_back(heuristics::dense_request_empty(L));
+    }
+    for (int parts : kPartCounts) {
+      expect_same_bytes(run_walk(blocks, empty, parts), heuristics::build_dense_decode_schedule(c.seqlens, parts),
+                        c.name + " parts=" + std::to_string(parts));
+    }
+  }
+}
+
+TEST(DecodeScheduleWalk, MatchesTwinOnFailure) {
+  expect_same_bytes(run_walk({3, 4}, {}, 2, 5), heuristics::build_decode_schedule({3, 4}, {}, 2, 5), "payload 5");
+  expect_same_bytes(run_walk({30, 30}, {}, 2, 10), heuristics::build_decode_schedule({30, 30}, {}, 2, 10),
+                    "payload 10");
+}
+
+// ---- GPU scheduler vs the twin ----------------------------------------------------------------------------
+
+class DecodeScheduleGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Capability cap = query_capability(Feature::kDenseDecode);
+    if (!cap.supported) GTEST_SKIP() << "GPU scheduler test skipped: " << cap.reason;
+  }
+
+  // Runs the GPU scheduler; `lengths` are cache_seqlens (dense) or topk_length (sparse).
+  DecodeScheduleHost run_gpu(const std::vector<int32_t>& lengths, int parts, bool sparse, int topk,
+                             const std::vector<int32_t>& topk_len, int extra_topk,
+                             const std::vector<int32_t>& extra_len, int64_t payload_override = 0) {
+    const int batch = static_cast<int>(sparse ? (topk_len.empty() ? lengths.size() : topk_len.size()) : lengths.size());
+    auto upload = [](const std::vector<int32_t>& v) -> int32_t* {
+      if (v.empty()) return nullptr;
+      int32_t* d = nullptr;
+      EXPECT_EQ(cudaMalloc(&d, v.size() * sizeof(int32_t)), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice), cudaSuccess);
+      return d;
+    };
+    int32_t* d_seqlens = sparse ? nullptr : upload(lengths);
+    int32_t* d_topk_len = sparse ? upload(topk_len) : nullptr;
+    int32_t* d_extra_len = sparse ? upload(extra_len) : nullptr;
+    kernels::DecodeScheduleRecord* d_records = nullptr;
+    int32_t* d_splits = nullptr;
+    EXPECT_EQ(cudaMalloc(&d_records, parts * sizeof(kernels::DecodeScheduleRecord)), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&d_splits, (batch + 1) * sizeof(int32_t)), cudaSuccess);
+    // Poison the outputs so an unwritten field shows up.
+    EXPECT_EQ(cudaMemset(d_records, 0x5a, parts * sizeof(kernels::DecodeScheduleRecord)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(d_splits, 0x5a, (batch + 1) * sizeof(int32_t)), cudaSuccess);
+    const kernels::DecodeSchedulerParams params{
+        .batch = batch,
+        .num_sm_parts = parts,
+        .sparse = sparse,
+        .cache_seqlens = d_seqlens,
+        .topk = topk,
+        .topk_length = d_topk_len,
+        .extra_topk = extra_topk,
+        .extra_topk_length = d_extra_len,
+        .records = d_records,
+        .num_splits = d_splits,
+        .payload_override = payload_override,
+    };
+    const Status st = kernels::launch_decode_scheduler(params, nullptr);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    DecodeScheduleHost out;
+    out.records.resize(parts);
+    out.num_splits.resize(batch + 1);
+    EXPECT_EQ(cudaMemcpy(out.records.data(), d_records, parts * sizeof(kernels::DecodeScheduleRecord),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(out.num_splits.data(), d_splits, (batch + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (void* p : {static_cast<void*>(d_seqlens), static_cast<void*>(d_topk_len), static_cast<void*>(d_extra_len),
+                    static_cast<void*>(d_records), static_cast<void*>(d_splits)})
+      if (p) cudaFree(p);
+    return out;
+  }
+};
+
+TEST_F(DecodeScheduleGpu, DenseMatchesTwin) {
+  for (const auto& c : adversarial_cases()) {
+    for (int parts : kPartCounts) {
+      expect_same_bytes(run_gpu(c.seqlens, parts, false, 0, {}, 0, {}),
+                        heuristics::build_dense_decode_schedule(c.seqlens, parts),
+                        c.name + " parts=" + std::to_string(parts));
+    }
+  }
+}
+
+TEST_F(DecodeScheduleGpu, SparseMatchesTwin) {
+  std::mt19937 rng(7);
+  std::vector<int32_t> len(700), extra_len(700);
+  for (auto& v : len) v = static_cast<int32_t>(rng() % 2200) - 50;
+  for (auto& v : extra_len) v = static_cast<int32_t>(rng() % 600) - 10;
+  for (int parts : {1, 33, 66, 160}) {
+    const std::string tag = " parts=" + std::to_string(parts);
+    // topk only (no lengths: batch from a dummy length list of the right size).
+    expect_same_bytes(run_gpu(std::vector<int32_t>(700, 0), parts, true, 2048, {}, 0, {}),
+                      heuristics::build_sparse_decode_schedule(700, 2048, {}, 0, {}, parts), "topk" + tag);
+    expect_same_bytes(run_gpu({}, parts, true, 2048, len, 0, {}),
+                      heuristics::build_sparse_decode_schedule(700, 2048, len, 0, {}, parts), "topk_length" + tag);
+    expect_same_bytes(run_gpu({}, parts, true, 512, len, 512, extra_len),
+                      heuristics::build_sparse_decode_schedule(700, 512, len, 512, extra_len, parts), "extra" + tag);
+  }
+}
+
+TEST_F(DecodeScheduleGpu, FailureIsFlaggedOnDevice) {
+  const std::vector<int32_t> seqlens = {300, 4000, 0, 70};
+  std::vector<int32_t> blocks;
+  std::vector<bool> empty;
+  for (int32_t L : seqlens) {
+    blocks.push_back(heuristics::dense_request_blocks(L));
+    empty.push_back(heuristics::dense_request_empty(L));
+  }
+  const DecodeScheduleHost gpu = run_gpu(seqlens, 3, false, 0, {}, 0, {}, /*payload_override=*/8);
+  const DecodeScheduleHost cpu = heuristics::build_decode_schedule(blocks, empty, 3, 8);
+  EXPECT_FALSE(cpu.all_assigned);
+  expect_same_bytes(gpu, cpu, "failure");
+  EXPECT_EQ(gpu.num_splits.back(), heuristics::kDecodeScheduleFailed);
+}
+
+}  // namespace
+}  // namespace openmla
