@@ -1,0 +1,193 @@
+// Small dense-decode cases for compute-sanitizer (see sanitize_main.cpp for the contract): the whole
+// public call sequence — workspace query, plan_decode (GPU scheduler), dense_decode (main kernel +
+// PDL combine) — on tiny problems that hit empty requests, partial pages, split and unsplit requests,
+// causal and not, h_kv = 1 and 2, bf16 and fp16. Cache rows past each length and the spare pages hold
+// NaN, unused block-table entries hold garbage, so an out-of-bounds use shows up in the checks too.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "openmla/decode.h"
+
+namespace {
+
+using openmla::DType;
+using openmla::Status;
+
+struct Case {
+  const char* name;
+  int64_t h_kv;
+  bool causal;
+  bool fp16;
+  int num_sms;  // 0: the device's (many partitions, so requests split); 1: one partition, no split
+};
+
+uint16_t to_bits(float v, bool fp16) {
+  if (fp16) return static_cast<__half_raw>(__float2half_rn(v)).x;
+  return static_cast<__nv_bfloat16_raw>(__float2bfloat16_rn(v)).x;
+}
+
+float from_bits(uint16_t bits, bool fp16) {
+  if (fp16) {
+    __half_raw raw;
+    raw.x = bits;
+    return __half2float(__half(raw));
+  }
+  __nv_bfloat16_raw raw;
+  raw.x = bits;
+  return __bfloat162float(__nv_bfloat16(raw));
+}
+
+template <typename T>
+T* upload(const std::vector<T>& v) {
+  void* d = nullptr;
+  if (cudaMalloc(&d, v.size() * sizeof(T)) != cudaSuccess) return nullptr;
+  if (cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess) return nullptr;
+  return static_cast<T*>(d);
+}
+
+bool report(const char* case_name, const char* what, const Status& st) {
+  if (st.is_ok()) return true;
+  std::printf("dense_decode sanitize [%s]: %s failed: %s\n", case_name, what, st.message().c_str());
+  return false;
+}
+
+// Returns true on success.
+bool run_case(const Case& c) {
+  constexpr int64_t kB = 3, kSq = 2, kHq = 16, kDqk = 576, kDv = 512, kPage = 64, kCols = 4;
+  const std::vector<int32_t> seqlens = {0, 70, 200};
+  const int64_t h_kv = c.h_kv;
+  const int64_t num_blocks = 8;  // 0 + 2 + 4 used, 2 spare (NaN)
+  const DType dtype = c.fp16 ? DType::kFloat16 : DType::kBFloat16;
+
+  openmla::DecodeProblem problem;
+  problem.batch = kB;
+  problem.s_q = kSq;
+  problem.h_q = kHq;
+  problem.h_kv = h_kv;
+  problem.causal = c.causal;
+  problem.cache_format = c.fp16 ? openmla::KVCacheFormat::kFloat16 : openmla::KVCacheFormat::kBFloat16;
+  problem.num_sms = c.num_sms;
+  openmla::DecodeWorkspaceSizes ws;
+  if (!report(c.name, "get_decode_workspace_sizes", openmla::get_decode_workspace_sizes(problem, &ws))) return false;
+
+  // Inputs: a simple deterministic pattern of small exact values.
+  std::vector<uint16_t> q(kB * kSq * kHq * kDqk);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = to_bits(static_cast<float>(static_cast<int>(i * 37 % 23) - 11) / 16.f, c.fp16);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<uint16_t> k(num_blocks * kPage * h_kv * kDqk, to_bits(nan, c.fp16));
+  // Pages in a permuted order: request 1 -> pages {5, 2}, request 2 -> {7, 0, 3, 6}; page 1 and 4 unused.
+  const std::vector<std::vector<int32_t>> pages = {{}, {5, 2}, {7, 0, 3, 6}};
+  std::vector<int32_t> block_table(kB * kCols, 2147480000);  // garbage in unused entries
+  for (int64_t r = 0; r < kB; ++r) {
+    for (size_t j = 0; j < pages[r].size(); ++j) {
+      block_table[r * kCols + j] = pages[r][j];
+      for (int64_t t = 0; t < kPage; ++t) {
+        if (static_cast<int64_t>(j) * kPage + t >= seqlens[r]) break;  // tail rows stay NaN
+        for (int64_t h = 0; h < h_kv; ++h)
+          for (int64_t d = 0; d < kDqk; ++d) {
+            const int64_t token = static_cast<int64_t>(j) * kPage + t;
+            const int v = static_cast<int>((token * 13 + d * 7 + h * 5 + r) % 29) - 14;
+            k[((pages[r][j] * kPage + t) * h_kv + h) * kDqk + d] = to_bits(static_cast<float>(v) / 32.f, c.fp16);
+          }
+      }
+    }
+  }
+
+  uint16_t* d_q = upload(q);
+  uint16_t* d_k = upload(k);
+  int32_t* d_bt = upload(block_table);
+  int32_t* d_len = upload(seqlens);
+  int32_t* d_meta = upload(std::vector<int32_t>(ws.metadata_ints, 0));
+  int32_t* d_splits = upload(std::vector<int32_t>(ws.num_splits_ints, 0));
+  float* d_po = upload(std::vector<float>(ws.partial_rows * kDv, nan));
+  float* d_pl = upload(std::vector<float>(ws.partial_rows, nan));
+  uint16_t* d_out = upload(std::vector<uint16_t>(kB * kSq * kHq * kDv, to_bits(nan, c.fp16)));
+  float* d_lse = upload(std::vector<float>(kB * kHq * kSq, nan));
+  bool ok = d_q && d_k && d_bt && d_len && d_meta && d_splits && d_po && d_pl && d_out && d_lse;
+  if (!ok) std::printf("dense_decode sanitize [%s]: allocation or upload failed\n", c.name);
+
+  using openmla::make_tensor;
+  openmla::DenseDecodeArgs args;
+  args.q = make_tensor(d_q, dtype, {kB, kSq, kHq, kDqk});
+  args.k_cache = make_tensor(d_k, dtype, {num_blocks, kPage, h_kv, kDqk});
+  args.block_table = make_tensor(d_bt, DType::kInt32, {kB, kCols});
+  args.cache_seqlens = make_tensor(d_len, DType::kInt32, {kB});
+  args.schedule.metadata = make_tensor(d_meta, DType::kInt32, {ws.num_sm_parts, openmla::kDecodeScheduleRecordInts});
+  args.schedule.num_splits = make_tensor(d_splits, DType::kInt32, {kB + 1});
+  args.split.partial_o = make_tensor(d_po, DType::kFloat32, {ws.partial_rows, kDv});
+  args.split.partial_lse = make_tensor(d_pl, DType::kFloat32, {ws.partial_rows});
+  args.out = make_tensor(d_out, dtype, {kB, kSq, kHq, kDv});
+  // lse stored (b, s_q, h_q) and viewed as (b, h_q, s_q), as the Python layer returns it.
+  args.lse = make_tensor(d_lse, DType::kFloat32, {kB, kHq, kSq}, {kSq * kHq, 1, kHq});
+
+  cudaStream_t stream = nullptr;
+  if (ok) ok = cudaStreamCreate(&stream) == cudaSuccess;
+  if (ok) ok = report(c.name, "plan_decode", openmla::plan_decode(problem, args.cache_seqlens, {}, {}, args.schedule, stream));
+  if (ok) ok = report(c.name, "dense_decode", openmla::dense_decode(problem, args, stream));
+  if (ok) {
+    const cudaError_t err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess) {
+      std::printf("dense_decode sanitize [%s]: kernels failed: %s\n", c.name, cudaGetErrorString(err));
+      ok = false;
+    }
+  }
+
+  // Light result checks: request 0 is empty (out 0, lse +inf); every other value is finite.
+  int bad = 0;
+  if (ok) {
+    std::vector<uint16_t> out(kB * kSq * kHq * kDv);
+    std::vector<float> lse(kB * kHq * kSq);
+    std::vector<int32_t> splits(kB + 1);
+    ok = cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&
+         cudaMemcpy(lse.data(), d_lse, lse.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
+         cudaMemcpy(splits.data(), d_splits, splits.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+    for (int64_t r = 0; ok && r < kB; ++r) {
+      for (int64_t s = 0; s < kSq; ++s) {
+        // Causal, bottom-right: position s sees keys j <= L - s_q + s; none when that is negative.
+        const bool no_keys = seqlens[r] == 0 || (c.causal && seqlens[r] - kSq + s < 0);
+        for (int64_t h = 0; h < kHq; ++h) {
+          const float l = lse[(r * kSq + s) * kHq + h];
+          if (no_keys ? !(std::isinf(l) && l > 0) : !std::isfinite(l)) ++bad;
+          for (int64_t d = 0; d < kDv; ++d) {
+            const float o = from_bits(out[((r * kSq + s) * kHq + h) * kDv + d], c.fp16);
+            if (no_keys ? o != 0.f : !std::isfinite(o)) ++bad;
+          }
+        }
+      }
+    }
+    if (bad) std::printf("dense_decode sanitize [%s]: %d unexpected output values\n", c.name, bad);
+    std::printf("dense_decode sanitize [%s]: num_sm_parts %d, split slots %d, %s\n", c.name, ws.num_sm_parts,
+                splits[kB], bad == 0 && ok ? "ok" : "FAILED");
+  }
+
+  if (stream) cudaStreamDestroy(stream);
+  for (void* p : {static_cast<void*>(d_q), static_cast<void*>(d_k), static_cast<void*>(d_bt),
+                  static_cast<void*>(d_len), static_cast<void*>(d_meta), static_cast<void*>(d_splits),
+                  static_cast<void*>(d_po), static_cast<void*>(d_pl), static_cast<void*>(d_out),
+                  static_cast<void*>(d_lse)})
+    if (p) cudaFree(p);
+  return ok && bad == 0;
+}
+
+}  // namespace
+
+// Contract of sanitize_main.cpp: returns the number of failed cases.
+int run_dense_decode_sanitize_cases() {
+  const Case cases[] = {
+      {"h_kv=1 causal bf16 split", 1, true, false, 0},
+      {"h_kv=2 bf16 split", 2, false, false, 0},
+      {"h_kv=2 causal fp16 split", 2, true, true, 0},
+      {"h_kv=1 causal bf16 one partition", 1, true, false, 1},
+  };
+  int failed = 0;
+  for (const Case& c : cases) failed += run_case(c) ? 0 : 1;
+  return failed;
+}
