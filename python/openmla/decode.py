@@ -163,17 +163,25 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
 
     with torch.cuda.device(q.device):
         stream = stream_of(q)
-        if sched.have_initialized:
-            _check_same_config(sched.config, config)
-        else:
+        planned_now = not sched.have_initialized
+        if planned_now:
             _plan(torch, sched, config, problem, cache_seqlens, stream)
+        else:
+            _check_same_config(sched.config, config)
         if out is None:
             out = torch.empty((b, s_q, h_q, d_v), dtype=q.dtype, device=q.device)
         if lse is None:
             # Stored position-major like the kernel's rows, returned in flash_mla's logical order.
             lse = torch.empty((b, s_q, h_q), dtype=torch.float32, device=q.device).transpose(1, 2)
-        _C.dense_decode(q, k_cache, block_table, cache_seqlens, sched.tile_scheduler_metadata, sched.num_splits,
-                        sched.partial_o, sched.partial_lse, out, lse, softmax_scale=scale, stream=stream, **problem)
+        try:
+            _C.dense_decode(q, k_cache, block_table, cache_seqlens, sched.tile_scheduler_metadata, sched.num_splits,
+                            sched.partial_o, sched.partial_lse, out, lse, softmax_scale=scale, stream=stream,
+                            **problem)
+        except Exception:
+            # The arguments were rejected (nothing ran): do not pin this call's shapes on the schedule.
+            if planned_now:
+                sched.__init__()
+            raise
     return out, lse
 
 

@@ -1,0 +1,335 @@
+"""Argument checking of the decode binding, without a GPU and without torch.
+
+Every check of the C++ API runs before its first CUDA call (src/api/decode.cpp), so bad calls can be
+exercised here with "CUDA" arrays that are really host memory: `fake_cuda` builds a DLPack capsule that
+claims device cuda:0 over a numpy buffer. Nothing ever dereferences it: each call below is rejected by
+validation. Host arrays are plain numpy arrays. Every problem passes num_sms explicitly so that no call
+has to ask a device for its SM count.
+"""
+import ctypes
+import re
+
+import numpy as np
+import pytest
+
+from openmla import _openmla as C
+from openmla import decode as dec
+
+# ---------------------------------------------------------------------------------------------------
+# Fake CUDA arrays: DLPack capsules over host memory
+# ---------------------------------------------------------------------------------------------------
+_KDL_CPU, _KDL_CUDA = 1, 2
+_DTYPES = {  # name -> (DLPack type code, bits)
+    "bf16": (4, 16), "fp16": (2, 16), "fp32": (2, 32), "int32": (0, 32), "int64": (0, 64), "uint8": (1, 8),
+}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_CAPSULE_NAME = b"dltensor"
+_keep_alive = []  # the structs and buffers behind every capsule live until the end of the session
+
+
+def fake_cuda(shape, dtype="bf16", strides=None, device_type=_KDL_CUDA):
+    """A DLPack capsule describing a `dtype` array of `shape` (element strides, default row-major) on cuda:0,
+    backed by (never touched) host memory. A capsule can be consumed once: build one per call."""
+    code, bits = _DTYPES[dtype]
+    if strides is None:
+        strides, acc = [], 1
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= n
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if all(shape) else 1
+    buf = np.zeros(extent * bits // 8 + 64, dtype=np.uint8)
+    addr = (buf.ctypes.data + 15) // 16 * 16  # the API checks 16-byte alignment of several arguments
+    shape_arr = (ctypes.c_int64 * len(shape))(*shape)
+    stride_arr = (ctypes.c_int64 * len(shape))(*strides)
+    mt = _DLManagedTensor()
+    mt.dl_tensor.data = addr
+    mt.dl_tensor.device = _DLDevice(device_type, 0)
+    mt.dl_tensor.ndim = len(shape)
+    mt.dl_tensor.dtype = _DLDataType(code, bits, 1)
+    mt.dl_tensor.shape = ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64))
+    mt.dl_tensor.strides = ctypes.cast(stride_arr, ctypes.POINTER(ctypes.c_int64))
+    mt.dl_tensor.byte_offset = 0
+    mt.manager_ctx = None
+    mt.deleter = None
+    _keep_alive.append((buf, shape_arr, stride_arr, mt))
+    return _PyCapsule_New(ctypes.addressof(mt), _CAPSULE_NAME, None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A valid dense problem and its arguments; each test breaks exactly one thing
+# ---------------------------------------------------------------------------------------------------
+NUM_SMS = 132
+
+
+def problem(**overrides):
+    p = dict(batch=4, s_q=2, h_q=16, h_kv=1, d_qk=576, d_v=512, page_block_size=64, cache_format="bf16",
+             causal=True, num_sms=NUM_SMS)
+    p.update(overrides)
+    return p
+
+
+def dense_args(p, **overrides):
+    """Positional arguments of C.dense_decode for problem p (fake CUDA arrays), with overrides by name."""
+    sizes = C.get_decode_workspace_sizes(**p)
+    b, s_q, h_q, h_kv = p["batch"], p["s_q"], p["h_q"], p["h_kv"]
+    dt = p["cache_format"]
+    make = {
+        "q": lambda: fake_cuda((b, s_q, h_q, 576), dt),
+        "k_cache": lambda: fake_cuda((10, 64, h_kv, 576), dt),
+        "block_table": lambda: fake_cuda((b, 8), "int32"),
+        "cache_seqlens": lambda: fake_cuda((b,), "int32"),
+        "metadata": lambda: fake_cuda((sizes["num_sm_parts"], 8), "int32"),
+        "num_splits": lambda: fake_cuda((b + 1,), "int32"),
+        "partial_o": lambda: fake_cuda((sizes["partial_rows"], 512), "fp32"),
+        "partial_lse": lambda: fake_cuda((sizes["partial_rows"],), "fp32"),
+        "out": lambda: fake_cuda((b, s_q, h_q, 512), dt),
+        "lse": lambda: fake_cuda((b, h_q, s_q), "fp32", strides=[s_q * h_q, 1, h_q]),
+    }
+    return [overrides[name] if name in overrides else make[name]() for name in make]
+
+
+def expect_dense_error(p, match, **overrides):
+    with pytest.raises(ValueError, match=match) as info:
+        C.dense_decode(*dense_args(p, **overrides), softmax_scale=0.0, stream=0, **p)
+    return str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------------
+# dense_decode: every rejected argument is named
+# ---------------------------------------------------------------------------------------------------
+def test_host_q_is_rejected():
+    p = problem()
+    host_q = np.zeros((4, 2, 16, 576), dtype=np.float16)
+    msg = expect_dense_error(dict(p, cache_format="fp16"), r"'q'", q=host_q)
+    assert "cuda" in msg.lower() or "device" in msg.lower(), msg
+
+
+def test_host_cache_seqlens_is_rejected():
+    expect_dense_error(problem(), r"'cache_seqlens'", cache_seqlens=np.zeros(4, dtype=np.int32))
+
+
+def test_wrong_q_dtype():
+    expect_dense_error(problem(), r"'q'", q=fake_cuda((4, 2, 16, 576), "fp32"))
+
+
+def test_q_dtype_must_match_cache_format():
+    # dense_args builds every array in the problem's dtype; break only q.
+    expect_dense_error(problem(cache_format="fp16"), r"'q'", q=fake_cuda((4, 2, 16, 576), "bf16"))
+
+
+def test_wrong_k_cache_dtype():
+    expect_dense_error(problem(), r"'k_cache'", k_cache=fake_cuda((10, 64, 1, 576), "fp16"))
+
+
+def test_wrong_block_table_dtype():
+    expect_dense_error(problem(), r"'block_table'", block_table=fake_cuda((4, 8), "int64"))
+
+
+def test_wrong_last_dim_575():
+    # The problem says 576 but q has 575 columns: q is named.
+    expect_dense_error(problem(), r"'q'", q=fake_cuda((4, 2, 16, 575), "bf16"))
+    # The Python layer derives d_qk from q.shape[-1]: then the problem's d_qk is named.
+    p = problem(d_qk=575)
+    with pytest.raises(ValueError, match=r"d_qk"):
+        C.dense_decode(*dense_args(p, q=fake_cuda((4, 2, 16, 575), "bf16"), k_cache=fake_cuda((10, 64, 1, 575))),
+                       **p)
+
+
+def test_wrong_k_cache_last_dim():
+    expect_dense_error(problem(), r"'k_cache'", k_cache=fake_cuda((10, 64, 1, 575), "bf16"))
+
+
+def test_mismatched_batch():
+    expect_dense_error(problem(), r"'block_table'", block_table=fake_cuda((5, 8), "int32"))
+    expect_dense_error(problem(), r"'cache_seqlens'", cache_seqlens=fake_cuda((3,), "int32"))
+    expect_dense_error(problem(), r"'q'", q=fake_cuda((5, 2, 16, 576), "bf16"))
+
+
+def test_h_q_not_multiple_of_h_kv():
+    p = problem(h_q=9, h_kv=2)
+    with pytest.raises(ValueError, match=r"h_q.*h_kv|h_kv.*h_q"):
+        C.get_decode_workspace_sizes(**p)
+
+
+def test_k_cache_heads_must_match_h_kv():
+    expect_dense_error(problem(h_kv=2), r"'k_cache'", k_cache=fake_cuda((10, 64, 1, 576), "bf16"))
+
+
+def test_page_size_not_64():
+    p = problem(page_block_size=32)
+    expect_dense_error(p, r"page_block_size", k_cache=fake_cuda((10, 32, 1, 576), "bf16"))
+    # The problem says 64 but the cache pages hold 32 tokens: k_cache is named.
+    expect_dense_error(problem(), r"'k_cache'", k_cache=fake_cuda((10, 32, 1, 576), "bf16"))
+
+
+def test_d_v_not_512():
+    with pytest.raises(ValueError, match=r"d_v"):
+        C.get_decode_workspace_sizes(**problem(d_v=256))
+
+
+def test_out_shape_and_lse_dtype():
+    expect_dense_error(problem(), r"'out'", out=fake_cuda((4, 2, 16, 256), "bf16"))
+    expect_dense_error(problem(), r"'lse'", lse=fake_cuda((4, 16, 2), "bf16"))
+    expect_dense_error(problem(), r"'lse'", lse=fake_cuda((4, 2, 16), "fp32"))  # (b, s_q, h_q) is not (b, h_q, s_q)
+
+
+def test_strides_must_allow_tma():
+    # A row stride of 580 elements (1160 bytes) is not a multiple of 16 bytes.
+    q = fake_cuda((4, 2, 16, 576), "bf16", strides=[2 * 16 * 580, 16 * 580, 580, 1])
+    expect_dense_error(problem(), r"'q'", q=q)
+    q = fake_cuda((4, 2, 16, 576), "bf16", strides=[2 * 16 * 576 * 2, 16 * 576 * 2, 576 * 2, 2])
+    expect_dense_error(problem(), r"'q'", q=q)  # last dim not contiguous
+
+
+def test_workspace_too_small_is_named():
+    p = problem()
+    sizes = C.get_decode_workspace_sizes(**p)
+    expect_dense_error(p, r"partial_o", partial_o=fake_cuda((sizes["partial_rows"] - 1, 512), "fp32"))
+    expect_dense_error(p, r"metadata", metadata=fake_cuda((sizes["num_sm_parts"] + 1, 8), "int32"))
+
+
+def test_bad_problem_fields():
+    with pytest.raises(ValueError, match=r"batch"):
+        C.get_decode_workspace_sizes(**problem(batch=0))
+    with pytest.raises(ValueError, match=r"cache_format"):
+        C.get_decode_workspace_sizes(**problem(cache_format="int4"))
+    with pytest.raises(TypeError, match=r"unknown keyword argument 'heads'"):
+        C.get_decode_workspace_sizes(**problem(heads=3))
+    with pytest.raises(TypeError, match=r"causal"):
+        C.get_decode_workspace_sizes(**problem(causal=1))
+    with pytest.raises(TypeError, match=r"h_q"):
+        C.get_decode_workspace_sizes(**problem(h_q=16.0))
+
+
+# ---------------------------------------------------------------------------------------------------
+# plan_decode
+# ---------------------------------------------------------------------------------------------------
+def test_plan_rejects_host_and_mis_sized_arguments():
+    p = problem()
+    sizes = C.get_decode_workspace_sizes(**p)
+    parts = sizes["num_sm_parts"]
+    with pytest.raises(ValueError, match=r"'cache_seqlens'"):
+        C.plan_decode(np.zeros(4, dtype=np.int32), fake_cuda((parts, 8), "int32"), fake_cuda((5,), "int32"), **p)
+    with pytest.raises(ValueError, match=r"'cache_seqlens'"):
+        C.plan_decode(fake_cuda((3,), "int32"), fake_cuda((parts, 8), "int32"), fake_cuda((5,), "int32"), **p)
+    with pytest.raises(ValueError, match=r"num_splits"):
+        C.plan_decode(fake_cuda((4,), "int32"), fake_cuda((parts, 8), "int32"), fake_cuda((4,), "int32"), **p)
+    with pytest.raises(ValueError, match=r"metadata"):
+        C.plan_decode(fake_cuda((4,), "int32"), fake_cuda((parts - 1, 8), "int32"), fake_cuda((5,), "int32"), **p)
+
+
+# ---------------------------------------------------------------------------------------------------
+# get_decode_workspace_sizes
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("b,s_q,h_q,h_kv,parts", [
+    (128, 1, 128, 1, 66),  # 2 m-blocks of 64 rows per KV head -> 132 / 2 partitions (flash_mla's count)
+    (128, 2, 128, 1, 33),  # 4 m-blocks
+    (128, 1, 16, 1, 132),  # one m-block: one partition per SM
+    (7, 1, 128, 8, 16),    # 16 rows per KV head, 8 KV heads: 132 / 8
+    (1, 4, 63, 3, 22),     # 84 rows per KV head -> 2 m-blocks, 3 KV heads: 132 / 3 / 2
+])
+def test_workspace_sizes(b, s_q, h_q, h_kv, parts):
+    sizes = C.get_decode_workspace_sizes(**problem(batch=b, s_q=s_q, h_q=h_q, h_kv=h_kv))
+    assert set(sizes) == {"num_sm_parts", "metadata_ints", "num_splits_ints", "partial_rows", "partial_o_bytes",
+                          "partial_lse_bytes"}
+    assert sizes["num_sm_parts"] == parts
+    assert 1 <= parts <= C.MAX_DECODE_SM_PARTS
+    assert sizes["metadata_ints"] == parts * C.DECODE_SCHEDULE_RECORD_INTS == parts * 8
+    assert sizes["num_splits_ints"] == b + 1
+    assert sizes["partial_rows"] == (b + parts) * s_q * h_q
+    assert sizes["partial_o_bytes"] == sizes["partial_rows"] * 512 * 4
+    assert sizes["partial_lse_bytes"] == sizes["partial_rows"] * 4
+
+
+def test_workspace_sizes_do_not_depend_on_batch_or_causal():
+    # An engine sizes the schedule once for its largest batch: num_sm_parts must not move with b.
+    parts = {C.get_decode_workspace_sizes(**problem(batch=b, causal=c))["num_sm_parts"]
+             for b in (1, 7, 128, 1000) for c in (False, True)}
+    assert len(parts) == 1
+
+
+def test_workspace_sizes_follow_num_sms():
+    small = C.get_decode_workspace_sizes(**problem(h_q=128, s_q=1, num_sms=20))
+    assert small["num_sm_parts"] == 10
+    huge = C.get_decode_workspace_sizes(**problem(h_q=16, s_q=1, num_sms=1000))
+    assert huge["num_sm_parts"] == C.MAX_DECODE_SM_PARTS  # the combine kernel handles at most 160 splits
+
+
+# ---------------------------------------------------------------------------------------------------
+# The flash_mla-compatible layer: what it decides before needing torch or a GPU
+# ---------------------------------------------------------------------------------------------------
+def test_get_mla_metadata_ignores_arguments():
+    for args, kwargs in (((), {}), ((None, 128, 1, 128), {"is_fp8_kvcache": False}), ((1, 2, 3, 4, 5, 6), {})):
+        meta, splits = dec.get_mla_metadata(*args, **kwargs)
+        assert isinstance(meta, dec.FlashMLASchedMeta)
+        assert splits is None
+        assert meta.have_initialized is False
+        assert meta.config is None and meta.tile_scheduler_metadata is None and meta.num_splits is None
+    a, _ = dec.get_mla_metadata()
+    b, _ = dec.get_mla_metadata()
+    assert a is not b
+
+
+def test_signature_matches_flash_mla():
+    import inspect
+
+    params = list(inspect.signature(dec.flash_mla_with_kvcache).parameters.values())
+    names = [p.name for p in params]
+    assert names == ["q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata",
+                     "num_splits", "softmax_scale", "causal", "is_fp8_kvcache", "indices", "attn_sink",
+                     "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length", "out", "lse"]
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    assert defaults == {"num_splits": None, "softmax_scale": None, "causal": False, "is_fp8_kvcache": False,
+                        "indices": None, "attn_sink": None, "extra_k_cache": None, "extra_indices_in_kvcache": None,
+                        "topk_length": None, "extra_topk_length": None, "out": None, "lse": None}
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params if p.name in ("out", "lse"))
+
+
+def _call(**kwargs):
+    meta, _ = dec.get_mla_metadata()
+    args = dict(q=object(), k_cache=object(), block_table=object(), cache_seqlens=object(), head_dim_v=512,
+                tile_scheduler_metadata=meta)
+    args.update(kwargs)
+    return dec.flash_mla_with_kvcache(**args)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"indices": object()}, {"attn_sink": object()}, {"extra_k_cache": object()},
+    {"extra_indices_in_kvcache": object()}, {"topk_length": object()}, {"extra_topk_length": object()},
+    {"is_fp8_kvcache": True},
+])
+def test_sparse_arguments_are_not_implemented(kwargs):
+    with pytest.raises(NotImplementedError, match=re.escape("sparse decode is not implemented yet in this version")):
+        _call(**kwargs)
+
+
+def test_num_splits_must_be_none():
+    with pytest.raises(ValueError, match=r"'num_splits' must be None"):
+        _call(num_splits=object())
+
+
+def test_schedule_object_type_is_checked():
+    with pytest.raises(TypeError, match=r"tile_scheduler_metadata"):
+        _call(tile_scheduler_metadata=np.zeros((66, 8), dtype=np.int32))
