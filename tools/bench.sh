@@ -26,7 +26,8 @@ fi
 # shellcheck disable=SC2206
 extra=(${OPENMLA_CMAKE_ARGS:-})
 cmake "${cmake_args[@]}" "${extra[@]}" >/dev/null || fail "CMake configure (run it by hand to see why)"
-cmake --build "$build_dir" -j "$jobs" || fail "build"
+# The benchmarks and the CPU reference need the Python extension only (tools/test.sh builds the rest).
+cmake --build "$build_dir" -j "$jobs" --target _openmla || fail "build"
 
 export PYTHONPATH="python:.deps/py${PYTHONPATH:+:$PYTHONPATH}"
 gpu=$("$py" - <<'PY' 2>/dev/null

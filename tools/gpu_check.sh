@@ -217,7 +217,10 @@ else
   rc=$?
   n=$("$py" -c "import json,sys; d=json.load(open(sys.argv[1])); print(len(d['records']), 'records,', len(d['errors']), 'errors')" \
       "$logs/bench.json" 2>/dev/null)
-  if (( rc == 0 )); then record ok "$n"; else record FAIL "rc $rc${n:+, $n}; see bench.log"; fi
+  if (( rc == 0 )); then record ok "$n"; else
+    why=$(grep -E '^[A-Za-z]*(Error|Exception)' "$logs/bench.log" | tail -1 | cut -c1-100)
+    record FAIL "rc $rc${n:+, $n}${why:+: $why}; see bench.log"
+  fi
 fi
 
 # ---- summary (last) ---------------------------------------------------------------------------------
