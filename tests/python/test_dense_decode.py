@@ -413,7 +413,8 @@ def test_schedule_object_is_filled_on_first_use():
     decode(inp, True, meta=meta)
     assert meta.have_initialized
     assert meta.tile_scheduler_metadata.dtype == torch.int32
-    assert meta.tile_scheduler_metadata.shape == (33, 8)  # 132 SMs / 4 m-blocks (H100)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert meta.tile_scheduler_metadata.shape == (sms // 4, 8)  # 4 m-blocks of 64 rows: 33 on an H100
     assert meta.num_splits.dtype == torch.int32 and meta.num_splits.shape == (6,)
     cfg = meta.config
     assert (cfg.b, cfg.s_q, cfg.h_q, cfg.page_block_size, cfg.h_k, cfg.causal, cfg.is_fp8_kvcache) == \
@@ -596,9 +597,7 @@ def test_torch_reference_matches_cpu_reference():
     torch = pytest.importorskip("torch")
     np = pytest.importorskip("numpy")
     om = _openmla()
-    reference = getattr(om, "reference", None)
-    if reference is None or not hasattr(reference, "dense_decode"):
-        pytest.skip("openmla.reference.dense_decode is not available in this build")
+    reference = om.reference
     ref = _ref()
     gen = torch.Generator().manual_seed(26)
     b, s_q, h_q, h_kv, d_qk, d_v, page = 3, 3, 6, 2, 576, 512, 64
@@ -615,8 +614,7 @@ def test_torch_reference_matches_cpu_reference():
     seqlens = torch.tensor(lens, dtype=torch.int32)
     for causal in (False, True):
         t_out, t_lse = ref.dense_decode_ref(q, k, block_table, seqlens, d_v, causal=causal)
-        # ADAPT: the CPU reference's Python signature (another engineer's binding). Expected: numpy inputs
-        # (bf16 given as float32 values), returns (out (b, s_q, h_q, d_v), lse (b, h_q, s_q)) as numpy.
+        # bf16 values handed over exactly as float32; the CPU reference accumulates in double.
         c_out, c_lse = reference.dense_decode(q.float().numpy(), k.float().numpy(), block_table.numpy(),
                                               seqlens.numpy(), head_dim_v=d_v, causal=causal)
         c_out = torch.from_numpy(np.asarray(c_out, dtype=np.float32))
