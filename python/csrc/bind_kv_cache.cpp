@@ -18,10 +18,10 @@ namespace {
 KVCacheFormat fp8_format_from_name(const std::string& name) {
   if (name == "v32" || name == "fp8_v32") return KVCacheFormat::kFp8V32;
   if (name == "model1" || name == "fp8_model1") return KVCacheFormat::kFp8Model1;
-  throw nb::value_error(
-      ("argument 'format': unknown FP8 cache format '" + name + "'; expected 'v32' (d_qk 576, 656 B/token) or "
-       "'model1' (d_qk 512, 584 B/token)")
-          .c_str());
+  throw nb::value_error(("argument 'format': unknown FP8 cache format '" + name +
+                         "'; expected 'v32' (d_qk 576, 656 B/token) or "
+                         "'model1' (d_qk 512, 584 B/token)")
+                            .c_str());
 }
 
 ref::Fp8Layout ref_layout(KVCacheFormat format) {
@@ -111,8 +111,7 @@ void bind_kv_cache(nb::module_& m) {
       "kv_cache_append",
       [](const Array& new_kv, const Array& slots, const Array& cache, const std::string& format, uintptr_t stream) {
         throw_if_error(append_kv_cache(to_tensor_ref(new_kv, "new_kv"), to_tensor_ref(slots, "slots"),
-                                       to_tensor_ref(cache, "cache"), fp8_format_from_name(format),
-                                       to_stream(stream)));
+                                       to_tensor_ref(cache, "cache"), fp8_format_from_name(format), to_stream(stream)));
       },
       nb::arg("new_kv"), nb::arg("slots"), nb::arg("cache"), nb::arg("format"), nb::arg("stream") = 0,
       "Quantise the rows of new_kv (n, d_qk) into cache at slots (n,) int32/int64 (page * page_size + offset; "
@@ -125,8 +124,9 @@ void bind_kv_cache(nb::module_& m) {
       },
       nb::arg("format"), "Bytes per token of an FP8 cache format: 656 ('v32') or 584 ('model1').");
   m.def(
-      "kv_cache_head_dim", [](const std::string& format) { return kv_cache_fp8_head_dim(fp8_format_from_name(format)); },
-      nb::arg("format"), "d_qk of an FP8 cache format: 576 ('v32') or 512 ('model1').");
+      "kv_cache_head_dim",
+      [](const std::string& format) { return kv_cache_fp8_head_dim(fp8_format_from_name(format)); }, nb::arg("format"),
+      "d_qk of an FP8 cache format: 576 ('v32') or 512 ('model1').");
   m.def("kv_cache_cpu_encode", &cpu_encode, nb::arg("src"), nb::arg("format"),
         "CPU codec (the reference): (num_blocks, page_size, 1, d_qk) uint16 bf16 bits -> new contiguous uint8 "
         "cache (num_blocks, page_size, 1, bytes_per_token).");

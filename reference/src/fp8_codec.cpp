@@ -74,7 +74,7 @@ uint8_t float_to_e4m3fn(float x) {
     code = static_cast<uint32_t>(std::nearbyint(a * 512.0f));
   } else {
     int e;
-    const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+    const float m = std::frexp(a, &e);    // a = m * 2^e, m in [0.5, 1)
     float q = std::nearbyint(m * 16.0f);  // 4 significant bits, half to even
     if (q == 16.0f) {
       q = 8.0f;
@@ -151,8 +151,7 @@ void fp8_encode_token(Fp8Layout layout, const uint16_t* src, uint8_t* page_base,
   std::memcpy(data + li.rope_offset, src + li.nope_dim, static_cast<size_t>(kRopeDim) * 2);
 }
 
-void fp8_decode_token_bf16(Fp8Layout layout, const uint8_t* page_base, int64_t page_size, int64_t row,
-                           uint16_t* dst) {
+void fp8_decode_token_bf16(Fp8Layout layout, const uint8_t* page_base, int64_t page_size, int64_t row, uint16_t* dst) {
   const LayoutInfo li = info(layout);
   const uint8_t* data = page_base + fp8_data_offset(layout, row);
   const uint8_t* scales = page_base + fp8_scale_offset(layout, page_size, row);
@@ -179,8 +178,7 @@ void fp8_decode_token(Fp8Layout layout, const uint8_t* page_base, int64_t page_s
   for (int64_t d = 0; d < fp8_head_dim(layout); ++d) dst[d] = bf16_to_float(bits[d]);
 }
 
-void fp8_encode_page(Fp8Layout layout, const uint16_t* src, int64_t row_stride, uint8_t* page_base,
-                     int64_t page_size) {
+void fp8_encode_page(Fp8Layout layout, const uint16_t* src, int64_t row_stride, uint8_t* page_base, int64_t page_size) {
   for (int64_t r = 0; r < page_size; ++r) fp8_encode_token(layout, src + r * row_stride, page_base, page_size, r);
 }
 

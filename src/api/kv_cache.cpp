@@ -50,7 +50,7 @@ using detail::check_ndim;
 using detail::shape_string;
 using detail::stride_string;
 
-constexpr int64_t kVectorBytes = 16;     // every kernel access is a 16-byte vector
+constexpr int64_t kVectorBytes = 16;  // every kernel access is a 16-byte vector
 constexpr int64_t kBf16PerVector = 8;
 constexpr int64_t kMaxTokens = 2147483647;  // kernels split token indices with 32-bit arithmetic
 
@@ -103,8 +103,8 @@ Status check_fp8_pages(const TensorRef& t, const char* name, KVCacheFormat forma
   const int64_t num_blocks = t.shape[0], page_size = t.shape[1];
   if (page_size > 1 && t.stride[1] != bpt) {
     std::ostringstream os;
-    os << quoted(name) << " must store the tokens of a page " << bpt << " bytes apart (stride(1) == " << bpt
-       << " for " << kv_cache_format_name(format) << "), got strides " << stride_string(t);
+    os << quoted(name) << " must store the tokens of a page " << bpt << " bytes apart (stride(1) == " << bpt << " for "
+       << kv_cache_format_name(format) << "), got strides " << stride_string(t);
     return Status::invalid_argument(os.str());
   }
   if (num_blocks > 1) {

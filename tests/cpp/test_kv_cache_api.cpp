@@ -119,8 +119,7 @@ TEST(KvCacheApiValidation, WrongRankAndHeads) {
 
 TEST(KvCacheApiValidation, MisalignedBf16Strides) {
   // Page stride 4 elements short of a 16-byte multiple (a padded page of 64*576 + 4 elements).
-  TensorRef src = make_tensor(fake_device_ptr(), DType::kBFloat16, {2, 64, 1, 576},
-                              {64 * 576 + 4, 576, 576, 1});
+  TensorRef src = make_tensor(fake_device_ptr(), DType::kBFloat16, {2, 64, 1, 576}, {64 * 576 + 4, 576, 576, 1});
   expect_invalid(quantize(src, fp8_pages(2, 64, 656)), {"argument 'src'", "stride", "multiple of 8 elements"});
   TensorRef rows = make_tensor(fake_device_ptr(), DType::kBFloat16, {2, 64, 1, 576}, {64 * 580, 580, 580, 1});
   expect_invalid(quantize(rows, fp8_pages(2, 64, 656)), {"argument 'src'", "stride 580 in dimension 1"});
@@ -250,14 +249,16 @@ class KvCacheApiGpu : public ::testing::TestWithParam<KVCacheFormat> {};
 TEST_P(KvCacheApiGpu, QuantizeDequantizeAppendMatchCpuCodec) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device on this machine";
   const KVCacheFormat format = GetParam();
-  const auto layout = format == KVCacheFormat::kFp8V32 ? openmla::ref::Fp8Layout::kV32 : openmla::ref::Fp8Layout::kModel1;
+  const auto layout =
+      format == KVCacheFormat::kFp8V32 ? openmla::ref::Fp8Layout::kV32 : openmla::ref::Fp8Layout::kModel1;
   const int64_t d = openmla::kv_cache_fp8_head_dim(format), bpt = openmla::kv_cache_bytes_per_token(format, d);
   const int64_t nb = 3, ps = 53, page_stride = ((ps * bpt + 15) / 16) * 16 + 32;  // padded pages
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> host_src(nb * ps * d);
   for (size_t i = 0; i < host_src.size(); ++i)
-    host_src[i] = openmla::ref::float_to_bf16(normal(rng) * std::exp2(static_cast<float>(static_cast<int>(i / 64) % 40 - 20)));
+    host_src[i] =
+        openmla::ref::float_to_bf16(normal(rng) * std::exp2(static_cast<float>(static_cast<int>(i / 64) % 40 - 20)));
   for (int64_t i = 0; i < d; ++i) host_src[5 * d + i] = 0;  // an all-zero token
 
   std::vector<uint8_t> expect(nb * page_stride, 0xEE);

@@ -69,18 +69,18 @@ TEST(KvCacheCodec, E4m3EncodeRoundTripsEveryCode) {
 }
 
 TEST(KvCacheCodec, E4m3TiesRoundToEven) {
-  EXPECT_EQ(ref::float_to_e4m3fn(1.0625f), 0x38);   // between 1.0 (0x38) and 1.125 (0x39): even
-  EXPECT_EQ(ref::float_to_e4m3fn(1.1875f), 0x3A);   // between 1.125 (0x39) and 1.25 (0x3A): even
+  EXPECT_EQ(ref::float_to_e4m3fn(1.0625f), 0x38);  // between 1.0 (0x38) and 1.125 (0x39): even
+  EXPECT_EQ(ref::float_to_e4m3fn(1.1875f), 0x3A);  // between 1.125 (0x39) and 1.25 (0x3A): even
   EXPECT_EQ(ref::float_to_e4m3fn(-1.1875f), 0xBA);
-  EXPECT_EQ(ref::float_to_e4m3fn(std::ldexp(1.0f, -10)), 0x00);      // half the smallest subnormal -> 0
-  EXPECT_EQ(ref::float_to_e4m3fn(std::ldexp(3.0f, -10)), 0x02);      // 1.5 subnormal quanta -> 2 (even)
-  EXPECT_EQ(ref::float_to_e4m3fn(std::ldexp(15.0f, -10)), 0x08);     // 7.5 quanta -> 8 = smallest normal
-  EXPECT_EQ(ref::float_to_e4m3fn(240.0f + 8.0f), 0x78 | 0x0);        // 248: between 240 (0x77) and 256 (0x78)
-  EXPECT_EQ(ref::float_to_e4m3fn(432.0f), 0x7E);                     // between 416 (0x7D) and 448 (0x7E): even
+  EXPECT_EQ(ref::float_to_e4m3fn(std::ldexp(1.0f, -10)), 0x00);   // half the smallest subnormal -> 0
+  EXPECT_EQ(ref::float_to_e4m3fn(std::ldexp(3.0f, -10)), 0x02);   // 1.5 subnormal quanta -> 2 (even)
+  EXPECT_EQ(ref::float_to_e4m3fn(std::ldexp(15.0f, -10)), 0x08);  // 7.5 quanta -> 8 = smallest normal
+  EXPECT_EQ(ref::float_to_e4m3fn(240.0f + 8.0f), 0x78 | 0x0);     // 248: between 240 (0x77) and 256 (0x78)
+  EXPECT_EQ(ref::float_to_e4m3fn(432.0f), 0x7E);                  // between 416 (0x7D) and 448 (0x7E): even
   EXPECT_EQ(ref::float_to_e4m3fn(448.0f), 0x7E);
-  EXPECT_EQ(ref::float_to_e4m3fn(464.0f), 0x7E);                     // saturates (satfinite)
+  EXPECT_EQ(ref::float_to_e4m3fn(464.0f), 0x7E);  // saturates (satfinite)
   EXPECT_EQ(ref::float_to_e4m3fn(-0.0f), 0x80);
-  EXPECT_EQ(ref::float_to_e4m3fn(-1e-30f), 0x80);                    // sign kept when rounding to zero
+  EXPECT_EQ(ref::float_to_e4m3fn(-1e-30f), 0x80);  // sign kept when rounding to zero
   EXPECT_EQ(ref::float_to_e4m3fn(std::numeric_limits<float>::quiet_NaN()), 0x7F);
 }
 
@@ -95,7 +95,8 @@ TEST(KvCacheCodec, E4m3EncodeMatchesExhaustiveSearch) {
   }
   // Every midpoint between consecutive codes (the tie cases), and a hair on either side.
   for (int c = 0; c < 0x7E; ++c) {
-    const float lo = ref::e4m3fn_to_float(static_cast<uint8_t>(c)), hi = ref::e4m3fn_to_float(static_cast<uint8_t>(c + 1));
+    const float lo = ref::e4m3fn_to_float(static_cast<uint8_t>(c)),
+                hi = ref::e4m3fn_to_float(static_cast<uint8_t>(c + 1));
     const float mid = 0.5f * (lo + hi);
     EXPECT_EQ(ref::float_to_e4m3fn(mid), (c & 1) ? c + 1 : c) << "midpoint above code " << c;
     EXPECT_EQ(ref::float_to_e4m3fn(std::nextafter(mid, 0.0f)), c);
@@ -104,11 +105,11 @@ TEST(KvCacheCodec, E4m3EncodeMatchesExhaustiveSearch) {
 }
 
 TEST(KvCacheCodec, TileScaleHandValues) {
-  EXPECT_EQ(ref::fp8_tile_scale(448.0f), 1.0f);                  // amax 448 -> scale exactly 1
+  EXPECT_EQ(ref::fp8_tile_scale(448.0f), 1.0f);  // amax 448 -> scale exactly 1
   EXPECT_EQ(ref::fp8_tile_scale(447.0f), 1.0f);
   EXPECT_EQ(ref::fp8_tile_scale(449.0f), 2.0f);
   EXPECT_EQ(ref::fp8_tile_scale(896.0f), 2.0f);
-  EXPECT_EQ(ref::fp8_tile_scale(0.0f), std::ldexp(1.0f, -13));   // 2^ceil(log2(1e-4)) = 2^-13
+  EXPECT_EQ(ref::fp8_tile_scale(0.0f), std::ldexp(1.0f, -13));  // 2^ceil(log2(1e-4)) = 2^-13
   EXPECT_EQ(ref::fp8_tile_scale(1e-30f), std::ldexp(1.0f, -13));
   EXPECT_EQ(ref::fp8_tile_scale(448e-4f * 0.5f), std::ldexp(1.0f, -13));
   EXPECT_EQ(ref::fp8_tile_scale(3e38f), std::ldexp(1.0f, 120));  // 3e38/448 = 6.7e35 in (2^119, 2^120]
@@ -164,7 +165,8 @@ TEST_P(KvCacheCodecLayout, AmaxOf448GivesScaleOneAndExactValues) {
   const Fp8Layout layout = GetParam();
   const int64_t d = ref::fp8_head_dim(layout), nope = ref::fp8_nope_dim(layout), tile = ref::fp8_tile_dim(layout);
   std::vector<float> x(d);
-  for (int64_t i = 0; i < d; ++i) x[i] = ref::e4m3fn_to_float(static_cast<uint8_t>((i * 37) % 0x7E)) * ((i & 1) ? -1 : 1);
+  for (int64_t i = 0; i < d; ++i)
+    x[i] = ref::e4m3fn_to_float(static_cast<uint8_t>((i * 37) % 0x7E)) * ((i & 1) ? -1 : 1);
   for (int64_t t = 0; t < nope / tile; ++t) x[t * tile + 5] = 448.0f;  // every tile's amax is exactly 448
   for (int64_t i = nope; i < d; ++i) x[i] = 0.001f * static_cast<float>(i);
   const auto bits = bf16_row(x);
@@ -259,8 +261,8 @@ TEST_P(KvCacheCodecLayout, NonFiniteTileIsPoisonedOthersUntouched) {
   const Fp8Layout layout = GetParam();
   const int64_t d = ref::fp8_head_dim(layout), nope = ref::fp8_nope_dim(layout), tile = ref::fp8_tile_dim(layout);
   std::vector<float> x(d, 1.0f);
-  x[1 * tile + 3] = std::numeric_limits<float>::quiet_NaN();   // tile 1: NaN
-  x[2 * tile + 0] = -std::numeric_limits<float>::infinity();   // tile 2: -inf
+  x[1 * tile + 3] = std::numeric_limits<float>::quiet_NaN();  // tile 1: NaN
+  x[2 * tile + 0] = -std::numeric_limits<float>::infinity();  // tile 2: -inf
   x[nope + 1] = std::numeric_limits<float>::quiet_NaN();      // RoPE NaN is copied, poisons nothing
   const auto bits = bf16_row(x);
   std::vector<uint8_t> page(ref::fp8_bytes_per_token(layout));
@@ -290,7 +292,8 @@ TEST_P(KvCacheCodecLayout, PageRoundTripWithRowStride) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> src(page_size * row_stride, 0xFFFF), back(page_size * row_stride, 0x1234);
   for (int64_t r = 0; r < page_size; ++r)
-    for (int64_t i = 0; i < d; ++i) src[r * row_stride + i] = ref::float_to_bf16(normal(rng) * static_cast<float>(r + 1));
+    for (int64_t i = 0; i < d; ++i)
+      src[r * row_stride + i] = ref::float_to_bf16(normal(rng) * static_cast<float>(r + 1));
   std::vector<uint8_t> page(page_size * ref::fp8_bytes_per_token(layout));
   ref::fp8_encode_page(layout, src.data(), row_stride, page.data(), page_size);
   ref::fp8_decode_page_bf16(layout, page.data(), page_size, back.data(), row_stride);
@@ -338,13 +341,15 @@ TEST(KvCacheCodec, Model1ScaleSectionAddressing) {
   std::vector<uint16_t> src(page_size * d);
   for (int64_t r = 0; r < page_size; ++r) {
     for (int64_t i = 0; i < d; ++i) src[r * d + i] = ref::float_to_bf16(0.5f);
-    for (int k = 0; k < 7; ++k) src[r * d + k * 64 + 1] = ref::float_to_bf16(std::ldexp(448.0f, static_cast<int>(r) + k));
+    for (int k = 0; k < 7; ++k)
+      src[r * d + k * 64 + 1] = ref::float_to_bf16(std::ldexp(448.0f, static_cast<int>(r) + k));
     for (int64_t i = 448; i < d; ++i) src[r * d + i] = static_cast<uint16_t>(0x4000 + r * 64 + (i - 448));
   }
   std::vector<uint8_t> page(page_size * 584, 0xCD);
   ref::fp8_encode_page(Fp8Layout::kModel1, src.data(), d, page.data(), page_size);
   for (int64_t r = 0; r < page_size; ++r) {
-    for (int k = 0; k < 7; ++k) EXPECT_EQ(page[page_size * 576 + r * 8 + k], 127 + r + k) << "token " << r << " tile " << k;
+    for (int k = 0; k < 7; ++k)
+      EXPECT_EQ(page[page_size * 576 + r * 8 + k], 127 + r + k) << "token " << r << " tile " << k;
     EXPECT_EQ(page[page_size * 576 + r * 8 + 7], 0) << "pad byte of token " << r;
     for (int k = 0; k < 7; ++k) EXPECT_EQ(page[r * 576 + k * 64 + 1], 0x7E) << "448 * s / s = 448";
     for (int64_t i = 448; i < d; ++i) {

@@ -6,10 +6,10 @@
 // (tests/python/test_kv_cache.py) then check the hardware itself.
 #include <gtest/gtest.h>
 
-#include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <barrier>
@@ -136,7 +136,7 @@ std::vector<uint16_t> make_tokens(int64_t n, int64_t d, int64_t row_stride, bool
     if (t % 7 == 3)
       for (int64_t i = 0; i < d; ++i) x[t * row_stride + i] = (i & 1) ? 0x8000 : 0;  // all-zero token (with -0)
     if (non_finite && t % 5 == 1) {
-      x[t * row_stride + (t * 37) % d] = 0x7FC1;             // NaN somewhere (NoPE or RoPE)
+      x[t * row_stride + (t * 37) % d] = 0x7FC1;                         // NaN somewhere (NoPE or RoPE)
       x[t * row_stride + (t * 91 + 5) % d] = (t & 2) ? 0xFF80 : 0x7F80;  // +-inf
     }
   }
@@ -148,7 +148,9 @@ struct Case {
   int64_t num_blocks, page_size;
 };
 
-ref::Fp8Layout ref_layout(kvk::Fp8Layout l) { return l == kvk::Fp8Layout::kV32 ? ref::Fp8Layout::kV32 : ref::Fp8Layout::kModel1; }
+ref::Fp8Layout ref_layout(kvk::Fp8Layout l) {
+  return l == kvk::Fp8Layout::kV32 ? ref::Fp8Layout::kV32 : ref::Fp8Layout::kModel1;
+}
 
 class KvCacheWarpEmulation : public ::testing::TestWithParam<Case> {};
 
@@ -163,20 +165,26 @@ TEST_P(KvCacheWarpEmulation, QuantizeDequantizeAppendMatchCpuCodec) {
   const auto rows = make_tokens(tokens, d, src_row_stride, true, static_cast<uint32_t>(tokens * 31 + d));
   std::vector<uint16_t> src(c.num_blocks * src_page_stride, 0xFFFF);
   for (int64_t t = 0; t < tokens; ++t)
-    std::memcpy(&src[(t / c.page_size) * src_page_stride + (t % c.page_size) * src_row_stride], &rows[t * src_row_stride],
-                static_cast<size_t>(d) * 2);
+    std::memcpy(&src[(t / c.page_size) * src_page_stride + (t % c.page_size) * src_row_stride],
+                &rows[t * src_row_stride], static_cast<size_t>(d) * 2);
 
   // ---- quantise
   std::vector<uint8_t> want(c.num_blocks * page_stride, 0xA5), got(want.size(), 0xA5);
   for (int64_t p = 0; p < c.num_blocks; ++p)
     ref::fp8_encode_page(rl, src.data() + p * src_page_stride, src_row_stride, want.data() + p * page_stride,
                          c.page_size);
-  const kvk::QuantizeParams qp{.src = src.data(), .src_page_stride = src_page_stride, .src_row_stride = src_row_stride,
-                               .dst = got.data(), .dst_page_stride = page_stride, .num_blocks = c.num_blocks,
+  const kvk::QuantizeParams qp{.src = src.data(),
+                               .src_page_stride = src_page_stride,
+                               .src_row_stride = src_row_stride,
+                               .dst = got.data(),
+                               .dst_page_stride = page_stride,
+                               .num_blocks = c.num_blocks,
                                .page_size = c.page_size};
   run_grid(blocks_for(tokens), [&] {
-    if (c.layout == kvk::Fp8Layout::kV32) kvk::quantize_kernel<kvk::Fp8Layout::kV32>(qp);
-    else kvk::quantize_kernel<kvk::Fp8Layout::kModel1>(qp);
+    if (c.layout == kvk::Fp8Layout::kV32)
+      kvk::quantize_kernel<kvk::Fp8Layout::kV32>(qp);
+    else
+      kvk::quantize_kernel<kvk::Fp8Layout::kModel1>(qp);
   });
   for (size_t i = 0; i < want.size(); ++i)
     ASSERT_EQ(got[i], want[i]) << "quantise: byte " << i % page_stride << " of page " << i / page_stride;
@@ -186,12 +194,18 @@ TEST_P(KvCacheWarpEmulation, QuantizeDequantizeAppendMatchCpuCodec) {
   for (int64_t p = 0; p < c.num_blocks; ++p)
     ref::fp8_decode_page_bf16(rl, want.data() + p * page_stride, c.page_size, back_want.data() + p * src_page_stride,
                               src_row_stride);
-  const kvk::DequantizeParams dp{.src = got.data(), .src_page_stride = page_stride, .dst = back.data(),
-                                 .dst_page_stride = src_page_stride, .dst_row_stride = src_row_stride,
-                                 .num_blocks = c.num_blocks, .page_size = c.page_size};
+  const kvk::DequantizeParams dp{.src = got.data(),
+                                 .src_page_stride = page_stride,
+                                 .dst = back.data(),
+                                 .dst_page_stride = src_page_stride,
+                                 .dst_row_stride = src_row_stride,
+                                 .num_blocks = c.num_blocks,
+                                 .page_size = c.page_size};
   run_grid(blocks_for(tokens), [&] {
-    if (c.layout == kvk::Fp8Layout::kV32) kvk::dequantize_kernel<kvk::Fp8Layout::kV32>(dp);
-    else kvk::dequantize_kernel<kvk::Fp8Layout::kModel1>(dp);
+    if (c.layout == kvk::Fp8Layout::kV32)
+      kvk::dequantize_kernel<kvk::Fp8Layout::kV32>(dp);
+    else
+      kvk::dequantize_kernel<kvk::Fp8Layout::kModel1>(dp);
   });
   for (size_t i = 0; i < back.size(); ++i) ASSERT_EQ(back[i], back_want[i]) << "dequantise: element " << i;
 
@@ -210,23 +224,33 @@ TEST_P(KvCacheWarpEmulation, QuantizeDequantizeAppendMatchCpuCodec) {
       continue;
     }
     used[slots[i]] = true;
-    ref::fp8_encode_token(rl, rows.data() + i * src_row_stride, app_want.data() + (slots[i] / c.page_size) * page_stride,
-                          c.page_size, slots[i] % c.page_size);
+    ref::fp8_encode_token(rl, rows.data() + i * src_row_stride,
+                          app_want.data() + (slots[i] / c.page_size) * page_stride, c.page_size,
+                          slots[i] % c.page_size);
   }
   for (bool wide : {false, true}) {
     std::fill(app_got.begin(), app_got.end(), 0x5A);
     std::vector<int32_t> slots32(slots.begin(), slots.end());
-    const kvk::AppendParams ap{.new_kv = rows.data(), .new_kv_row_stride = src_row_stride,
+    const kvk::AppendParams ap{.new_kv = rows.data(),
+                               .new_kv_row_stride = src_row_stride,
                                .slots = wide ? static_cast<const void*>(slots.data()) : slots32.data(),
-                               .slots_are_int64 = wide, .num_new = tokens, .cache = app_got.data(),
-                               .cache_page_stride = page_stride, .num_blocks = c.num_blocks, .page_size = c.page_size};
+                               .slots_are_int64 = wide,
+                               .num_new = tokens,
+                               .cache = app_got.data(),
+                               .cache_page_stride = page_stride,
+                               .num_blocks = c.num_blocks,
+                               .page_size = c.page_size};
     run_grid(blocks_for(tokens), [&] {
       if (c.layout == kvk::Fp8Layout::kV32) {
-        if (wide) kvk::append_kernel<kvk::Fp8Layout::kV32, int64_t>(ap);
-        else kvk::append_kernel<kvk::Fp8Layout::kV32, int32_t>(ap);
+        if (wide)
+          kvk::append_kernel<kvk::Fp8Layout::kV32, int64_t>(ap);
+        else
+          kvk::append_kernel<kvk::Fp8Layout::kV32, int32_t>(ap);
       } else {
-        if (wide) kvk::append_kernel<kvk::Fp8Layout::kModel1, int64_t>(ap);
-        else kvk::append_kernel<kvk::Fp8Layout::kModel1, int32_t>(ap);
+        if (wide)
+          kvk::append_kernel<kvk::Fp8Layout::kModel1, int64_t>(ap);
+        else
+          kvk::append_kernel<kvk::Fp8Layout::kModel1, int32_t>(ap);
       }
     });
     for (size_t i = 0; i < app_want.size(); ++i)

@@ -33,7 +33,8 @@ struct DeviceBuffer {
 
 // One case; returns true when every step succeeded and matched the CPU codec.
 bool run_case(KVCacheFormat format, int64_t num_blocks, int64_t page_size, int64_t extra_page_bytes, bool int64_slots) {
-  const auto layout = format == KVCacheFormat::kFp8V32 ? openmla::ref::Fp8Layout::kV32 : openmla::ref::Fp8Layout::kModel1;
+  const auto layout =
+      format == KVCacheFormat::kFp8V32 ? openmla::ref::Fp8Layout::kV32 : openmla::ref::Fp8Layout::kModel1;
   const int64_t d = openmla::kv_cache_fp8_head_dim(format);
   const int64_t bpt = openmla::kv_cache_bytes_per_token(format, d);
   const int64_t tokens = num_blocks * page_size;
@@ -45,7 +46,8 @@ bool run_case(KVCacheFormat format, int64_t num_blocks, int64_t page_size, int64
   uint32_t state = 12345u + static_cast<uint32_t>(tokens);
   for (size_t i = 0; i < host.size(); ++i) {
     state = state * 1664525u + 1013904223u;
-    const float v = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * std::ldexp(1.0f, static_cast<int>(i / 64 % 30) - 15);
+    const float v =
+        (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * std::ldexp(1.0f, static_cast<int>(i / 64 % 30) - 15);
     host[i] = openmla::ref::float_to_bf16(v);
   }
   for (int64_t i = 0; i < d; ++i) host[i] = 0;  // an all-zero token
@@ -56,7 +58,8 @@ bool run_case(KVCacheFormat format, int64_t num_blocks, int64_t page_size, int64
   if (cudaMemset(cache.ptr, 0, cache_bytes) != cudaSuccess) return false;
 
   const auto src_t = make_tensor(src.ptr, DType::kBFloat16, {num_blocks, page_size, 1, d});
-  const auto cache_t = make_tensor(cache.ptr, DType::kUInt8, {num_blocks, page_size, 1, bpt}, {page_stride, bpt, bpt, 1});
+  const auto cache_t =
+      make_tensor(cache.ptr, DType::kUInt8, {num_blocks, page_size, 1, bpt}, {page_stride, bpt, bpt, 1});
   const auto back_t = make_tensor(back.ptr, DType::kBFloat16, {num_blocks, page_size, 1, d});
   auto report = [&](const openmla::Status& st, const char* what) {
     if (!st.is_ok()) std::printf("  kv_cache %s: %s\n", what, st.message().c_str());

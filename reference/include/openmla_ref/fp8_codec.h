@@ -53,7 +53,8 @@ uint16_t fp8_decoded_float_to_bf16(float v);
 // Byte offset, inside a page of `page_size` tokens, of token `row`'s scales: V3.2 row*656 + 512,
 // MODEL1 page_size*576 + row*8 (the scale section follows the data section).
 int64_t fp8_scale_offset(Fp8Layout layout, int64_t page_size, int64_t row);
-// Byte offset, inside a page, of token `row`'s e4m3 data (row*656 / row*576); its bf16 RoPE start 528 / 448 bytes later.
+// Byte offset, inside a page, of token `row`'s e4m3 data (row*656 / row*576); its bf16 RoPE start 528 / 448 bytes
+// later.
 int64_t fp8_data_offset(Fp8Layout layout, int64_t row);
 
 // Whole pages. `src`/`dst` hold page_size rows of d_qk bf16 bit patterns, `row_stride` elements apart.

@@ -15,10 +15,10 @@ namespace openmla::kernels::kv_cache {
 enum class Fp8Layout : int { kV32 = 0, kModel1 = 1 };
 
 inline constexpr int kWarpSize = 32;
-inline constexpr int kChunkDims = 8;           // bf16 dims per 16-byte chunk
+inline constexpr int kChunkDims = 8;                      // bf16 dims per 16-byte chunk
 inline constexpr int kHalfDims = kWarpSize * kChunkDims;  // 256: dims covered by the lo chunks of a warp
-inline constexpr int kRopeDim = 64;            // unquantised bf16 tail of every token
-inline constexpr int kWarpsPerBlock = 8;       // one token per warp; 8 warps = 256 threads (occupancy-friendly)
+inline constexpr int kRopeDim = 64;                       // unquantised bf16 tail of every token
+inline constexpr int kWarpsPerBlock = 8;  // one token per warp; 8 warps = 256 threads (occupancy-friendly)
 inline constexpr int kThreadsPerBlock = kWarpsPerBlock * kWarpSize;
 
 template <Fp8Layout kLayout>
@@ -32,9 +32,9 @@ struct LayoutTraits<Fp8Layout::kV32> {
   static constexpr int kTileDim = 128;
   static constexpr int kNumTiles = kNopeDim / kTileDim;  // 4
   static constexpr int kBytesPerToken = 656;
-  static constexpr int kDataStride = 656;     // bytes between consecutive tokens' data inside a page
+  static constexpr int kDataStride = 656;         // bytes between consecutive tokens' data inside a page
   static constexpr int kInlineScaleOffset = 512;  // scales inside the token record
-  static constexpr int kRopeOffset = 528;     // bf16 RoPE inside the token record
+  static constexpr int kRopeOffset = 528;         // bf16 RoPE inside the token record
 };
 
 // MODEL1: 584 B/token, block-structured: B x [448 e4m3 | 64 bf16 RoPE] then B x [7 UE8M0 | pad].
@@ -45,8 +45,8 @@ struct LayoutTraits<Fp8Layout::kModel1> {
   static constexpr int kTileDim = 64;
   static constexpr int kNumTiles = kNopeDim / kTileDim;  // 7
   static constexpr int kBytesPerToken = 584;
-  static constexpr int kDataStride = 576;     // data section record; the scale section follows B of them
-  static constexpr int kScaleStride = 8;      // scale section record: 7 UE8M0 + 1 pad byte
+  static constexpr int kDataStride = 576;  // data section record; the scale section follows B of them
+  static constexpr int kScaleStride = 8;   // scale section record: 7 UE8M0 + 1 pad byte
   static constexpr int kRopeOffset = 448;
 };
 

@@ -17,7 +17,7 @@
 namespace openmla::kernels::kv_cache {
 
 inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
-inline constexpr uint32_t kNaNScaleBits = 0x7FC00000u;   // fp32 scale of a poisoned tile (UE8M0: 0xFF)
+inline constexpr uint32_t kNaNScaleBits = 0x7FC00000u;    // fp32 scale of a poisoned tile (UE8M0: 0xFF)
 inline constexpr uint32_t kPoisonedE4M3x4 = 0x7F7F7F7Fu;  // four e4m3 NaN bytes
 inline constexpr uint32_t kBf16InfBits = 0x7F80u;         // magnitudes at or above are inf / NaN
 inline constexpr uint16_t kBf16CanonicalNaN = 0x7FC0u;
@@ -127,13 +127,15 @@ __device__ __forceinline__ void encode_token(const uint16_t* __restrict__ src, u
   const uint2 q_hi = quantize_chunk(hi, scale_hi);
   const bool odd = lane & 1;
   const uint2 received = shuffle_xor(odd ? q_lo : q_hi, 1);
-  const uint4 piece = odd ? make_uint4(received.x, received.y, q_hi.x, q_hi.y)
-                          : make_uint4(q_lo.x, q_lo.y, received.x, received.y);
+  const uint4 piece =
+      odd ? make_uint4(received.x, received.y, q_hi.x, q_hi.y) : make_uint4(q_lo.x, q_lo.y, received.x, received.y);
 
   uint8_t* data = page_base + row * Layout::kDataStride;
   const int pair = lane >> 1;
-  if (!odd) store16(data + 16 * pair, piece);  // e4m3 bytes [0, 256)
-  else if (lane < Mapping::kHiNopeLanes) store16(data + kHalfDims + 16 * pair, piece);  // [256, nope)
+  if (!odd)
+    store16(data + 16 * pair, piece);  // e4m3 bytes [0, 256)
+  else if (lane < Mapping::kHiNopeLanes)
+    store16(data + kHalfDims + 16 * pair, piece);  // [256, nope)
 
   // ---- RoPE: bf16 bits copied through
   if constexpr (Mapping::kRopeIsHi) {
@@ -180,8 +182,10 @@ __device__ __forceinline__ void decode_token(const uint8_t* __restrict__ page_ba
 
   // ---- loads: one 16-byte e4m3 piece per lane (mirror of the encoder), the scales (a broadcast), RoPE
   uint4 piece = make_uint4(0, 0, 0, 0);
-  if (!odd) piece = load16(data + 16 * pair);
-  else if (lane < Mapping::kHiNopeLanes) piece = load16(data + kHalfDims + 16 * pair);
+  if (!odd)
+    piece = load16(data + 16 * pair);
+  else if (lane < Mapping::kHiNopeLanes)
+    piece = load16(data + kHalfDims + 16 * pair);
   uint4 rope = make_uint4(0, 0, 0, 0);
   if constexpr (Mapping::kRopeIsHi) {
     if (lane >= Mapping::kHiNopeLanes) rope = load16(data + Layout::kRopeOffset + 16 * (lane - Mapping::kHiNopeLanes));
@@ -233,8 +237,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) quantize_kernel(const Quanti
   // 32-bit division: the launcher guarantees num_blocks * page_size <= INT32_MAX.
   const uint32_t page = static_cast<uint32_t>(token) / static_cast<uint32_t>(params.page_size);
   const int64_t row = token - static_cast<int64_t>(page) * params.page_size;
-  const uint16_t* src = static_cast<const uint16_t*>(params.src) + page * params.src_page_stride +
-                        row * params.src_row_stride;
+  const uint16_t* src =
+      static_cast<const uint16_t*>(params.src) + page * params.src_page_stride + row * params.src_row_stride;
   uint8_t* page_base = static_cast<uint8_t*>(params.dst) + page * params.dst_page_stride;
   encode_token<kLayout>(src, page_base, params.page_size, row, lane);
 }

@@ -13,22 +13,22 @@ namespace openmla::kernels::kv_cache {
 
 // Paged BF16 cache -> paged FP8 cache, every token of every page.
 struct QuantizeParams {
-  const void* src = nullptr;      // (num_blocks, page_size, 1, d_qk) bf16; 16-byte aligned; last dim contiguous
-  int64_t src_page_stride = 0;    // elements between pages, a multiple of 8
-  int64_t src_row_stride = 0;     // elements between tokens of a page, a multiple of 8
-  void* dst = nullptr;            // FP8 cache bytes; 16-byte aligned
-  int64_t dst_page_stride = 0;    // bytes between pages, a multiple of 16, >= page_size * bytes_per_token
+  const void* src = nullptr;    // (num_blocks, page_size, 1, d_qk) bf16; 16-byte aligned; last dim contiguous
+  int64_t src_page_stride = 0;  // elements between pages, a multiple of 8
+  int64_t src_row_stride = 0;   // elements between tokens of a page, a multiple of 8
+  void* dst = nullptr;          // FP8 cache bytes; 16-byte aligned
+  int64_t dst_page_stride = 0;  // bytes between pages, a multiple of 16, >= page_size * bytes_per_token
   int64_t num_blocks = 0;
-  int64_t page_size = 0;          // tokens per page, >= 1; num_blocks * page_size <= INT32_MAX
+  int64_t page_size = 0;  // tokens per page, >= 1; num_blocks * page_size <= INT32_MAX
 };
 
 // Paged FP8 cache -> paged BF16 cache.
 struct DequantizeParams {
-  const void* src = nullptr;      // FP8 cache bytes; 16-byte aligned
-  int64_t src_page_stride = 0;    // bytes, a multiple of 16
-  void* dst = nullptr;            // (num_blocks, page_size, 1, d_qk) bf16; 16-byte aligned
-  int64_t dst_page_stride = 0;    // elements, a multiple of 8
-  int64_t dst_row_stride = 0;     // elements, a multiple of 8
+  const void* src = nullptr;    // FP8 cache bytes; 16-byte aligned
+  int64_t src_page_stride = 0;  // bytes, a multiple of 16
+  void* dst = nullptr;          // (num_blocks, page_size, 1, d_qk) bf16; 16-byte aligned
+  int64_t dst_page_stride = 0;  // elements, a multiple of 8
+  int64_t dst_row_stride = 0;   // elements, a multiple of 8
   int64_t num_blocks = 0;
   int64_t page_size = 0;
 };
