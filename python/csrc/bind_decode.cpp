@@ -32,17 +32,15 @@ KVCacheFormat cache_format_from_name(const std::string& name) {
 // Python ints only: a bool or float slipping into a size field is a caller bug worth reporting.
 int64_t int_field(nb::handle value, const std::string& key) {
   if (!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr()))
-    throw nb::type_error(("problem field '" + key + "' must be an int, got " +
-                          nb::cast<std::string>(nb::str(value.type())))
-                             .c_str());
+    throw nb::type_error(
+        ("problem field '" + key + "' must be an int, got " + nb::cast<std::string>(nb::str(value.type()))).c_str());
   return nb::cast<int64_t>(value);
 }
 
 bool bool_field(nb::handle value, const std::string& key) {
   if (!PyBool_Check(value.ptr()))
-    throw nb::type_error(("problem field '" + key + "' must be a bool, got " +
-                          nb::cast<std::string>(nb::str(value.type())))
-                             .c_str());
+    throw nb::type_error(
+        ("problem field '" + key + "' must be a bool, got " + nb::cast<std::string>(nb::str(value.type()))).c_str());
   return value.ptr() == Py_True;
 }
 
@@ -51,20 +49,34 @@ DecodeProblem problem_from_kwargs(const nb::kwargs& kwargs) {
   DecodeProblem p;
   for (auto [k, v] : kwargs) {
     const std::string key = nb::cast<std::string>(k);
-    if (key == "batch") p.batch = int_field(v, key);
-    else if (key == "s_q") p.s_q = int_field(v, key);
-    else if (key == "h_q") p.h_q = int_field(v, key);
-    else if (key == "h_kv") p.h_kv = int_field(v, key);
-    else if (key == "d_qk") p.d_qk = int_field(v, key);
-    else if (key == "d_v") p.d_v = int_field(v, key);
-    else if (key == "page_block_size") p.page_block_size = int_field(v, key);
-    else if (key == "cache_format") p.cache_format = cache_format_from_name(nb::cast<std::string>(v));
-    else if (key == "causal") p.causal = bool_field(v, key);
-    else if (key == "sparse") p.sparse = bool_field(v, key);
-    else if (key == "topk") p.topk = int_field(v, key);
-    else if (key == "extra_topk") p.extra_topk = int_field(v, key);
-    else if (key == "extra_page_block_size") p.extra_page_block_size = int_field(v, key);
-    else if (key == "num_sms") p.num_sms = static_cast<int>(int_field(v, key));
+    if (key == "batch")
+      p.batch = int_field(v, key);
+    else if (key == "s_q")
+      p.s_q = int_field(v, key);
+    else if (key == "h_q")
+      p.h_q = int_field(v, key);
+    else if (key == "h_kv")
+      p.h_kv = int_field(v, key);
+    else if (key == "d_qk")
+      p.d_qk = int_field(v, key);
+    else if (key == "d_v")
+      p.d_v = int_field(v, key);
+    else if (key == "page_block_size")
+      p.page_block_size = int_field(v, key);
+    else if (key == "cache_format")
+      p.cache_format = cache_format_from_name(nb::cast<std::string>(v));
+    else if (key == "causal")
+      p.causal = bool_field(v, key);
+    else if (key == "sparse")
+      p.sparse = bool_field(v, key);
+    else if (key == "topk")
+      p.topk = int_field(v, key);
+    else if (key == "extra_topk")
+      p.extra_topk = int_field(v, key);
+    else if (key == "extra_page_block_size")
+      p.extra_page_block_size = int_field(v, key);
+    else if (key == "num_sms")
+      p.num_sms = static_cast<int>(int_field(v, key));
     else
       throw nb::type_error(
           ("unknown keyword argument '" + key + "'; the decode problem fields are: " + kProblemFields).c_str());
