@@ -63,32 +63,40 @@ inline constexpr int kMaxDecodeSmParts = 160;
 
 Status get_decode_workspace_sizes(const DecodeProblem& problem, DecodeWorkspaceSizes* sizes);
 
-// The schedule: caller-owned device memory, filled by plan_decode().
+// The schedule: caller-owned device memory, filled by plan_decode() (layout: docs/decode-schedule.md).
 struct DecodeSchedule {
-  TensorRef metadata;    // (num_sm_parts, 8) int32, contiguous
-  TensorRef num_splits;  // (batch + 1,) int32, contiguous; exclusive prefix sum of splits per request
+  TensorRef metadata;    // (num_sm_parts, 8) int32, contiguous, 16-byte aligned: one record per partition
+  TensorRef num_splits;  // (batch + 1,) int32, contiguous; exclusive prefix sum of splits per request.
+                         // num_splits[batch] == -1 would flag a failed scheduler pass (cannot happen; the
+                         // schedule is then all-idle and out/lse are left unwritten).
 };
 
 // Split-KV scratch: caller-owned device memory, sized by get_decode_workspace_sizes().
+// Larger buffers (more rows) are accepted, so one allocation can serve every batch up to the largest.
 struct DecodeSplitBuffers {
-  TensorRef partial_o;    // (partial_rows, d_v) float32, contiguous
-  TensorRef partial_lse;  // (partial_rows,) float32, contiguous
+  TensorRef partial_o;    // (>= partial_rows, d_v) float32, contiguous, 16-byte aligned
+  TensorRef partial_lse;  // (>= partial_rows,) float32, contiguous
 };
 
-// Fills `schedule` on the GPU. Dense: `cache_seqlens` (b,) int32. Sparse: `topk_length` (b,) int32
-// and `extra_topk_length` (b,) int32 may be absent (undefined TensorRef); cache_seqlens is ignored.
+// Fills `schedule` on the GPU. Dense: `cache_seqlens` (b,) int32 (negative lengths count as 0). Sparse:
+// `topk_length` (b,) int32 and `extra_topk_length` (b,) int32 may be absent (undefined TensorRef); given
+// values are clamped to [0, topk] / [0, extra_topk]; cache_seqlens is ignored. The schedule stays valid
+// for every call with the same problem and the same length VALUES (reuse it across layers of one step).
+// With problem.num_sms > 0 every check runs before any CUDA call; 0 queries the tensors' device.
 Status plan_decode(const DecodeProblem& problem, const TensorRef& cache_seqlens, const TensorRef& topk_length,
                    const TensorRef& extra_topk_length, const DecodeSchedule& schedule, cudaStream_t stream);
 
 struct DenseDecodeArgs {
   TensorRef q;              // (b, s_q, h_q, d_qk) bf16/fp16; last dim contiguous, byte strides % 16 == 0
-  TensorRef k_cache;        // (num_blocks, page_block_size, h_kv, d_qk), q's dtype; last dim contiguous
-  TensorRef block_table;    // (b, max_blocks_per_seq) int32; last dim contiguous
+  TensorRef k_cache;        // (num_blocks, 64, h_kv, d_qk), q's dtype; last dim contiguous, strides % 8 == 0
+                            // (page_block_size must be 64 for now)
+  TensorRef block_table;    // (b, max_blocks_per_seq) int32; last dim contiguous. Entries past
+                            // ceil(L/64) are never read; max_blocks_per_seq * 64 >= L is the caller's duty
   TensorRef cache_seqlens;  // (b,) int32, contiguous; 0 allowed
   float softmax_scale = 0.f;  // 0: d_qk ** -0.5
   DecodeSchedule schedule;    // from plan_decode() with the same problem and cache_seqlens
   DecodeSplitBuffers split;   // workspace
-  TensorRef out;            // (b, s_q, h_q, d_v), q's dtype; last dim contiguous
+  TensorRef out;            // (b, s_q, h_q, d_v), q's dtype; last dim contiguous, strides % 8 == 0
   TensorRef lse;            // (b, h_q, s_q) float32, any strides
 };
 
