@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "kernels/combine/merge_math.h"
 #include "kernels/combine/params.h"
 
 namespace openmla::kernels::combine {
@@ -103,11 +104,11 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   float m = -INFINITY;
   for (int i = lane; i < num_slots; i += 32) m = fmaxf(m, lse_row[i * lse_slot_stride]);
   m = warp_max(m);
-  const float m_safe = m == -INFINITY ? 0.f : m;
+  const float m_safe = lse_shift(m);
   float s = 0.f;
   for (int i = lane; i < num_slots; i += 32) s += exp2f(lse_row[i * lse_slot_stride] - m_safe);
   s = warp_sum(s);
-  const float g = s == 0.f ? INFINITY : log2f(s) + m_safe;
+  const float g = merged_lse_log2(s, m_safe);
 
   if (lane == 0) {
     p.lse[req * p.lse_stride_b + head * p.lse_stride_h + s_idx * p.lse_stride_s] = g * kLn2;
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   for (int c = 0; c < kColumnsPerLane; ++c) acc[c] = 0.f;
 
   if (g != INFINITY) {
-    const float g_sink = fmaxf(g, sink_log2) + log2f(1.f + exp2f(-fabsf(g - sink_log2)));
+    const float g_sink = add_sink_log2(g, sink_log2);
     if (g_sink != INFINITY) {  // +inf sink: the output is exactly 0
       float4 cur[kVectorsPerLane];
       load_row(o_row, cur);
