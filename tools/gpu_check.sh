@@ -150,7 +150,8 @@ elif [[ ! -x $build_dir/openmla_tests ]]; then
   begin "cpp tests"; record FAIL "openmla_tests not built"
 else
   begin "cpp tests"
-  "$build_dir/openmla_tests" >"$logs/cpp_tests.log" 2>&1
+  timeout -k 5 "${CPP_TIMEOUT:-180}" "$build_dir/openmla_tests" ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"} \
+      >"$logs/cpp_tests.log" 2>&1
   rc=$?
   passed=$(grep -oP '^\[  PASSED  \] \K\d+' "$logs/cpp_tests.log" | tail -1)
   failed=$(grep -oP '^\[  FAILED  \] \K\d+(?= tests?, listed below)' "$logs/cpp_tests.log" | tail -1)
@@ -170,7 +171,9 @@ else
   begin pytest
   kargs=()
   [[ -n ${PYTEST_K:-} ]] && kargs=(-k "$PYTEST_K")
-  "$py" -m pytest tests/python -x -q -rs "${kargs[@]}" >"$logs/pytest.log" 2>&1
+  # A kernel that hangs must not eat the whole device call: every stage runs under a time limit.
+  timeout -k 5 "${PYTEST_TIMEOUT:-300}" "$py" -m pytest tests/python -q -rs --maxfail="${PYTEST_MAXFAIL:-25}" \
+      "${kargs[@]}" >"$logs/pytest.log" 2>&1
   rc=$?
   line=$(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error)' "$logs/pytest.log" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
   if (( rc == 0 )); then record ok "$line"; else
@@ -192,7 +195,7 @@ for tool in $sanitize_tools; do
   if [[ ! -x $build_dir/openmla_sanitize ]]; then record FAIL "openmla_sanitize not built"; continue; fi
   echo "===== compute-sanitizer --tool $tool" >>"$logs/sanitize.log"
   # shellcheck disable=SC2086  # the families are separate arguments
-  "$sanitizer" --tool "$tool" --error-exitcode 86 "$build_dir/openmla_sanitize" \
+  timeout -k 5 "${SANITIZE_TIMEOUT:-120}" "$sanitizer" --tool "$tool" --error-exitcode 86 "$build_dir/openmla_sanitize" \
       ${GPU_CHECK_SANITIZE_FAMILIES:-} >>"$logs/sanitize.log" 2>&1
   rc=$?
   summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitize.log" | tail -1 | sed 's/^=* *//')
@@ -212,7 +215,8 @@ else
   begin bench
   # shellcheck disable=SC2206
   bargs=(${GPU_CHECK_BENCH_ARGS:-})
-  "$py" benchmarks/run.py --json "$logs/bench.json" --history-dir "$history_dir" "${bargs[@]}" \
+  timeout -k 5 "${BENCH_TIMEOUT:-300}" "$py" benchmarks/run.py --json "$logs/bench.json" --history-dir "$history_dir" \
+      ${BENCH_SUITE:+--suite "$BENCH_SUITE"} ${BENCH_FILTER:+--filter "$BENCH_FILTER"} "${bargs[@]}" \
       >"$logs/bench.log" 2>&1
   rc=$?
   n=$("$py" -c "import json,sys; d=json.load(open(sys.argv[1])); print(len(d['records']), 'records,', len(d['errors']), 'errors')" \
