@@ -297,7 +297,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
     // ---------------------------------------------------------------- request prologue
-    const int seqlen = __shfl_sync(0xffffffff, params.cache_seqlens[req], 0);
+    // Negative lengths count as empty (as in the scheduler). A length beyond the block table's row is the
+    // caller's error; clamping keeps it from ever reading another request's row.
+    const int seqlen = min(max(__shfl_sync(0xffffffff, params.cache_seqlens[req], 0), 0),
+                           params.max_blocks_per_seq * C::kBlockN);
     const int num_seq_blocks = (seqlen + C::kBlockN - 1) / C::kBlockN;
     int blk_begin = req == rec.begin_req ? rec.begin_block : 0;
     int blk_end = req == rec.end_req ? rec.end_block : num_seq_blocks;
