@@ -15,6 +15,21 @@ import pytest
 from openmla import _openmla as C
 from openmla import decode as dec
 
+
+def _real_cuda_device_present():
+    try:
+        import torch
+    except Exception:
+        return False
+    return torch.cuda.is_available()
+
+
+# These tests hand the binding DLPack capsules that claim cuda:0 but point at host memory: safe only where no
+# real GPU could ever be reached (CI, developer machines). On a GPU machine the GPU tests cover the API.
+pytestmark = pytest.mark.skipif(
+    _real_cuda_device_present(),
+    reason="validation-only tests with fake device pointers; they run on machines without a GPU")
+
 # ---------------------------------------------------------------------------------------------------
 # Fake CUDA arrays: DLPack capsules over host memory
 # ---------------------------------------------------------------------------------------------------

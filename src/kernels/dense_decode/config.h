@@ -37,14 +37,22 @@ struct Config {
   static_assert(kVTilesPerHalf * kTileCols == 256, "each warpgroup owns a 64 x 256 O tile (wgmma N = 256)");
 };
 
-// Named barriers (id 0 is __syncthreads). Each pairs one warpgroup's bar.arrive with the other's bar.sync.
+// Hand-offs between the two warpgroups inside a block pair. Each is an mbarrier with 128 arrivals (every
+// thread of the producing warpgroup arrives with release semantics, after its shared-memory writes AND its
+// last reads of what the other side will overwrite next); the consuming warpgroup waits on the pair's
+// parity. mbarriers give the release/acquire ordering explicitly, which plain bar.arrive pairs leave implicit.
+enum class Handoff : int {
+  kMax0Ready = 0,    // WG0 published m0 and a0 = 2^(m - m0) for the pair
+  kScale1Ready = 1,  // WG1 published a1 = 2^(m0 - m1) and m1, and stored P1 into K1's RoPE tile
+  kP0Ready = 2,      // WG0 stored P0 (rescaled to m1) into K0's RoPE tile
+  kCount = 3,
+};
+
+// Named barriers (id 0 is __syncthreads); only bar.sync is used, every participant waits.
 enum class NamedBarrier : int {
-  kMax0Ready = 1,   // WG0 published m0 and a0 = 2^(m - m0) for the pair           (WG0 arrive, WG1 sync)
-  kScale1Ready = 2, // WG1 published a1 = 2^(m0 - m1) and stored P1 to smem       (WG1 arrive, WG0 sync)
-  kP0Ready = 3,     // WG0 stored P0 (rescaled to m1) to smem                       (WG0 arrive, WG1 sync)
-  kWg0Local = 4,    // WG0 only: zero-filled V rows are visible to its wgmma
-  kWg1Local = 5,    // WG1 only: same for WG1
-  kRowSumReady = 6, // both: per-row partial sums exchanged in the epilogue
+  kWg0Local = 1,     // WG0 only: zero-filled V rows are visible to its wgmma
+  kWg1Local = 2,     // WG1 only: same for WG1
+  kRowSumReady = 3,  // both: per-row partial sums exchanged in the epilogue; K buffers free for staging
 };
 
 // Shared memory. Tiles are 1024-byte aligned for the 128B swizzle (TMA and wgmma agree on it).
@@ -60,6 +68,7 @@ struct alignas(1024) SharedStorage {
   float scale1[Config::kBlockM];  // a1 = 2^(m0 - m1)
   float row_sum[2][Config::kBlockM];
   alignas(8) uint64_t k_bar[2][Config::kNumTiles];  // one TMA completion barrier per 8 KB tile
+  uint64_t handoff[static_cast<int>(Handoff::kCount)];
 };
 
 static_assert(sizeof(SharedStorage::k) >= Config::kBlockM * Config::kStageF32Pitch * 4, "fp32 staging fits in K");

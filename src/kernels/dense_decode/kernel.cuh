@@ -274,6 +274,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     ptx::prefetch_tensormap(&k_map);
     for (int b = 0; b < 2; ++b)
       for (int t = 0; t < C::kNumTiles; ++t) ptx::mbarrier_init(&smem.k_bar[b][t], 1);
+    for (int h = 0; h < static_cast<int>(Handoff::kCount); ++h)
+      ptx::mbarrier_init(&smem.handoff[h], C::kWarpgroupThreads);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -294,6 +296,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // Issuing threads: one per warpgroup.
   const bool is_issuer = wg_tid == 0;
   uint32_t phase[2] = {0, 0};
+  uint32_t handoff_phase = 0;  // every hand-off barrier completes once per block pair
+  auto handoff_arrive = [&](Handoff h) { ptx::mbarrier_arrive(&smem.handoff[static_cast<int>(h)]); };
+  auto handoff_wait = [&](Handoff h) { ptx::mbarrier_wait_parity(&smem.handoff[static_cast<int>(h)], handoff_phase); };
 
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
     // ---------------------------------------------------------------- request prologue
@@ -391,7 +396,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
             smem.scale0[frag.row[i]] = a0[i];
           }
         }
-        ptx::named_barrier_arrive(static_cast<int>(NamedBarrier::kMax0Ready), C::kThreads);
+        handoff_arrive(Handoff::kMax0Ready);
         scale_rows(o, a0[0], a0[1]);
         to_a_fragments<kIsFp16>(s, pa);
         if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
@@ -400,7 +405,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, 0, C::kVTilesPerHalf, policy);
 
         // Step 4: wait for a1 and P1; rescale P0 to m1 and hand it to WG1.
-        ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kScale1Ready), C::kThreads);
+        handoff_wait(Handoff::kScale1Ready);
         float a1[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -416,7 +421,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           s[j * 4 + 3] *= a1[1];
         }
         store_p<kIsFp16>(s, smem.k[0][C::kRopeTile], frag);
-        ptx::named_barrier_arrive(static_cast<int>(NamedBarrier::kP0Ready), C::kThreads);
+        handoff_arrive(Handoff::kP0Ready);
 
         // Step 6: O_L = a1 O_L + P1 V1_L.
         scale_rows(o, a1[0], a1[1]);
@@ -439,7 +444,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           row_max(s, mx);
         }
         // Step 3: m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); O_R = a0 a1 O_R + P1 V1_R.
-        ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kMax0Ready), C::kThreads);
+        handoff_wait(Handoff::kMax0Ready);
         float m1[2], a01[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -458,7 +463,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           exponentiate(s, params.scale_log2, m1, sum);
           store_p<kIsFp16>(s, smem.k[1][C::kRopeTile], frag);
         }
-        ptx::named_barrier_arrive(static_cast<int>(NamedBarrier::kScale1Ready), C::kThreads);
+        handoff_arrive(Handoff::kScale1Ready);
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a01[i] + sum[i];
         scale_rows(o, a01[0], a01[1]);
@@ -472,7 +477,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
 
         // Step 5: O_R += P0 V0_R.
-        ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kP0Ready), C::kThreads);
+        handoff_wait(Handoff::kP0Ready);
         if (k0_partial) zero_tail_rows(smem.k[0][C::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
 #pragma unroll
         for (int t = C::kVTilesPerHalf; t < 2 * C::kVTilesPerHalf; ++t)
@@ -483,6 +488,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
       phase[0] ^= 1;
       if (has_k1) phase[1] ^= 1;
+      handoff_phase ^= 1;
     }
 
     // ---------------------------------------------------------------- epilogue
