@@ -186,16 +186,14 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
 
 
 def _dl(t):
-    """A torch tensor as a DLPack capsule for the binding; anything else as is.
+    """What the binding receives for a tensor: the tensor itself.
 
-    torch.utils.dlpack.to_dlpack is the direct exporter: Tensor.__dlpack__ (what the binding would call
-    otherwise) costs ~15 us per tensor in recent torch and, in some versions, synchronises with the
-    legacy default stream, which is slow and breaks CUDA-graph capture. Strides are preserved either way.
+    nanobind imports it through Tensor.__dlpack__(max_version=...) without a stream argument, so torch
+    inserts no cross-stream synchronisation (CUDA-graph capture is unaffected) and nanobind owns the capsule
+    for the duration of the call. Handing it raw capsules from torch.utils.dlpack.to_dlpack instead crashed
+    the interpreter when the C++ API rejected a call (seen on the GPU machine with Python 3.12), so the
+    per-tensor export cost (a few microseconds, invisible under CUDA graphs) is accepted.
     """
-    if is_torch_tensor(t):
-        from torch.utils.dlpack import to_dlpack
-
-        return to_dlpack(t)
     return t
 
 

@@ -42,10 +42,9 @@ struct Config {
 // last reads of what the other side will overwrite next); the consuming warpgroup waits on the pair's
 // parity. mbarriers give the release/acquire ordering explicitly, which plain bar.arrive pairs leave implicit.
 enum class Handoff : int {
-  kMax0Ready = 0,    // WG0 published m0 and a0 = 2^(m - m0) for the pair
+  kMax0Ready = 0,    // WG0 published m0, a0 = 2^(m - m0) and stored P0 (taken at m0) into K0's RoPE tile
   kScale1Ready = 1,  // WG1 published a1 = 2^(m0 - m1) and m1, and stored P1 into K1's RoPE tile
-  kP0Ready = 2,      // WG0 stored P0 (rescaled to m1) into K0's RoPE tile
-  kCount = 3,
+  kCount = 2,
 };
 
 // Named barriers (id 0 is __syncthreads); only bar.sync is used, every participant waits.
