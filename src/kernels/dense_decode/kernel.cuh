@@ -371,15 +371,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       uint32_t pa[4][4];
 
       if (wg == 0) {
-        // S0 = Q K0^T (tiles 0-3 may already be queued behind the previous PV1_L).
+        // Step 1: S0 = Q K0^T (tiles 0-3 may already be queued behind the previous PV1_L).
         if (!qk0_head_issued) issue_qk<kIsFp16, 0, C::kVTilesPerHalf, 0>(s, smem, 0, phase[0], true);
         issue_qk<kIsFp16, C::kVTilesPerHalf, C::kNumTiles, 0>(s, smem, 0, phase[0], false);
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::fence_registers(s);
         mask_logits(s, frag, tok0, border);
-        // Softmax of block 0: m0 = max(m, rowmax S0), a0 = 2^(m - m0), P0 = 2^(S0 - m0). P0 goes to K0's dead
-        // RoPE tile (taken at m0) for WG1's O_R += P0 V0_R, then the hand-off.
+        // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
         float mx[2], m0[2], a0[2], sum[2];
         row_max(s, mx);
 #pragma unroll
@@ -397,9 +396,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
             smem.scale0[frag.row[i]] = a0[i];
           }
         }
-        store_p<kIsFp16>(s, smem.k[0][C::kRopeTile], frag);
         handoff_arrive(Handoff::kMax0Ready);
-        // O_L = a0 O_L + P0 V0_L.
         scale_rows(o, a0[0], a0[1]);
         to_a_fragments<kIsFp16>(s, pa);
         if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
@@ -409,7 +406,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (has_next && is_issuer)
           load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, 0, C::kVTilesPerHalf, policy);
 
-        // Block 1 (softmax by WG1): O_L = a1 O_L + P1 V1_L.
+        // Step 4: wait for a1 and P1; rescale P0 to m1 and hand it to WG1.
         handoff_wait(Handoff::kScale1Ready);
         float a1[2];
 #pragma unroll
@@ -418,15 +415,25 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           m_run[i] = smem.max1[frag.row[i]];
           l_run[i] *= a1[i];
         }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          s[j * 4 + 0] *= a1[0];
+          s[j * 4 + 1] *= a1[0];
+          s[j * 4 + 2] *= a1[1];
+          s[j * 4 + 3] *= a1[1];
+        }
+        store_p<kIsFp16>(s, smem.k[0][C::kRopeTile], frag);
+        handoff_arrive(Handoff::kP0Ready);
+
+        // Step 6: O_L = a1 O_L + P1 V1_L, with the next QK^T over K0 tiles 0-3 queued behind it.
         scale_rows(o, a1[0], a1[1]);
         qk0_head_issued = false;
         if (has_k1) {
           if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
 #pragma unroll
           for (int t = 0; t < C::kVTilesPerHalf; ++t) ptx::mbarrier_wait_parity(&smem.k_bar[1][t], phase[1]);
-          issue_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
+          issue_pv_ss<kIsFp16>(o, smem.p1, smem.k[1][0]);
           if (has_next) {
-            // Queue the next QK^T over K0 tiles 0-3 (refilled right after PV0_L) behind PV1_L.
             issue_qk<kIsFp16, 0, C::kVTilesPerHalf, 0>(s, smem, 0, phase[0] ^ 1, true);
             ptx::wgmma_commit();
             qk0_head_issued = true;
@@ -435,43 +442,33 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
             ptx::wgmma_wait<0>();
           }
           ptx::fence_registers(o);
-          if (next_has_k1 && is_issuer) {
+          if (next_has_k1 && is_issuer)
             load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, 0, C::kVTilesPerHalf, policy);
-            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
-          }
         }
       } else {
-        // S1 = Q K1^T, tiles 4-7 first (refilled first), then the RoPE tile and tiles 0-3.
+        // Step 1: S1 = Q K1^T, tiles 4-8 first (refilled first), then tiles 0-3.
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
           issue_qk<kIsFp16, 0, C::kNumTiles, C::kVTilesPerHalf>(s, smem, 1, phase[1], true);
           ptx::wgmma_commit();
           ptx::wgmma_wait<0>();
           ptx::fence_registers(s);
+          // K1's RoPE tile is dead now (P1 has its own buffer): refill it at once.
+          if (next_has_k1 && is_issuer)
+            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
           mask_logits(s, frag, tok1, border);
           row_max(s, mx);
         }
-        // O_R = a0 O_R + P0 V0_R, issued before this warpgroup's own softmax so K0 frees early.
+        // Step 3: m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); O_R = a0 a1 O_R + P1 V1_R.
         handoff_wait(Handoff::kMax0Ready);
-        float m0[2], a0[2];
+        float a01[2], a1[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          m0[i] = smem.max0[frag.row[i]];
-          a0[i] = smem.scale0[frag.row[i]];
-          l_run[i] *= a0[i];
-        }
-        scale_rows(o, a0[0], a0[1]);
-        if (k0_partial) zero_tail_rows(smem.k[0][C::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
-#pragma unroll
-        for (int t = C::kVTilesPerHalf; t < 2 * C::kVTilesPerHalf; ++t)
-          ptx::mbarrier_wait_parity(&smem.k_bar[0][t], phase[0]);
-        issue_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
-        // Softmax of block 1 against m0: m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1), P1 = 2^(S1 - m1).
-        float a1[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          m_run[i] = fmaxf(m0[i], mx[i] * params.scale_log2);
-          a1[i] = ptx::exp2_approx(m0[i] - m_run[i]);
+          const float m0 = smem.max0[frag.row[i]];
+          const float a0 = smem.scale0[frag.row[i]];
+          m_run[i] = fmaxf(m0, mx[i] * params.scale_log2);
+          a1[i] = ptx::exp2_approx(m0 - m_run[i]);
+          a01[i] = a0 * a1[i];
           if (lane % 4 == 0) {
             smem.scale1[frag.row[i]] = a1[i];
             smem.max1[frag.row[i]] = m_run[i];
@@ -479,17 +476,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
         if (has_k1) {
           exponentiate(s, params.scale_log2, m_run, sum);
-          store_p<kIsFp16>(s, smem.k[1][C::kRopeTile], frag);
+          store_p<kIsFp16>(s, smem.p1, frag);
         }
         handoff_arrive(Handoff::kScale1Ready);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a1[i] + sum[i];
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(o);
-        if (has_next && is_issuer)
-          load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
-        // O_R = a1 O_R + P1 V1_R.
-        scale_rows(o, a1[0], a1[1]);
+        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a01[i] + sum[i];
+        scale_rows(o, a01[0], a01[1]);
         if (has_k1) {
           to_a_fragments<kIsFp16>(s, pa);
           if (k1_partial) zero_tail_rows(smem.k[1][C::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
@@ -500,6 +492,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
             load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
                           policy);
         }
+
+        // Step 5: O_R += P0 V0_R.
+        handoff_wait(Handoff::kP0Ready);
+        if (k0_partial) zero_tail_rows(smem.k[0][C::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
+#pragma unroll
+        for (int t = C::kVTilesPerHalf; t < 2 * C::kVTilesPerHalf; ++t)
+          ptx::mbarrier_wait_parity(&smem.k_bar[0][t], phase[0]);
+        issue_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(o);
+        if (has_next && is_issuer)
+          load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
       }
       phase[0] ^= 1;
       if (has_k1) phase[1] ^= 1;
