@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include "api/decode_internal.h"
@@ -33,7 +32,7 @@ Status invalid(const std::string& msg) { return Status::invalid_argument(msg); }
 
 template <typename T>
 std::string field_message(const char* field, T value, const std::string& requirement) {
-  std::ostringstream os;
+  detail::MessageStream os;
   os << "argument 'problem." << field << "' is " << value << "; " << requirement;
   return os.str();
 }
@@ -66,7 +65,7 @@ Status check_schedule_tensors(const DecodeSchedule& schedule, int64_t batch) {
 
 Status check_schedule_parts(const DecodeSchedule& schedule, int num_sm_parts) {
   if (schedule.metadata.shape[0] != num_sm_parts) {
-    std::ostringstream os;
+    detail::MessageStream os;
     os << "argument 'schedule.metadata' has " << schedule.metadata.shape[0] << " partition records, but this problem "
        << "uses num_sm_parts = " << num_sm_parts << "; size it with get_decode_workspace_sizes() for the same "
        << "problem (same h_q, h_kv, s_q, sparse and num_sms)";
@@ -91,7 +90,7 @@ Status check_current_device(int device_id, const char* tensor_name) {
   int current = -1;
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current), "cudaGetDevice");
   if (current != device_id) {
-    std::ostringstream os;
+    detail::MessageStream os;
     os << "argument '" << tensor_name << "' is on cuda:" << device_id << " but the current device is cuda:" << current
        << "; call cudaSetDevice(" << device_id << ") first (the stream must belong to that device)";
     return invalid(os.str());
@@ -107,7 +106,7 @@ Status validate_decode_problem(const DecodeProblem& p) {
   if (p.h_q < 1 || p.h_q > kInt32Max) return invalid(field_message("h_q", p.h_q, "expected h_q >= 1"));
   if (p.h_kv < 1 || p.h_kv > p.h_q) return invalid(field_message("h_kv", p.h_kv, "expected 1 <= h_kv <= h_q"));
   if (p.h_q % p.h_kv != 0) {
-    std::ostringstream os;
+    detail::MessageStream os;
     os << "argument 'problem.h_q' (" << p.h_q << ") must be a multiple of 'problem.h_kv' (" << p.h_kv << ")";
     return invalid(os.str());
   }
@@ -243,7 +242,7 @@ Status validate_dense_decode(const DecodeProblem& problem, const DenseDecodeArgs
   for (const auto& [t, name] : others) OPENMLA_RETURN_IF_ERROR(check_same_device(q, "q", *t, name));
 
   if (!std::isfinite(args.softmax_scale)) {
-    std::ostringstream os;
+    detail::MessageStream os;
     os << "argument 'softmax_scale' is " << args.softmax_scale << "; expected a finite value (0: d_qk ** -0.5)";
     return invalid(os.str());
   }
@@ -259,7 +258,7 @@ Status validate_dense_decode(const DecodeProblem& problem, const DenseDecodeArgs
                    " rows, more than the kernels' 32-bit row index allows; reduce batch, s_q or h_q");
   for (const auto& [t, name] : {std::pair{&po, "split.partial_o"}, std::pair{&pl, "split.partial_lse"}}) {
     if (t->shape[0] < needed_rows) {
-      std::ostringstream os;
+      detail::MessageStream os;
       os << "argument '" << name << "' has " << t->shape[0] << " rows, but this problem needs at least "
          << needed_rows << " ((batch + num_sm_parts) * s_q * h_q with num_sm_parts = " << *num_sm_parts
          << "); size it with get_decode_workspace_sizes()";

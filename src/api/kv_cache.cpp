@@ -4,7 +4,6 @@
 // keeps them testable without a GPU). Nothing here touches CUDA before the launch.
 #include "openmla/kv_cache.h"
 
-#include <sstream>
 #include <string>
 
 #include "api/validate.h"
@@ -102,21 +101,21 @@ Status check_fp8_pages(const TensorRef& t, const char* name, KVCacheFormat forma
   OPENMLA_RETURN_IF_ERROR(detail::check_last_dim_contiguous(t, name));
   const int64_t num_blocks = t.shape[0], page_size = t.shape[1];
   if (page_size > 1 && t.stride[1] != bpt) {
-    std::ostringstream os;
+    detail::MessageStream os;
     os << quoted(name) << " must store the tokens of a page " << bpt << " bytes apart (stride(1) == " << bpt << " for "
        << kv_cache_format_name(format) << "), got strides " << stride_string(t);
     return Status::invalid_argument(os.str());
   }
   if (num_blocks > 1) {
     if (t.stride[0] % kVectorBytes != 0) {
-      std::ostringstream os;
+      detail::MessageStream os;
       os << quoted(name) << " has page stride " << t.stride[0]
          << " bytes (stride(0)), which must be a multiple of 16 bytes (16-byte vector access); strides "
          << stride_string(t);
       return Status::invalid_argument(os.str());
     }
     if (t.stride[0] < page_size * bpt) {
-      std::ostringstream os;
+      detail::MessageStream os;
       os << quoted(name) << " has page stride " << t.stride[0] << " bytes (stride(0)), smaller than a page of "
          << page_size << " tokens x " << bpt << " bytes = " << page_size * bpt << "; pages would overlap";
       return Status::invalid_argument(os.str());
@@ -129,7 +128,7 @@ Status check_same_pages(const TensorRef& a, const char* a_name, const TensorRef&
   const char* what[2] = {"num_blocks", "page_size"};
   for (int d = 0; d < 2; ++d) {
     if (a.shape[d] != b.shape[d]) {
-      std::ostringstream os;
+      detail::MessageStream os;
       os << quoted(b_name) << " has " << what[d] << " = " << b.shape[d] << " (dimension " << d << ") but "
          << quoted(a_name) << " has " << what[d] << " = " << a.shape[d] << "; shapes " << shape_string(b) << " and "
          << shape_string(a);
@@ -141,7 +140,7 @@ Status check_same_pages(const TensorRef& a, const char* a_name, const TensorRef&
 
 Status check_token_count(const TensorRef& cache, const char* name) {
   if (cache.shape[0] * cache.shape[1] > kMaxTokens) {
-    std::ostringstream os;
+    detail::MessageStream os;
     os << quoted(name) << " holds " << cache.shape[0] * cache.shape[1]
        << " tokens (num_blocks * page_size); at most 2^31 - 1 are supported";
     return Status::invalid_argument(os.str());

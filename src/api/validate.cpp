@@ -1,12 +1,11 @@
 #include "api/validate.h"
 
-#include <sstream>
 
 namespace openmla::detail {
 
 namespace {
 std::string join_dims(const int64_t* v, int n) {
-  std::ostringstream os;
+  MessageStream os;
   os << "(";
   for (int i = 0; i < n; ++i) os << (i ? ", " : "") << v[i];
   if (n == 1) os << ",";
@@ -33,7 +32,7 @@ Status check_on_cuda(const TensorRef& t, const char* name) {
 
 Status check_same_device(const TensorRef& a, const char* a_name, const TensorRef& b, const char* b_name) {
   if (a.device != b.device || a.device_id != b.device_id) {
-    std::ostringstream os;
+    MessageStream os;
     os << quoted(b_name) << " is on " << (b.device == DeviceType::kCUDA ? "cuda:" : "cpu:") << b.device_id
        << " but " << quoted(a_name) << " is on " << (a.device == DeviceType::kCUDA ? "cuda:" : "cpu:")
        << a.device_id << "; all tensors must be on the same device";
@@ -45,7 +44,7 @@ Status check_same_device(const TensorRef& a, const char* a_name, const TensorRef
 Status check_dtype(const TensorRef& t, const char* name, std::initializer_list<DType> allowed) {
   for (DType d : allowed)
     if (t.dtype == d) return Status::ok();
-  std::ostringstream os;
+  MessageStream os;
   os << quoted(name) << " has dtype " << dtype_name(t.dtype) << ", expected ";
   int i = 0;
   for (DType d : allowed) os << (i++ ? " or " : "") << dtype_name(d);
@@ -54,7 +53,7 @@ Status check_dtype(const TensorRef& t, const char* name, std::initializer_list<D
 
 Status check_ndim(const TensorRef& t, const char* name, int ndim) {
   if (t.ndim != ndim) {
-    std::ostringstream os;
+    MessageStream os;
     os << quoted(name) << " must have " << ndim << " dimensions, got shape " << shape_string(t);
     return Status::invalid_argument(os.str());
   }
@@ -64,7 +63,7 @@ Status check_ndim(const TensorRef& t, const char* name, int ndim) {
 Status check_dim(const TensorRef& t, const char* name, int dim, int64_t expected, const char* what) {
   int d = dim < 0 ? dim + t.ndim : dim;
   if (t.shape[d] != expected) {
-    std::ostringstream os;
+    MessageStream os;
     os << quoted(name) << " has size " << t.shape[d] << " in dimension " << d;
     if (what) os << " (" << what << ")";
     os << ", expected " << expected << "; shape " << shape_string(t);
@@ -75,7 +74,7 @@ Status check_dim(const TensorRef& t, const char* name, int dim, int64_t expected
 
 Status check_last_dim_contiguous(const TensorRef& t, const char* name) {
   if (t.ndim > 0 && t.shape[t.ndim - 1] > 1 && t.stride[t.ndim - 1] != 1) {
-    std::ostringstream os;
+    MessageStream os;
     os << quoted(name) << " must be contiguous in its last dimension, got strides " << stride_string(t);
     return Status::invalid_argument(os.str());
   }
@@ -84,7 +83,7 @@ Status check_last_dim_contiguous(const TensorRef& t, const char* name) {
 
 Status check_contiguous(const TensorRef& t, const char* name) {
   if (!t.is_contiguous()) {
-    std::ostringstream os;
+    MessageStream os;
     os << quoted(name) << " must be contiguous, got shape " << shape_string(t) << " with strides "
        << stride_string(t);
     return Status::invalid_argument(os.str());
@@ -95,7 +94,7 @@ Status check_contiguous(const TensorRef& t, const char* name) {
 Status check_strides_multiple(const TensorRef& t, const char* name, int64_t elems, const char* why) {
   for (int i = 0; i + 1 < t.ndim; ++i) {
     if (t.shape[i] > 1 && t.stride[i] % elems != 0) {
-      std::ostringstream os;
+      MessageStream os;
       os << quoted(name) << " has stride " << t.stride[i] << " in dimension " << i << ", which must be a multiple of "
          << elems << " elements (" << elems * static_cast<int64_t>(t.element_size()) << " bytes; " << why
          << "); strides " << stride_string(t);
@@ -107,7 +106,7 @@ Status check_strides_multiple(const TensorRef& t, const char* name, int64_t elem
 
 Status check_pointer_aligned(const TensorRef& t, const char* name, int64_t bytes) {
   if (reinterpret_cast<uintptr_t>(t.data) % static_cast<uintptr_t>(bytes) != 0) {
-    std::ostringstream os;
+    MessageStream os;
     os << quoted(name) << " data pointer must be " << bytes << "-byte aligned";
     return Status::invalid_argument(os.str());
   }
@@ -118,7 +117,7 @@ Status check_fits_int32(const TensorRef& t, const char* name) {
   constexpr int64_t kMax = 2147483647;
   for (int i = 0; i < t.ndim; ++i) {
     if (t.shape[i] > kMax || t.stride[i] > kMax || t.stride[i] < -kMax) {
-      std::ostringstream os;
+      MessageStream os;
       os << quoted(name) << " has a size or stride that does not fit in int32: shape " << shape_string(t)
          << ", strides " << stride_string(t);
       return Status::invalid_argument(os.str());
@@ -129,7 +128,7 @@ Status check_fits_int32(const TensorRef& t, const char* name) {
 
 Status cuda_status(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::ok();
-  std::ostringstream os;
+  MessageStream os;
   os << what << ": CUDA error " << cudaGetErrorName(err) << " (" << cudaGetErrorString(err) << ")";
   return Status::cuda_error(os.str());
 }

@@ -4,13 +4,39 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "openmla/status.h"
 #include "openmla/types.h"
 
 namespace openmla::detail {
+
+// Builds error messages with `<<` but without iostreams: std::ostringstream formats numbers through the
+// process-wide locale, and inside a Python process whose other extensions (torch) bring their own
+// libstdc++ the locale facets can belong to a different library build — seen crashing on the GPU machine.
+class MessageStream {
+ public:
+  MessageStream& operator<<(const std::string& v) { text_ += v; return *this; }
+  MessageStream& operator<<(const char* v) { text_ += v; return *this; }
+  MessageStream& operator<<(char v) { text_ += v; return *this; }
+  MessageStream& operator<<(bool v) { text_ += v ? "true" : "false"; return *this; }
+  template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+  MessageStream& operator<<(T v) { text_ += std::to_string(v); return *this; }
+  template <class T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
+  MessageStream& operator<<(T v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(v));
+    text_ += buf;
+    return *this;
+  }
+  const std::string& str() const { return text_; }
+
+ private:
+  std::string text_;
+};
 
 std::string shape_string(const TensorRef& t);
 std::string stride_string(const TensorRef& t);

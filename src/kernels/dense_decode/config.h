@@ -42,8 +42,8 @@ struct Config {
 // last reads of what the other side will overwrite next); the consuming warpgroup waits on the pair's
 // parity. mbarriers give the release/acquire ordering explicitly, which plain bar.arrive pairs leave implicit.
 enum class Handoff : int {
-  kMax0Ready = 0,    // WG0 published m0 and a0 = 2^(m - m0)
-  kScale1Ready = 1,  // WG1 published a1 = 2^(m0 - m1) and m1, and stored P1 into `p1`
+  kMax0Ready = 0,    // WG0 published m0 and a0 = 2^(m - m0) for the pair
+  kScale1Ready = 1,  // WG1 published a1 = 2^(m0 - m1) and m1, and stored P1 into K1's RoPE tile
   kP0Ready = 2,      // WG0 stored P0 (rescaled to m1) into K0's RoPE tile
   kCount = 3,
 };
@@ -58,13 +58,10 @@ enum class NamedBarrier : int {
 // Shared memory. Tiles are 1024-byte aligned for the 128B swizzle (TMA and wgmma agree on it).
 struct alignas(1024) SharedStorage {
   alignas(1024) uint8_t q[Config::kNumTiles][Config::kTileBytes];  // Q tile, 64 x 576, K-major swizzled
-  // Two KV blocks (K0 = even, K1 = odd block of a pair), 64 x 576 each. K0's RoPE tile is dead after its
-  // QK^T and doubles as the P0 buffer WG1 reads. After a request's main loop the whole area is the output
-  // staging buffer.
+  // Two KV blocks (K0 = even, K1 = odd block of a pair), 64 x 576 each. The RoPE tile of each buffer is
+  // dead after its QK^T and doubles as the P buffer the other warpgroup reads (P0 in K0, P1 in K1).
+  // After a request's main loop the whole area is the output staging buffer.
   alignas(1024) uint8_t k[2][Config::kNumTiles][Config::kTileBytes];
-  // P1 for WG0's O_L += P1 V1_L. Its own buffer (not K1's RoPE tile) so WG1 can refill K1's RoPE tile right
-  // after its QK^T instead of at the end of the pair.
-  alignas(1024) uint8_t p1[Config::kTileBytes];
   float max0[Config::kBlockM];    // m0 of the current pair (scaled base-2 units)
   float scale0[Config::kBlockM];  // a0 = 2^(m_prev - m0)
   float max1[Config::kBlockM];    // m1

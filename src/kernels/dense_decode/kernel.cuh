@@ -108,22 +108,24 @@ __device__ __forceinline__ float quad_sum(float v) {
 // ---------------------------------------------------------------------------------------------------
 // Building blocks of the pair step
 // ---------------------------------------------------------------------------------------------------
-// Issues S (+)= Q K^T over tiles [kBegin, kEnd) of one KV buffer (tile index rotated by kRotate), waiting
-// tile by tile so the GEMM starts on the first arrival. The caller commits and waits; splitting the range
-// lets a warpgroup queue the part whose data is already there behind its previous GEMM.
-template <bool kIsFp16, int kBegin, int kEnd, int kRotate>
-__device__ __forceinline__ void issue_qk(float (&s)[32], SharedStorage& smem, int buf, uint32_t phase, bool zero_init) {
+// S = Q K^T over the 9 tiles of one KV buffer, waiting tile by tile so the GEMM starts on the first
+// arrival. `kFirstTile` rotates the order (WG1 starts with the tiles refilled first).
+template <bool kIsFp16, int kFirstTile>
+__device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int buf, uint32_t phase) {
   ptx::wgmma_fence();
 #pragma unroll
-  for (int i = kBegin; i < kEnd; ++i) {
-    const int t = (i + kRotate) % C::kNumTiles;
+  for (int i = 0; i < C::kNumTiles; ++i) {
+    const int t = (i + kFirstTile) % C::kNumTiles;
     ptx::mbarrier_wait_parity(&smem.k_bar[buf][t], phase);
 #pragma unroll
     for (int kk = 0; kk < C::kTileCols / 16; ++kk) {
       Element<kIsFp16>::template mma_qk<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
-                                           (zero_init && i == kBegin && kk == 0) ? 0 : 1);
+                                           (i | kk) != 0);
     }
   }
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  ptx::fence_registers(s);
 }
 
 // Logits of keys at or beyond a row's border (exclusive key index) become -inf. Overwrite, never add:
@@ -201,24 +203,27 @@ __device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, con
   ptx::fence_proxy_async_shared();
 }
 
-// Issues O_half += P V_half over 64 tokens (one commit group): P from registers, V = 4 tiles of one buffer
-// viewed MN-major. The caller waits.
+// O_half += P V_half over 64 tokens: P from registers, V = 4 tiles of one buffer viewed MN-major.
 template <bool kIsFp16>
-__device__ __forceinline__ void issue_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], const uint8_t* v_tiles) {
+__device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], const uint8_t* v_tiles) {
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) Element<kIsFp16>::mma_pv_rs(o, p[kk], desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
   ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  ptx::fence_registers(o);
 }
 
-// Issues O_half += P V_half with P read from shared memory (written by the other warpgroup).
+// O_half += P V_half with P read from shared memory (written by the other warpgroup).
 template <bool kIsFp16>
-__device__ __forceinline__ void issue_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
+__device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
     Element<kIsFp16>::mma_pv_ss(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
   ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  ptx::fence_registers(o);
 }
 
 // Rows past the sequence end inside a partial block may hold NaN; 0 * NaN would poison P V. Zero them in
@@ -358,7 +363,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     float l_run[2] = {0.f, 0.f};                   // this thread's partial row sums, relative to m_run
 
     // ---------------------------------------------------------------- main loop over block pairs
-    bool qk0_head_issued = false;  // WG0 queued the next pair's QK^T over K0 tiles 0-3 behind its PV1_L
     for (int blk0 = blk_begin; blk0 < blk_end; blk0 += 2) {
       const int blk1 = blk0 + 1;
       const bool has_k1 = blk1 < blk_end;
@@ -371,12 +375,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       uint32_t pa[4][4];
 
       if (wg == 0) {
-        // Step 1: S0 = Q K0^T (tiles 0-3 may already be queued behind the previous PV1_L).
-        if (!qk0_head_issued) issue_qk<kIsFp16, 0, C::kVTilesPerHalf, 0>(s, smem, 0, phase[0], true);
-        issue_qk<kIsFp16, C::kVTilesPerHalf, C::kNumTiles, 0>(s, smem, 0, phase[0], false);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(s);
+        // Step 1: S0 = Q K0^T.
+        gemm_qk<kIsFp16, 0>(s, smem, 0, phase[0]);
         mask_logits(s, frag, tok0, border);
         // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
         float mx[2], m0[2], a0[2], sum[2];
@@ -400,9 +400,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         scale_rows(o, a0[0], a0[1]);
         to_a_fragments<kIsFp16>(s, pa);
         if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
-        issue_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(o);
+        gemm_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
         if (has_next && is_issuer)
           load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, 0, C::kVTilesPerHalf, policy);
 
@@ -425,58 +423,45 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         store_p<kIsFp16>(s, smem.k[0][C::kRopeTile], frag);
         handoff_arrive(Handoff::kP0Ready);
 
-        // Step 6: O_L = a1 O_L + P1 V1_L, with the next QK^T over K0 tiles 0-3 queued behind it.
+        // Step 6: O_L = a1 O_L + P1 V1_L.
         scale_rows(o, a1[0], a1[1]);
-        qk0_head_issued = false;
         if (has_k1) {
           if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
 #pragma unroll
           for (int t = 0; t < C::kVTilesPerHalf; ++t) ptx::mbarrier_wait_parity(&smem.k_bar[1][t], phase[1]);
-          issue_pv_ss<kIsFp16>(o, smem.p1, smem.k[1][0]);
-          if (has_next) {
-            issue_qk<kIsFp16, 0, C::kVTilesPerHalf, 0>(s, smem, 0, phase[0] ^ 1, true);
-            ptx::wgmma_commit();
-            qk0_head_issued = true;
-            ptx::wgmma_wait<1>();
-          } else {
-            ptx::wgmma_wait<0>();
-          }
-          ptx::fence_registers(o);
-          if (next_has_k1 && is_issuer)
+          gemm_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
+          if (next_has_k1 && is_issuer) {
             load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, 0, C::kVTilesPerHalf, policy);
+            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
+          }
         }
       } else {
-        // Step 1: S1 = Q K1^T, tiles 4-8 first (refilled first), then tiles 0-3.
+        // Step 1: S1 = Q K1^T, starting with the tiles WG1 itself refilled first.
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
-          issue_qk<kIsFp16, 0, C::kNumTiles, C::kVTilesPerHalf>(s, smem, 1, phase[1], true);
-          ptx::wgmma_commit();
-          ptx::wgmma_wait<0>();
-          ptx::fence_registers(s);
-          // K1's RoPE tile is dead now (P1 has its own buffer): refill it at once.
-          if (next_has_k1 && is_issuer)
-            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
+          gemm_qk<kIsFp16, C::kVTilesPerHalf>(s, smem, 1, phase[1]);
           mask_logits(s, frag, tok1, border);
           row_max(s, mx);
         }
         // Step 3: m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); O_R = a0 a1 O_R + P1 V1_R.
         handoff_wait(Handoff::kMax0Ready);
-        float a01[2], a1[2], sum[2] = {0.f, 0.f};
+        float m1[2], a01[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const float m0 = smem.max0[frag.row[i]];
           const float a0 = smem.scale0[frag.row[i]];
-          m_run[i] = fmaxf(m0, mx[i] * params.scale_log2);
-          a1[i] = ptx::exp2_approx(m0 - m_run[i]);
-          a01[i] = a0 * a1[i];
+          m1[i] = fmaxf(m0, mx[i] * params.scale_log2);
+          const float a1 = ptx::exp2_approx(m0 - m1[i]);
+          a01[i] = a0 * a1;
+          m_run[i] = m1[i];
           if (lane % 4 == 0) {
-            smem.scale1[frag.row[i]] = a1[i];
-            smem.max1[frag.row[i]] = m_run[i];
+            smem.scale1[frag.row[i]] = a1;
+            smem.max1[frag.row[i]] = m1[i];
           }
         }
         if (has_k1) {
-          exponentiate(s, params.scale_log2, m_run, sum);
-          store_p<kIsFp16>(s, smem.p1, frag);
+          exponentiate(s, params.scale_log2, m1, sum);
+          store_p<kIsFp16>(s, smem.k[1][C::kRopeTile], frag);
         }
         handoff_arrive(Handoff::kScale1Ready);
 #pragma unroll
@@ -485,9 +470,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (has_k1) {
           to_a_fragments<kIsFp16>(s, pa);
           if (k1_partial) zero_tail_rows(smem.k[1][C::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
-          issue_pv_rs<kIsFp16>(o, pa, smem.k[1][C::kVTilesPerHalf]);
-          ptx::wgmma_wait<0>();
-          ptx::fence_registers(o);
+          gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][C::kVTilesPerHalf]);
           if (next_has_k1 && is_issuer)
             load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
                           policy);
@@ -499,9 +482,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 #pragma unroll
         for (int t = C::kVTilesPerHalf; t < 2 * C::kVTilesPerHalf; ++t)
           ptx::mbarrier_wait_parity(&smem.k_bar[0][t], phase[0]);
-        issue_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(o);
+        gemm_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
         if (has_next && is_issuer)
           load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
       }
