@@ -50,7 +50,7 @@ def quantize_kv_cache(kv_bf16, format: str = "v32", out=None, page_stride_bytes:
         format: ``"v32"`` or ``"model1"``.
         out: optional ``(num_blocks, page_size, 1, bytes_per_token)`` uint8 / int8 / float8_e4m3fn tensor to write.
         page_stride_bytes: when ``out`` is None, the page stride of the allocated cache (a multiple of 16,
-            >= page_size * bytes_per_token; default: contiguous pages).
+            >= page_size * bytes_per_token; default: packed pages, each rounded up to 16 bytes).
 
     Returns:
         The FP8 cache (``out``, or a new uint8 tensor on kv_bf16's device).
@@ -131,7 +131,9 @@ def _device_of(tensor):
 
 def _new_cache(kv_bf16, num_blocks: int, page_size: int, format: str, page_stride_bytes: int | None):
     bpt = bytes_per_token(format)
-    stride = page_size * bpt if page_stride_bytes is None else int(page_stride_bytes)
+    # Default: pages packed back to back, each rounded up to the 16-byte alignment the kernels need (MODEL1's
+    # 584-byte tokens make page_size * 584 a non-multiple of 16 for odd page sizes).
+    stride = -(-page_size * bpt // 16) * 16 if page_stride_bytes is None else int(page_stride_bytes)
     if stride < page_size * bpt or stride % 16 != 0:
         raise ValueError(f"argument 'page_stride_bytes' is {stride}; it must be a multiple of 16 and at least "
                          f"page_size * bytes_per_token = {page_size} * {bpt} = {page_size * bpt}")

@@ -248,9 +248,13 @@ def test_gpu_allocating_paths_and_fp8_dtype(fmt):
     assert cache.dtype == torch.uint8 and cache.shape == (4, 69, 1, bpt) and cache.stride(1) == bpt
     got = torch.as_strided(cache, (4, 69 * bpt), (cache.stride(0), 1)).cpu().numpy()
     np.testing.assert_array_equal(got, want)
-    fp8 = torch.empty((4, 69, 1, bpt), dtype=torch.float8_e4m3fn, device="cuda")
+    # A float8_e4m3fn cache with pages 16-byte aligned (69 * 584 is not a multiple of 16: MODEL1 pads).
+    page_stride = -(-69 * bpt // 16) * 16
+    fp8 = torch.empty((4, page_stride), dtype=torch.float8_e4m3fn, device="cuda").as_strided(
+        (4, 69, 1, bpt), (page_stride, bpt, bpt, 1))
     kc.quantize_kv_cache(src, fmt, out=fp8)
-    np.testing.assert_array_equal(fp8.view(torch.uint8).reshape(4, -1).cpu().numpy(), want)
+    fp8_bytes = torch.as_strided(fp8.view(torch.uint8), (4, 69 * bpt), (page_stride, 1))
+    np.testing.assert_array_equal(fp8_bytes.cpu().numpy(), want)
     back = kc.dequantize_kv_cache(fp8, fmt)
     assert back.dtype == torch.bfloat16 and back.shape == (4, 69, 1, d)
     np.testing.assert_array_equal(_bits(torch, back),
