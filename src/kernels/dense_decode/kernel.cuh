@@ -290,7 +290,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     return;
   }
 
-  const uint64_t policy = ptx::make_l2_evict_first_policy();
+  // EXPERIMENT (perf-notes v4): L2 policy of the KV loads, selected by params.kv_l2_policy.
+  const uint64_t policy = params.kv_l2_policy == 0   ? ptx::make_l2_evict_first_policy()
+                          : params.kv_l2_policy == 1 ? ptx::make_l2_evict_last_policy()
+                                                     : ptx::make_l2_evict_normal_policy();
   const int R = params.rows_per_kv_head;
   const int row_base = m_block * C::kBlockM;
   // Issuing threads: one per warpgroup.

@@ -5,6 +5,8 @@
 #include "api/validate.h"
 #include "common/tensor_map.h"
 
+#include <cstdlib>
+
 namespace openmla::kernels {
 
 namespace {
@@ -44,7 +46,13 @@ Status launch_typed(const DenseDecodeParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream) {
+Status launch_dense_decode(const DenseDecodeParams& params_in, cudaStream_t stream) {
+  DenseDecodeParams params = params_in;
+  static const int policy = [] {
+    const char* e = std::getenv("OPENMLA_DD_L2_POLICY");
+    return e ? std::atoi(e) : 0;
+  }();
+  params.kv_l2_policy = policy;
   return params.is_fp16 ? launch_typed<true>(params, stream) : launch_typed<false>(params, stream);
 }
 
