@@ -51,7 +51,7 @@ struct DenseDecodeParams {
   float* partial_o;
   float* partial_lse;
 
-  int kv_l2_policy;  // EXPERIMENT: 0 evict_first, 1 evict_last, 2 evict_normal (env OPENMLA_DD_L2_POLICY)
+  int experiment;  // EXPERIMENT: 1 = wait for all 9 tiles before issuing QK^T (env OPENMLA_DD_EXPERIMENT)
 
   const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
   const int32_t* num_splits;             // (b + 1,) exclusive prefix sum of splits per request
