@@ -110,17 +110,13 @@ __device__ __forceinline__ float quad_sum(float v) {
 // ---------------------------------------------------------------------------------------------------
 // S = Q K^T over the 9 tiles of one KV buffer, waiting tile by tile so the GEMM starts on the first
 // arrival. `kFirstTile` rotates the order (WG1 starts with the tiles refilled first).
-template <bool kIsFp16, int kFirstTile, bool kWaitAll>
+template <bool kIsFp16, int kFirstTile>
 __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int buf, uint32_t phase) {
-  if constexpr (kWaitAll) {
-#pragma unroll
-    for (int t = 0; t < C::kNumTiles; ++t) ptx::mbarrier_wait_parity(&smem.k_bar[buf][t], phase);
-  }
   ptx::wgmma_fence();
 #pragma unroll
   for (int i = 0; i < C::kNumTiles; ++i) {
     const int t = (i + kFirstTile) % C::kNumTiles;
-    if constexpr (!kWaitAll) ptx::mbarrier_wait_parity(&smem.k_bar[buf][t], phase);
+    ptx::mbarrier_wait_parity(&smem.k_bar[buf][t], phase);
 #pragma unroll
     for (int kk = 0; kk < C::kTileCols / 16; ++kk) {
       Element<kIsFp16>::template mma_qk<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
@@ -258,7 +254,7 @@ __device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtenso
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
-template <bool kIsFp16, bool kWaitAll>
+template <bool kIsFp16>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map) {
   extern __shared__ uint8_t smem_raw[];
@@ -294,7 +290,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     return;
   }
 
-  const uint64_t policy = ptx::make_l2_evict_first_policy();  // evict_last/normal measured no better (perf-notes)
+  const uint64_t policy = ptx::make_l2_evict_first_policy();
   const int R = params.rows_per_kv_head;
   const int row_base = m_block * C::kBlockM;
   // Issuing threads: one per warpgroup.
@@ -380,7 +376,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
       if (wg == 0) {
         // Step 1: S0 = Q K0^T.
-        gemm_qk<kIsFp16, 0, kWaitAll>(s, smem, 0, phase[0]);
+        gemm_qk<kIsFp16, 0>(s, smem, 0, phase[0]);
         mask_logits(s, frag, tok0, border);
         // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
         float mx[2], m0[2], a0[2], sum[2];
@@ -443,7 +439,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         // Step 1: S1 = Q K1^T, starting with the tiles WG1 itself refilled first.
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
-          gemm_qk<kIsFp16, C::kVTilesPerHalf, kWaitAll>(s, smem, 1, phase[1]);
+          gemm_qk<kIsFp16, C::kVTilesPerHalf>(s, smem, 1, phase[1]);
           mask_logits(s, frag, tok1, border);
           row_max(s, mx);
         }

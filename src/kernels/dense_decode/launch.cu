@@ -5,13 +5,11 @@
 #include "api/validate.h"
 #include "common/tensor_map.h"
 
-#include <cstdlib>
-
 namespace openmla::kernels {
 
 namespace {
 
-template <bool kIsFp16, bool kWaitAll>
+template <bool kIsFp16>
 Status launch_typed(const DenseDecodeParams& p, cudaStream_t stream) {
   using dense_decode::Config;
   using dense_decode::SharedStorage;
@@ -35,7 +33,7 @@ Status launch_typed(const DenseDecodeParams& p, cudaStream_t stream) {
   CUtensorMap k_map;
   OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&k_map, p.k_cache, spec, "dense decode k_cache"));
 
-  auto kernel = dense_decode::dense_decode_kernel<kIsFp16, kWaitAll>;
+  auto kernel = dense_decode::dense_decode_kernel<kIsFp16>;
   const int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
                                "dense decode: setting the shared-memory size");
@@ -46,16 +44,8 @@ Status launch_typed(const DenseDecodeParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-Status launch_dense_decode(const DenseDecodeParams& params_in, cudaStream_t stream) {
-  DenseDecodeParams params = params_in;
-  static const int policy = [] {
-    const char* e = std::getenv("OPENMLA_DD_EXPERIMENT");
-    return e ? std::atoi(e) : 0;
-  }();
-  params.experiment = policy;
-  if (params.experiment == 1)
-    return params.is_fp16 ? launch_typed<true, true>(params, stream) : launch_typed<false, true>(params, stream);
-  return params.is_fp16 ? launch_typed<true, false>(params, stream) : launch_typed<false, false>(params, stream);
+Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream) {
+  return params.is_fp16 ? launch_typed<true>(params, stream) : launch_typed<false>(params, stream);
 }
 
 }  // namespace openmla::kernels

@@ -51,8 +51,6 @@ struct DenseDecodeParams {
   float* partial_o;
   float* partial_lse;
 
-  int experiment;  // EXPERIMENT: 1 = wait for all 9 tiles before issuing QK^T (env OPENMLA_DD_EXPERIMENT)
-
   const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
   const int32_t* num_splits;             // (b + 1,) exclusive prefix sum of splits per request
 };
