@@ -272,6 +272,22 @@ void expect_same_bytes(const DecodeScheduleHost& a, const DecodeScheduleHost& b,
   ASSERT_EQ(a.num_splits, b.num_splits) << what;
 }
 
+// Per-request work of dense cache_seqlens, from the heuristics' per-request rules (tested on their own
+// above): the inputs of the twin's greedy pass and of the GPU walk.
+struct DenseWork {
+  std::vector<int32_t> blocks;
+  std::vector<bool> empty;
+};
+
+DenseWork dense_work(const std::vector<int32_t>& seqlens) {
+  DenseWork w;
+  for (int32_t L : seqlens) {
+    w.blocks.push_back(heuristics::dense_request_blocks(L));
+    w.empty.push_back(heuristics::dense_request_empty(L));
+  }
+  return w;
+}
+
 struct SeqlenCase {
   std::string name;
   std::vector<int32_t> seqlens;
@@ -310,12 +326,7 @@ const int kPartCounts[] = {1, 2, 7, 33, 66, 132, 160};
 
 TEST(DecodeScheduleTwin, InvariantsOnAdversarialLists) {
   for (const auto& c : adversarial_cases()) {
-    std::vector<int32_t> blocks;
-    std::vector<bool> empty;
-    for (int32_t L : c.seqlens) {
-      blocks.push_back(heuristics::dense_request_blocks(L));
-      empty.push_back(heuristics::dense_request_empty(L));
-    }
+    const auto [blocks, empty] = dense_work(c.seqlens);
     for (int parts : kPartCounts) {
       SCOPED_TRACE(c.name + " parts=" + std::to_string(parts));
       const DecodeScheduleHost s = heuristics::build_dense_decode_schedule(c.seqlens, parts);
@@ -343,12 +354,7 @@ TEST(DecodeScheduleTwin, SparseInvariants) {
 // The GPU kernel's walk (request-major) must give the twin's (partition-major) bytes.
 TEST(DecodeScheduleWalk, MatchesTwinOnAdversarialLists) {
   for (const auto& c : adversarial_cases()) {
-    std::vector<int32_t> blocks;
-    std::vector<bool> empty;
-    for (int32_t L : c.seqlens) {
-      blocks.push_back(heuristics::dense_request_blocks(L));
-      empty.push_back(heuristics::dense_request_empty(L));
-    }
+    const auto [blocks, empty] = dense_work(c.seqlens);
     for (int parts : kPartCounts) {
       expect_same_bytes(run_walk(blocks, empty, parts), heuristics::build_dense_decode_schedule(c.seqlens, parts),
                         c.name + " parts=" + std::to_string(parts));
@@ -453,12 +459,7 @@ TEST_F(DecodeScheduleGpu, SparseMatchesTwin) {
 
 TEST_F(DecodeScheduleGpu, FailureIsFlaggedOnDevice) {
   const std::vector<int32_t> seqlens = {300, 4000, 0, 70};
-  std::vector<int32_t> blocks;
-  std::vector<bool> empty;
-  for (int32_t L : seqlens) {
-    blocks.push_back(heuristics::dense_request_blocks(L));
-    empty.push_back(heuristics::dense_request_empty(L));
-  }
+  const auto [blocks, empty] = dense_work(seqlens);
   const DecodeScheduleHost gpu = run_gpu(seqlens, 3, false, 0, {}, 0, {}, /*payload_override=*/8);
   const DecodeScheduleHost cpu = heuristics::build_decode_schedule(blocks, empty, 3, 8);
   EXPECT_FALSE(cpu.all_assigned);
