@@ -111,16 +111,15 @@ __device__ __forceinline__ void fence_registers(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// Shared-memory matrix descriptor for wgmma (PTX ISA "Matrix Descriptor Format"): start/LBO/SBO are byte
-// values, encoded >> 4; bits 62-63 select the swizzle (1 = 128B, 2 = 64B, 3 = 32B).
-enum class SmemSwizzle : uint64_t { k128B = 1, k64B = 2 };
-__device__ __forceinline__ uint64_t make_smem_desc(uint32_t smem_byte_addr, uint32_t lbo_bytes, uint32_t sbo_bytes,
-                                                   SmemSwizzle swizzle) {
+// Shared-memory matrix descriptor for wgmma (PTX ISA "Matrix Descriptor Format").
+//   swizzle 128B (layout type 1); start/LBO/SBO are byte values, encoded >> 4.
+__device__ __forceinline__ uint64_t make_smem_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes,
+                                                         uint32_t sbo_bytes) {
   uint64_t desc = 0;
   desc |= static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4);
   desc |= static_cast<uint64_t>((lbo_bytes & 0x3FFFF) >> 4) << 16;
   desc |= static_cast<uint64_t>((sbo_bytes & 0x3FFFF) >> 4) << 32;
-  desc |= static_cast<uint64_t>(swizzle) << 62;
+  desc |= static_cast<uint64_t>(1) << 62;
   return desc;
 }
 

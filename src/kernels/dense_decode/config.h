@@ -11,18 +11,13 @@ struct Config {
   static constexpr int kHeadDimQK = 576;  // 512 NoPE + 64 RoPE
   static constexpr int kHeadDimV = 512;   // V = first 512 dims of K
   static constexpr int kBlockM = 64;      // query rows of one CTA tile (one wgmma M)
-  static constexpr int kPageTokens = 64;  // the page size the kernel takes (also the schedule's block unit)
-  static constexpr int kBlockN = 32;      // KV tokens per block: half a page, so four blocks fit (two pairs)
-  static constexpr int kNumKBuffers = 4;  // two pair slots: pair p uses buffers 2 (p % 2) and 2 (p % 2) + 1
+  static constexpr int kBlockN = 64;      // KV tokens per block (= the page size the kernel takes)
   static constexpr int kTileCols = 64;    // columns per 128B-swizzled tile: 64 x 16-bit = 128 bytes
   static constexpr int kNumTiles = kHeadDimQK / kTileCols;       // 9 tiles per 64 x 576 block
   static constexpr int kNumVTiles = kHeadDimV / kTileCols;       // 8 tiles carry V
   static constexpr int kVTilesPerHalf = kNumVTiles / 2;          // 4 tiles = 256 columns per warpgroup
   static constexpr int kRopeTile = kNumTiles - 1;                // tile 8: RoPE dims, QK^T only
-  static constexpr int kQTileBytes = kBlockM * kTileCols * 2;    // 8192: 64 query rows x 64 columns
-  static constexpr int kKTileBytes = kBlockN * kTileCols * 2;    // 4096: 32 tokens x 64 columns
-  static constexpr int kPTileBytes = kBlockM * kBlockN * 2;      // 4096: P (64 x 32), 64B-swizzled
-  static constexpr int kPSwizzleAtomBytes = 512;                 // 8 rows x 64 B
+  static constexpr int kTileBytes = kBlockN * kTileCols * 2;     // 8192
   static constexpr int kSwizzleAtomBytes = 1024;                 // 8 rows x 128 B
   static constexpr int kRowBytes = kTileCols * 2;                // 128
 
@@ -39,7 +34,6 @@ struct Config {
   static constexpr float kMaxInit = -1e30f;
 
   static_assert(kHeadDimQK % kTileCols == 0, "576 = 9 tiles of 64");
-  static_assert(kPTileBytes <= kKTileBytes, "P fits in the dead RoPE tile");
   static_assert(kVTilesPerHalf * kTileCols == 256, "each warpgroup owns a 64 x 256 O tile (wgmma N = 256)");
 };
 
@@ -63,17 +57,17 @@ enum class NamedBarrier : int {
 
 // Shared memory. Tiles are 1024-byte aligned for the 128B swizzle (TMA and wgmma agree on it).
 struct alignas(1024) SharedStorage {
-  alignas(1024) uint8_t q[Config::kNumTiles][Config::kQTileBytes];  // Q tile, 64 x 576, K-major swizzled
-  // Four KV blocks of 32 tokens: pair slot 0 = buffers 0 (K0) and 1 (K1), slot 1 = buffers 2 and 3. The RoPE
-  // tile of a buffer is dead after its QK^T and holds the P (64 x 32) the other warpgroup reads.
+  alignas(1024) uint8_t q[Config::kNumTiles][Config::kTileBytes];  // Q tile, 64 x 576, K-major swizzled
+  // Two KV blocks (K0 = even, K1 = odd block of a pair), 64 x 576 each. The RoPE tile of each buffer is
+  // dead after its QK^T and doubles as the P buffer the other warpgroup reads (P0 in K0, P1 in K1).
   // After a request's main loop the whole area is the output staging buffer.
-  alignas(1024) uint8_t k[Config::kNumKBuffers][Config::kNumTiles][Config::kKTileBytes];
+  alignas(1024) uint8_t k[2][Config::kNumTiles][Config::kTileBytes];
   float max0[Config::kBlockM];    // m0 of the current pair (scaled base-2 units)
   float scale0[Config::kBlockM];  // a0 = 2^(m_prev - m0)
   float max1[Config::kBlockM];    // m1
   float scale1[Config::kBlockM];  // a1 = 2^(m0 - m1)
   float row_sum[2][Config::kBlockM];
-  alignas(8) uint64_t k_bar[Config::kNumKBuffers][Config::kNumTiles];  // one TMA completion barrier per 4 KB tile
+  alignas(8) uint64_t k_bar[2][Config::kNumTiles];  // one TMA completion barrier per 8 KB tile
   uint64_t handoff[static_cast<int>(Handoff::kCount)];
 };
 

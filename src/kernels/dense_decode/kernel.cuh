@@ -33,8 +33,8 @@ struct Element<false> {
     return *reinterpret_cast<uint32_t*>(&v);
   }
   template <int kTransB>
-  __device__ static void mma_qk(float (&d)[16], uint64_t a, uint64_t b, int scale_d) {
-    ptx::wgmma_m64n32k16_ss_bf16<kTransB>(d, a, b, scale_d);
+  __device__ static void mma_qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+    ptx::wgmma_m64n64k16_ss_bf16<kTransB>(d, a, b, scale_d);
   }
   __device__ static void mma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
     ptx::wgmma_m64n256k16_rs_bf16<1>(d, a, b, 1);
@@ -51,8 +51,8 @@ struct Element<true> {
     return *reinterpret_cast<uint32_t*>(&v);
   }
   template <int kTransB>
-  __device__ static void mma_qk(float (&d)[16], uint64_t a, uint64_t b, int scale_d) {
-    ptx::wgmma_m64n32k16_ss_f16<kTransB>(d, a, b, scale_d);
+  __device__ static void mma_qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+    ptx::wgmma_m64n64k16_ss_f16<kTransB>(d, a, b, scale_d);
   }
   __device__ static void mma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
     ptx::wgmma_m64n256k16_rs_f16<1>(d, a, b, 1);
@@ -65,22 +65,18 @@ struct Element<true> {
 // ---------------------------------------------------------------------------------------------------
 // Shared-memory addressing
 // ---------------------------------------------------------------------------------------------------
-// K-major operand (Q, K): rows of 128 B, 8-row swizzle atoms 1024 B apart (SBO); LBO unused.
+// K-major operand (Q, K, P): rows of 128 B, 8-row swizzle atoms 1024 B apart (SBO); LBO unused.
 __device__ __forceinline__ uint64_t desc_k_major(const void* p) {
-  return ptx::make_smem_desc(ptx::smem_addr(p), 16, C::kSwizzleAtomBytes, ptx::SmemSwizzle::k128B);
-}
-// K-major P (64 rows x 32 tokens): rows of 64 B, 64B swizzle, 8-row atoms 512 B apart.
-__device__ __forceinline__ uint64_t desc_p(const void* p) {
-  return ptx::make_smem_desc(ptx::smem_addr(p), 16, C::kPSwizzleAtomBytes, ptx::SmemSwizzle::k64B);
+  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), 16, C::kSwizzleAtomBytes);
 }
 // MN-major operand (V viewed from the K tiles): 64 columns per tile, next 64 columns one tile (LBO) away,
 // next 8 tokens one swizzle atom (SBO) away.
 __device__ __forceinline__ uint64_t desc_mn_major(const void* p) {
-  return ptx::make_smem_desc(ptx::smem_addr(p), C::kKTileBytes, C::kSwizzleAtomBytes, ptx::SmemSwizzle::k128B);
+  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), C::kTileBytes, C::kSwizzleAtomBytes);
 }
-// Byte offset of element (row, col) of the 64 x 32 P tile, 64B-swizzled (16-byte chunk index XOR row bits 1-2).
-__device__ __forceinline__ int p_offset(int row, int col) {
-  return row * (C::kBlockN * 2) + ((((col >> 3) ^ ((row >> 1) & 3)) << 4) | ((col & 7) << 1));
+// Byte offset of element (row, col) inside one 64 x 64 128B-swizzled tile.
+__device__ __forceinline__ int swizzled_offset(int row, int col) {
+  return row * C::kRowBytes + ((((col >> 3) ^ (row & 7)) << 4) | ((col & 7) << 1));
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -115,7 +111,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 // S = Q K^T over the 9 tiles of one KV buffer, waiting tile by tile so the GEMM starts on the first
 // arrival. `kFirstTile` rotates the order (WG1 starts with the tiles refilled first).
 template <bool kIsFp16, int kFirstTile>
-__device__ __forceinline__ void gemm_qk(float (&s)[16], SharedStorage& smem, int buf, uint32_t phase) {
+__device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int buf, uint32_t phase) {
   ptx::wgmma_fence();
 #pragma unroll
   for (int i = 0; i < C::kNumTiles; ++i) {
@@ -134,10 +130,10 @@ __device__ __forceinline__ void gemm_qk(float (&s)[16], SharedStorage& smem, int
 
 // Logits of keys at or beyond a row's border (exclusive key index) become -inf. Overwrite, never add:
 // the K rows past the sequence may hold NaN.
-__device__ __forceinline__ void mask_logits(float (&s)[16], const Fragment& f, int block_token0, const int (&border)[2]) {
+__device__ __forceinline__ void mask_logits(float (&s)[32], const Fragment& f, int block_token0, const int (&border)[2]) {
   if (block_token0 + C::kBlockN <= min(border[0], border[1])) return;
 #pragma unroll
-  for (int j = 0; j < C::kBlockN / 8; ++j) {
+  for (int j = 0; j < 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int tok = block_token0 + j * 8 + f.col + e;
@@ -147,10 +143,10 @@ __device__ __forceinline__ void mask_logits(float (&s)[16], const Fragment& f, i
   }
 }
 
-__device__ __forceinline__ void row_max(const float (&s)[16], float (&mx)[2]) {
+__device__ __forceinline__ void row_max(const float (&s)[32], float (&mx)[2]) {
   mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < C::kBlockN / 8; ++j) {
+  for (int j = 0; j < 8; ++j) {
     mx[0] = fmaxf(mx[0], fmaxf(s[j * 4 + 0], s[j * 4 + 1]));
     mx[1] = fmaxf(mx[1], fmaxf(s[j * 4 + 2], s[j * 4 + 3]));
   }
@@ -159,10 +155,10 @@ __device__ __forceinline__ void row_max(const float (&s)[16], float (&mx)[2]) {
 }
 
 // s <- 2^(s * scale_log2 - m); returns this thread's partial row sums.
-__device__ __forceinline__ void exponentiate(float (&s)[16], float scale_log2, const float (&m)[2], float (&sum)[2]) {
+__device__ __forceinline__ void exponentiate(float (&s)[32], float scale_log2, const float (&m)[2], float (&sum)[2]) {
   sum[0] = sum[1] = 0.f;
 #pragma unroll
-  for (int j = 0; j < C::kBlockN / 8; ++j) {
+  for (int j = 0; j < 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       s[j * 4 + e] = ptx::exp2_approx(fmaf(s[j * 4 + e], scale_log2, -m[0]));
@@ -183,11 +179,11 @@ __device__ __forceinline__ void scale_rows(float (&o)[128], float a0, float a1) 
   }
 }
 
-// The 64 x 32 P tile in the register A-operand layout of m64nNk16 (two k16 slices).
+// The 64 x 64 P tile in the register A-operand layout of m64nNk16 (four k16 slices).
 template <bool kIsFp16>
-__device__ __forceinline__ void to_a_fragments(const float (&s)[16], uint32_t (&a)[2][4]) {
+__device__ __forceinline__ void to_a_fragments(const float (&s)[32], uint32_t (&a)[4][4]) {
 #pragma unroll
-  for (int kk = 0; kk < 2; ++kk) {
+  for (int kk = 0; kk < 4; ++kk) {
     a[kk][0] = Element<kIsFp16>::pack(s[8 * kk + 0], s[8 * kk + 1]);
     a[kk][1] = Element<kIsFp16>::pack(s[8 * kk + 2], s[8 * kk + 3]);
     a[kk][2] = Element<kIsFp16>::pack(s[8 * kk + 4], s[8 * kk + 5]);
@@ -195,24 +191,24 @@ __device__ __forceinline__ void to_a_fragments(const float (&s)[16], uint32_t (&
   }
 }
 
-// Stores P (16-bit) into the 64B-swizzled 64 x 32 tile for the other warpgroup's shared-A wgmma.
+// Stores P (16-bit) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma.
 template <bool kIsFp16>
-__device__ __forceinline__ void store_p(const float (&s)[16], uint8_t* tile, const Fragment& f) {
+__device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, const Fragment& f) {
 #pragma unroll
-  for (int j = 0; j < C::kBlockN / 8; ++j) {
+  for (int j = 0; j < 8; ++j) {
     const int col = j * 8 + f.col;
-    *reinterpret_cast<uint32_t*>(tile + p_offset(f.row[0], col)) = Element<kIsFp16>::pack(s[j * 4 + 0], s[j * 4 + 1]);
-    *reinterpret_cast<uint32_t*>(tile + p_offset(f.row[1], col)) = Element<kIsFp16>::pack(s[j * 4 + 2], s[j * 4 + 3]);
+    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[0], col)) = Element<kIsFp16>::pack(s[j * 4 + 0], s[j * 4 + 1]);
+    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[1], col)) = Element<kIsFp16>::pack(s[j * 4 + 2], s[j * 4 + 3]);
   }
   ptx::fence_proxy_async_shared();
 }
 
-// O_half += P V_half over 32 tokens: P from registers, V = 4 tiles of one buffer viewed MN-major.
+// O_half += P V_half over 64 tokens: P from registers, V = 4 tiles of one buffer viewed MN-major.
 template <bool kIsFp16>
-__device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&p)[2][4], const uint8_t* v_tiles) {
+__device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], const uint8_t* v_tiles) {
   ptx::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 2; ++kk) Element<kIsFp16>::mma_pv_rs(o, p[kk], desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
+  for (int kk = 0; kk < 4; ++kk) Element<kIsFp16>::mma_pv_rs(o, p[kk], desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_registers(o);
@@ -223,8 +219,8 @@ template <bool kIsFp16>
 __device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
   ptx::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 2; ++kk)
-    Element<kIsFp16>::mma_pv_ss(o, desc_p(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
+  for (int kk = 0; kk < 4; ++kk)
+    Element<kIsFp16>::mma_pv_ss(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_registers(o);
@@ -237,7 +233,7 @@ __device__ __forceinline__ void zero_tail_rows(uint8_t* v_tiles, int first_row, 
   const int chunks_per_tile = rows * (C::kRowBytes / 16);
   for (int i = wg_tid; i < chunks_per_tile * C::kVTilesPerHalf; i += C::kWarpgroupThreads) {
     const int tile = i / chunks_per_tile, rem = i % chunks_per_tile;
-    *reinterpret_cast<uint4*>(v_tiles + tile * C::kKTileBytes + (first_row + rem / 8) * C::kRowBytes + (rem % 8) * 16) =
+    *reinterpret_cast<uint4*>(v_tiles + tile * C::kTileBytes + (first_row + rem / 8) * C::kRowBytes + (rem % 8) * 16) =
         make_uint4(0, 0, 0, 0);
   }
   ptx::fence_proxy_async_shared();
@@ -248,12 +244,10 @@ __device__ __forceinline__ void zero_tail_rows(uint8_t* v_tiles, int first_row, 
 __device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtensorMap* map, const DenseDecodeParams& p,
                                               int req, int block, int kv_head, int buf, int t_begin, int t_end,
                                               uint64_t policy) {
-  // Block `block` is the (block % 2) half of page block_table[req][block / 2].
-  const int page = p.block_table[static_cast<int64_t>(req) * p.block_table_stride + block / 2];
-  const int row0 = (block % 2) * C::kBlockN;
+  const int page = p.block_table[static_cast<int64_t>(req) * p.block_table_stride + block];
   for (int t = t_begin; t < t_end; ++t) {
-    ptx::mbarrier_arrive_expect_tx(&smem.k_bar[buf][t], C::kKTileBytes);
-    ptx::tma_load_4d(smem.k[buf][t], map, &smem.k_bar[buf][t], t * C::kTileCols, row0, kv_head, page, policy);
+    ptx::mbarrier_arrive_expect_tx(&smem.k_bar[buf][t], C::kTileBytes);
+    ptx::tma_load_4d(smem.k[buf][t], map, &smem.k_bar[buf][t], t * C::kTileCols, 0, kv_head, page, policy);
   }
 }
 
@@ -278,7 +272,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   if (tid == 0) {
     ptx::prefetch_tensormap(&k_map);
-    for (int b = 0; b < C::kNumKBuffers; ++b)
+    for (int b = 0; b < 2; ++b)
       for (int t = 0; t < C::kNumTiles; ++t) ptx::mbarrier_init(&smem.k_bar[b][t], 1);
     for (int h = 0; h < static_cast<int>(Handoff::kCount); ++h)
       ptx::mbarrier_init(&smem.handoff[h], C::kWarpgroupThreads);
@@ -301,8 +295,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int row_base = m_block * C::kBlockM;
   // Issuing threads: one per warpgroup.
   const bool is_issuer = wg_tid == 0;
-  uint32_t phase_bits = 0;  // bit b: parity of K buffer b's tile barriers (a bit mask, not an indexed array)
-  auto phase = [&](int b) { return (phase_bits >> b) & 1u; };
+  uint32_t phase[2] = {0, 0};
   uint32_t handoff_phase = 0;  // every hand-off barrier completes once per block pair
   auto handoff_arrive = [&](Handoff h) { ptx::mbarrier_arrive(&smem.handoff[static_cast<int>(h)]); };
   auto handoff_wait = [&](Handoff h) { ptx::mbarrier_wait_parity(&smem.handoff[static_cast<int>(h)], handoff_phase); };
@@ -312,12 +305,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // Negative lengths count as empty (as in the scheduler). A length beyond the block table's row is the
     // caller's error; clamping keeps it from ever reading another request's row.
     const int seqlen = min(max(__shfl_sync(0xffffffff, params.cache_seqlens[req], 0), 0),
-                           params.max_blocks_per_seq * C::kPageTokens);
-    // The schedule counts 64-token blocks; the kernel walks 32-token half pages.
-    constexpr int kHalves = C::kPageTokens / C::kBlockN;
+                           params.max_blocks_per_seq * C::kBlockN);
     const int num_seq_blocks = (seqlen + C::kBlockN - 1) / C::kBlockN;
-    int blk_begin = req == rec.begin_req ? rec.begin_block * kHalves : 0;
-    int blk_end = min(req == rec.end_req ? rec.end_block * kHalves : num_seq_blocks, num_seq_blocks);
+    int blk_begin = req == rec.begin_req ? rec.begin_block : 0;
+    int blk_end = req == rec.end_req ? rec.end_block : num_seq_blocks;
     const bool is_split =
         (req == rec.begin_req && rec.is_first_req_split) || (req == rec.end_req && rec.is_last_req_split);
     const int split_slot = params.num_splits[req] + (req == rec.begin_req ? rec.begin_split : 0);
@@ -339,9 +330,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
     if (has_work) {
       if (tid == 0) {
-        // The first two pairs: slot 0 (buffers 0, 1) and slot 1 (buffers 2, 3).
-        for (int i = 0; i < C::kNumKBuffers && blk_begin + i < blk_end; ++i)
-          load_kv_tiles(smem, &k_map, params, req, blk_begin + i, kv_head, i, 0, C::kNumTiles, policy);
+        load_kv_tiles(smem, &k_map, params, req, blk_begin, kv_head, 0, 0, C::kNumTiles, policy);
+        if (blk_begin + 1 < blk_end)
+          load_kv_tiles(smem, &k_map, params, req, blk_begin + 1, kv_head, 1, 0, C::kNumTiles, policy);
       }
       // Q tile: rows of this (request, kv head), zero-filled past R; 16-byte chunks into the swizzled layout.
       const auto* q = static_cast<const uint8_t*>(params.q);
@@ -372,24 +363,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     float l_run[2] = {0.f, 0.f};                   // this thread's partial row sums, relative to m_run
 
     // ---------------------------------------------------------------- main loop over block pairs
-    // Pair p (blocks blk0, blk0 + 1) lives in slot p % 2 = buffers (b0, b1); each tile group is refilled right
-    // after its last reader with the blocks of pair p + 2, so a whole pair of GEMMs covers every refill.
     for (int blk0 = blk_begin; blk0 < blk_end; blk0 += 2) {
       const int blk1 = blk0 + 1;
-      const int slot = ((blk0 - blk_begin) / 2) % 2;
-      const int b0 = 2 * slot, b1 = 2 * slot + 1;
       const bool has_k1 = blk1 < blk_end;
-      const bool refill_k0 = blk0 + 4 < blk_end;  // pair p + 2 has a K0
-      const bool refill_k1 = blk0 + 5 < blk_end;  // pair p + 2 has a K1
+      const bool has_next = blk0 + 2 < blk_end;
+      const bool next_has_k1 = blk0 + 3 < blk_end;
       const int tok0 = blk0 * C::kBlockN, tok1 = blk1 * C::kBlockN;
       const bool k0_partial = tok0 + C::kBlockN > seqlen;
       const bool k1_partial = tok1 + C::kBlockN > seqlen;
-      float s[16];
-      uint32_t pa[2][4];
+      float s[32];
+      uint32_t pa[4][4];
 
       if (wg == 0) {
         // Step 1: S0 = Q K0^T.
-        gemm_qk<kIsFp16, 0>(s, smem, b0, phase(b0));
+        gemm_qk<kIsFp16, 0>(s, smem, 0, phase[0]);
         mask_logits(s, frag, tok0, border);
         // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
         float mx[2], m0[2], a0[2], sum[2];
@@ -412,10 +399,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         handoff_arrive(Handoff::kMax0Ready);
         scale_rows(o, a0[0], a0[1]);
         to_a_fragments<kIsFp16>(s, pa);
-        if (k0_partial) zero_tail_rows(smem.k[b0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
-        gemm_pv_rs<kIsFp16>(o, pa, smem.k[b0][0]);
-        if (refill_k0 && is_issuer)
-          load_kv_tiles(smem, &k_map, params, req, blk0 + 4, kv_head, b0, 0, C::kVTilesPerHalf, policy);
+        if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
+        gemm_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
+        if (has_next && is_issuer)
+          load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, 0, C::kVTilesPerHalf, policy);
 
         // Step 4: wait for a1 and P1; rescale P0 to m1 and hand it to WG1.
         handoff_wait(Handoff::kScale1Ready);
@@ -427,32 +414,32 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           l_run[i] *= a1[i];
         }
 #pragma unroll
-        for (int j = 0; j < C::kBlockN / 8; ++j) {
+        for (int j = 0; j < 8; ++j) {
           s[j * 4 + 0] *= a1[0];
           s[j * 4 + 1] *= a1[0];
           s[j * 4 + 2] *= a1[1];
           s[j * 4 + 3] *= a1[1];
         }
-        store_p<kIsFp16>(s, smem.k[b0][C::kRopeTile], frag);
+        store_p<kIsFp16>(s, smem.k[0][C::kRopeTile], frag);
         handoff_arrive(Handoff::kP0Ready);
 
         // Step 6: O_L = a1 O_L + P1 V1_L.
         scale_rows(o, a1[0], a1[1]);
         if (has_k1) {
-          if (k1_partial) zero_tail_rows(smem.k[b1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
+          if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
 #pragma unroll
-          for (int t = 0; t < C::kVTilesPerHalf; ++t) ptx::mbarrier_wait_parity(&smem.k_bar[b1][t], phase(b1));
-          gemm_pv_ss<kIsFp16>(o, smem.k[b1][C::kRopeTile], smem.k[b1][0]);
-          if (refill_k1 && is_issuer) {
-            load_kv_tiles(smem, &k_map, params, req, blk0 + 5, kv_head, b1, 0, C::kVTilesPerHalf, policy);
-            load_kv_tiles(smem, &k_map, params, req, blk0 + 5, kv_head, b1, C::kRopeTile, C::kNumTiles, policy);
+          for (int t = 0; t < C::kVTilesPerHalf; ++t) ptx::mbarrier_wait_parity(&smem.k_bar[1][t], phase[1]);
+          gemm_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
+          if (next_has_k1 && is_issuer) {
+            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, 0, C::kVTilesPerHalf, policy);
+            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
           }
         }
       } else {
         // Step 1: S1 = Q K1^T, starting with the tiles WG1 itself refilled first.
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
-          gemm_qk<kIsFp16, C::kVTilesPerHalf>(s, smem, b1, phase(b1));
+          gemm_qk<kIsFp16, C::kVTilesPerHalf>(s, smem, 1, phase[1]);
           mask_logits(s, frag, tok1, border);
           row_max(s, mx);
         }
@@ -474,7 +461,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
         if (has_k1) {
           exponentiate(s, params.scale_log2, m1, sum);
-          store_p<kIsFp16>(s, smem.k[b1][C::kRopeTile], frag);
+          store_p<kIsFp16>(s, smem.k[1][C::kRopeTile], frag);
         }
         handoff_arrive(Handoff::kScale1Ready);
 #pragma unroll
@@ -482,25 +469,25 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         scale_rows(o, a01[0], a01[1]);
         if (has_k1) {
           to_a_fragments<kIsFp16>(s, pa);
-          if (k1_partial) zero_tail_rows(smem.k[b1][C::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
-          gemm_pv_rs<kIsFp16>(o, pa, smem.k[b1][C::kVTilesPerHalf]);
-          if (refill_k1 && is_issuer)
-            load_kv_tiles(smem, &k_map, params, req, blk0 + 5, kv_head, b1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
+          if (k1_partial) zero_tail_rows(smem.k[1][C::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
+          gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][C::kVTilesPerHalf]);
+          if (next_has_k1 && is_issuer)
+            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
                           policy);
         }
 
         // Step 5: O_R += P0 V0_R.
         handoff_wait(Handoff::kP0Ready);
-        if (k0_partial) zero_tail_rows(smem.k[b0][C::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
+        if (k0_partial) zero_tail_rows(smem.k[0][C::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
 #pragma unroll
         for (int t = C::kVTilesPerHalf; t < 2 * C::kVTilesPerHalf; ++t)
-          ptx::mbarrier_wait_parity(&smem.k_bar[b0][t], phase(b0));
-        gemm_pv_ss<kIsFp16>(o, smem.k[b0][C::kRopeTile], smem.k[b0][C::kVTilesPerHalf]);
-        if (refill_k0 && is_issuer)
-          load_kv_tiles(smem, &k_map, params, req, blk0 + 4, kv_head, b0, C::kVTilesPerHalf, C::kNumTiles, policy);
+          ptx::mbarrier_wait_parity(&smem.k_bar[0][t], phase[0]);
+        gemm_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
+        if (has_next && is_issuer)
+          load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
       }
-      phase_bits ^= 1u << b0;
-      if (has_k1) phase_bits ^= 1u << b1;
+      phase[0] ^= 1;
+      if (has_k1) phase[1] ^= 1;
       handoff_phase ^= 1;
     }
 

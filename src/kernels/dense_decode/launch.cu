@@ -18,14 +18,14 @@ Status launch_typed(const DenseDecodeParams& p, cudaStream_t stream) {
   spec.dtype = kIsFp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   spec.rank = 4;
   spec.dims[0] = Config::kHeadDimQK;
-  spec.dims[1] = Config::kPageTokens;
+  spec.dims[1] = Config::kBlockN;
   spec.dims[2] = static_cast<uint64_t>(p.h_kv);
   spec.dims[3] = static_cast<uint64_t>(p.num_cache_blocks);
   spec.byte_strides[0] = static_cast<uint64_t>(p.k_stride_row) * 2;
   spec.byte_strides[1] = static_cast<uint64_t>(p.k_stride_head) * 2;
   spec.byte_strides[2] = static_cast<uint64_t>(p.k_stride_block) * 2;
   spec.box[0] = Config::kTileCols;
-  spec.box[1] = Config::kBlockN;  // half a page per box
+  spec.box[1] = Config::kBlockN;
   spec.box[2] = 1;
   spec.box[3] = 1;
   spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
