@@ -229,14 +229,23 @@ __device__ __forceinline__ int64_t warp_token_index() {
   return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
 }
 
+// Page and row of a token index (quantise / dequantise) or a cache slot (append). One 32-bit division: the
+// launcher guarantees index < num_blocks * page_size <= INT32_MAX.
+struct PagePosition {
+  uint32_t page;
+  int64_t row;
+};
+__device__ __forceinline__ PagePosition page_position(int64_t index, int64_t page_size) {
+  const uint32_t page = static_cast<uint32_t>(index) / static_cast<uint32_t>(page_size);
+  return {page, index - static_cast<int64_t>(page) * page_size};
+}
+
 template <Fp8Layout kLayout>
 __global__ void __launch_bounds__(kThreadsPerBlock) quantize_kernel(const QuantizeParams params) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t token = warp_token_index();
   if (token >= params.num_blocks * params.page_size) return;
-  // 32-bit division: the launcher guarantees num_blocks * page_size <= INT32_MAX.
-  const uint32_t page = static_cast<uint32_t>(token) / static_cast<uint32_t>(params.page_size);
-  const int64_t row = token - static_cast<int64_t>(page) * params.page_size;
+  const auto [page, row] = page_position(token, params.page_size);
   const uint16_t* src =
       static_cast<const uint16_t*>(params.src) + page * params.src_page_stride + row * params.src_row_stride;
   uint8_t* page_base = static_cast<uint8_t*>(params.dst) + page * params.dst_page_stride;
@@ -248,8 +257,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) dequantize_kernel(const Dequ
   const int lane = threadIdx.x % kWarpSize;
   const int64_t token = warp_token_index();
   if (token >= params.num_blocks * params.page_size) return;
-  const uint32_t page = static_cast<uint32_t>(token) / static_cast<uint32_t>(params.page_size);
-  const int64_t row = token - static_cast<int64_t>(page) * params.page_size;
+  const auto [page, row] = page_position(token, params.page_size);
   const uint8_t* page_base = static_cast<const uint8_t*>(params.src) + page * params.src_page_stride;
   uint16_t* dst = static_cast<uint16_t*>(params.dst) + page * params.dst_page_stride + row * params.dst_row_stride;
   decode_token<kLayout>(page_base, params.page_size, row, dst, lane);
@@ -264,8 +272,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) append_kernel(const AppendPa
   // NOTE: negative slots are padding; slots past the cache cannot be checked on the host without a sync, so
   // they are skipped here too rather than written out of bounds.
   if (slot < 0 || slot >= params.num_blocks * params.page_size) return;
-  const uint32_t page = static_cast<uint32_t>(slot) / static_cast<uint32_t>(params.page_size);  // slot < 2^31
-  const int64_t row = slot - static_cast<int64_t>(page) * params.page_size;
+  const auto [page, row] = page_position(slot, params.page_size);  // slot < 2^31, checked above
   const uint16_t* src = static_cast<const uint16_t*>(params.new_kv) + token * params.new_kv_row_stride;
   uint8_t* page_base = static_cast<uint8_t*>(params.cache) + page * params.cache_page_stride;
   encode_token<kLayout>(src, page_base, params.page_size, row, lane);
