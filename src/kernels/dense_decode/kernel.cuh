@@ -203,23 +203,6 @@ __device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, con
   ptx::fence_proxy_async_shared();
 }
 
-// Issue-only forms (one commit group each): the caller waits, so two P V GEMMs can be queued back to back.
-template <bool kIsFp16>
-__device__ __forceinline__ void issue_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) Element<kIsFp16>::mma_pv_rs(o, p[kk], desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
-  ptx::wgmma_commit();
-}
-template <bool kIsFp16>
-__device__ __forceinline__ void issue_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    Element<kIsFp16>::mma_pv_ss(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
-  ptx::wgmma_commit();
-}
-
 // O_half += P V_half over 64 tokens: P from registers, V = 4 tiles of one buffer viewed MN-major.
 template <bool kIsFp16>
 __device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], const uint8_t* v_tiles) {
@@ -484,27 +467,22 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a01[i] + sum[i];
         scale_rows(o, a01[0], a01[1]);
-        // Steps 3 and 5 back to back: O_R += P1 V1_R, then O_R += P0 V0_R. No rescale sits between them, so
-        // both GEMMs queue on the tensor pipe while WG1 waits for P0; each half is refilled as its GEMM retires.
         if (has_k1) {
           to_a_fragments<kIsFp16>(s, pa);
           if (k1_partial) zero_tail_rows(smem.k[1][C::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
-          issue_pv_rs<kIsFp16>(o, pa, smem.k[1][C::kVTilesPerHalf]);
+          gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][C::kVTilesPerHalf]);
+          if (next_has_k1 && is_issuer)
+            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
+                          policy);
         }
+
+        // Step 5: O_R += P0 V0_R.
         handoff_wait(Handoff::kP0Ready);
         if (k0_partial) zero_tail_rows(smem.k[0][C::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
 #pragma unroll
         for (int t = C::kVTilesPerHalf; t < 2 * C::kVTilesPerHalf; ++t)
           ptx::mbarrier_wait_parity(&smem.k_bar[0][t], phase[0]);
-        issue_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
-        if (has_k1) {
-          ptx::wgmma_wait<1>();
-          if (next_has_k1 && is_issuer)
-            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
-                          policy);
-        }
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(o);
+        gemm_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
         if (has_next && is_issuer)
           load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
       }
