@@ -9,7 +9,7 @@ import os
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "src", "common", "wgmma_ops.cuh")
 
-SHAPES = [32, 64, 256]  # N of the m64nNk16 instructions the kernels use
+SHAPES = [64, 256]  # N of the m64nNk16 instructions the kernels use
 TYPES = [("bf16", "bf16"), ("f16", "f16")]
 
 
