@@ -135,8 +135,22 @@ print(f"{len(names)} kernels, max {max(regs) if regs else 0} regs, "
       + (f", {len(hinted)} with wgmma notes (C75xx, see ptxas.txt)" if hinted else ""))
 PY
 )
+# SASS of the wgmma kernels: a WARPGROUP.DEPBAR after (nearly) every HGMMA means ptxas serialised the
+# tensor-core pipeline, silently (dense decode v2/v3 lost 10-15 % that way; docs/perf-notes.md).
+sass_note=""
+if (( build_ok )) && command -v cuobjdump >/dev/null; then
+  for obj in "$build_dir"/CMakeFiles/openmla.dir/src/kernels/dense_decode/launch.cu.o; do
+    [[ -f $obj ]] || continue
+    echo -e "\n# SASS summary (tools/sass_summary.py) of $obj" >>"$logs/ptxas.txt"
+    cuobjdump -sass "$obj" 2>/dev/null | "$py" tools/sass_summary.py >>"$logs/ptxas.txt"
+    serial=$(cuobjdump -sass "$obj" 2>/dev/null | "$py" tools/sass_summary.py |
+             grep -oE 'HGMMA=[0-9]+  WARPGROUP.DEPBAR=[0-9]+' |
+             awk -F'[= ]+' '$4 * 2 > $2 {n++} END {print n + 0}')
+    (( serial > 0 )) && sass_note=", $serial kernel(s) with wgmma SERIALISED (see ptxas.txt)"
+  done
+fi
 if (( build_ok )); then
-  record ok "$ptxas_summary"
+  record ok "$ptxas_summary$sass_note"
 else
   record FAIL "see build.log"
   echo "---- last build errors ----"

@@ -62,7 +62,6 @@ struct alignas(1024) SharedStorage {
   // dead after its QK^T and doubles as the P buffer the other warpgroup reads (P0 in K0, P1 in K1).
   // After a request's main loop the whole area is the output staging buffer.
   alignas(1024) uint8_t k[2][Config::kNumTiles][Config::kTileBytes];
-  alignas(1024) uint8_t p1[Config::kTileBytes];  // EXPERIMENT kP1Own: P1 outside K1's RoPE tile
   float max0[Config::kBlockM];    // m0 of the current pair (scaled base-2 units)
   float scale0[Config::kBlockM];  // a0 = 2^(m_prev - m0)
   float max1[Config::kBlockM];    // m1

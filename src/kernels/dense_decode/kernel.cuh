@@ -128,20 +128,6 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int
   ptx::fence_registers(s);
 }
 
-// Issue-only S (+)= Q K^T over tiles [kBegin, kEnd) of one buffer (no commit, no wait).
-template <bool kIsFp16, int kBegin, int kEnd>
-__device__ __forceinline__ void issue_qk(float (&s)[32], SharedStorage& smem, int buf, uint32_t phase, bool zero_init) {
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int t = kBegin; t < kEnd; ++t) {
-    ptx::mbarrier_wait_parity(&smem.k_bar[buf][t], phase);
-#pragma unroll
-    for (int kk = 0; kk < C::kTileCols / 16; ++kk)
-      Element<kIsFp16>::template mma_qk<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
-                                           (zero_init && t == kBegin && kk == 0) ? 0 : 1);
-  }
-}
-
 // Logits of keys at or beyond a row's border (exclusive key index) become -inf. Overwrite, never add:
 // the K rows past the sequence may hold NaN.
 __device__ __forceinline__ void mask_logits(float (&s)[32], const Fragment& f, int block_token0, const int (&border)[2]) {
@@ -228,16 +214,6 @@ __device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&p)[
   ptx::fence_registers(o);
 }
 
-// Issue-only form of gemm_pv_ss (one commit group; the caller waits).
-template <bool kIsFp16>
-__device__ __forceinline__ void issue_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    Element<kIsFp16>::mma_pv_ss(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
-  ptx::wgmma_commit();
-}
-
 // O_half += P V_half with P read from shared memory (written by the other warpgroup).
 template <bool kIsFp16>
 __device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
@@ -278,7 +254,7 @@ __device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtenso
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
-template <bool kIsFp16, bool kTwoPhase, bool kP1Own>
+template <bool kIsFp16>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map) {
   extern __shared__ uint8_t smem_raw[];
@@ -387,7 +363,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     float l_run[2] = {0.f, 0.f};                   // this thread's partial row sums, relative to m_run
 
     // ---------------------------------------------------------------- main loop over block pairs
-    bool qk0_head_issued = false;
     for (int blk0 = blk_begin; blk0 < blk_end; blk0 += 2) {
       const int blk1 = blk0 + 1;
       const bool has_k1 = blk1 < blk_end;
@@ -401,15 +376,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
       if (wg == 0) {
         // Step 1: S0 = Q K0^T.
-        if (kTwoPhase) {
-          if (!qk0_head_issued) issue_qk<kIsFp16, 0, C::kVTilesPerHalf>(s, smem, 0, phase[0], true);
-          issue_qk<kIsFp16, C::kVTilesPerHalf, C::kNumTiles>(s, smem, 0, phase[0], false);
-          ptx::wgmma_commit();
-          ptx::wgmma_wait<0>();
-          ptx::fence_registers(s);
-        } else {
-          gemm_qk<kIsFp16, 0>(s, smem, 0, phase[0]);
-        }
+        gemm_qk<kIsFp16, 0>(s, smem, 0, phase[0]);
         mask_logits(s, frag, tok0, border);
         // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
         float mx[2], m0[2], a0[2], sum[2];
@@ -458,30 +425,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
         // Step 6: O_L = a1 O_L + P1 V1_L.
         scale_rows(o, a1[0], a1[1]);
-        qk0_head_issued = false;
         if (has_k1) {
           if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
 #pragma unroll
           for (int t = 0; t < C::kVTilesPerHalf; ++t) ptx::mbarrier_wait_parity(&smem.k_bar[1][t], phase[1]);
-          const uint8_t* p1_tile = kP1Own ? smem.p1 : smem.k[1][C::kRopeTile];
-          if (kTwoPhase) {
-            issue_pv_ss<kIsFp16>(o, p1_tile, smem.k[1][0]);
-            if (has_next) {
-              issue_qk<kIsFp16, 0, C::kVTilesPerHalf>(s, smem, 0, phase[0] ^ 1, true);
-              ptx::wgmma_commit();
-              qk0_head_issued = true;
-              ptx::wgmma_wait<1>();
-            } else {
-              ptx::wgmma_wait<0>();
-            }
-            ptx::fence_registers(o);
-          } else {
-            gemm_pv_ss<kIsFp16>(o, p1_tile, smem.k[1][0]);
-          }
+          gemm_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
           if (next_has_k1 && is_issuer) {
             load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, 0, C::kVTilesPerHalf, policy);
-            if (!kP1Own)
-              load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
+            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
           }
         }
       } else {
@@ -489,8 +440,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
           gemm_qk<kIsFp16, C::kVTilesPerHalf>(s, smem, 1, phase[1]);
-          if (kP1Own && next_has_k1 && is_issuer)
-            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
           mask_logits(s, frag, tok1, border);
           row_max(s, mx);
         }
@@ -512,7 +461,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
         if (has_k1) {
           exponentiate(s, params.scale_log2, m1, sum);
-          store_p<kIsFp16>(s, kP1Own ? smem.p1 : smem.k[1][C::kRopeTile], frag);
+          store_p<kIsFp16>(s, smem.k[1][C::kRopeTile], frag);
         }
         handoff_arrive(Handoff::kScale1Ready);
 #pragma unroll

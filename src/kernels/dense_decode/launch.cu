@@ -5,13 +5,11 @@
 #include "api/validate.h"
 #include "common/tensor_map.h"
 
-#include <cstdlib>
-
 namespace openmla::kernels {
 
 namespace {
 
-template <bool kIsFp16, bool kTwoPhase, bool kP1Own>
+template <bool kIsFp16>
 Status launch_typed(const DenseDecodeParams& p, cudaStream_t stream) {
   using dense_decode::Config;
   using dense_decode::SharedStorage;
@@ -35,7 +33,7 @@ Status launch_typed(const DenseDecodeParams& p, cudaStream_t stream) {
   CUtensorMap k_map;
   OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&k_map, p.k_cache, spec, "dense decode k_cache"));
 
-  auto kernel = dense_decode::dense_decode_kernel<kIsFp16, kTwoPhase, kP1Own>;
+  auto kernel = dense_decode::dense_decode_kernel<kIsFp16>;
   const int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
                                "dense decode: setting the shared-memory size");
@@ -47,18 +45,7 @@ Status launch_typed(const DenseDecodeParams& p, cudaStream_t stream) {
 }  // namespace
 
 Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream) {
-  // EXPERIMENT: OPENMLA_DD_VARIANT bit 0 = two-phase QK issue, bit 1 = own P1 buffer.
-  static const int variant = [] {
-    const char* e = std::getenv("OPENMLA_DD_VARIANT");
-    return e ? std::atoi(e) : 0;
-  }();
-  if (params.is_fp16) return launch_typed<true, false, false>(params, stream);
-  switch (variant) {
-    case 1: return launch_typed<false, true, false>(params, stream);
-    case 2: return launch_typed<false, false, true>(params, stream);
-    case 3: return launch_typed<false, true, true>(params, stream);
-    default: return launch_typed<false, false, false>(params, stream);
-  }
+  return params.is_fp16 ? launch_typed<true>(params, stream) : launch_typed<false>(params, stream);
 }
 
 }  // namespace openmla::kernels
