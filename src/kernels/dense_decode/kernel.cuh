@@ -240,11 +240,16 @@ __device__ __forceinline__ void zero_tail_rows(uint8_t* v_tiles, int first_row, 
   ptx::named_barrier_sync(static_cast<int>(bar), C::kWarpgroupThreads);
 }
 
-// TMA loads of tiles [t_begin, t_end) of KV block `block` of request `req` into buffer `buf`.
-__device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtensorMap* map, const DenseDecodeParams& p,
-                                              int req, int block, int kv_head, int buf, int t_begin, int t_end,
-                                              uint64_t policy) {
-  const int page = p.block_table[static_cast<int64_t>(req) * p.block_table_stride + block];
+// Page id of block `block` of request `req` (only for blocks inside the sequence: entries past it are garbage).
+__device__ __forceinline__ int page_of(const DenseDecodeParams& p, int req, int block) {
+  return p.block_table[static_cast<int64_t>(req) * p.block_table_stride + block];
+}
+
+// TMA loads of tiles [t_begin, t_end) of the KV page `page` into buffer `buf`. The page id is read ahead of
+// time by the caller: reading it here would stall the whole warpgroup (wgmma is collective) on warp 0's
+// global load at every refill.
+__device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtensorMap* map, int page, int kv_head,
+                                              int buf, int t_begin, int t_end, uint64_t policy) {
   for (int t = t_begin; t < t_end; ++t) {
     ptx::mbarrier_arrive_expect_tx(&smem.k_bar[buf][t], C::kTileBytes);
     ptx::tma_load_4d(smem.k[buf][t], map, &smem.k_bar[buf][t], t * C::kTileCols, 0, kv_head, page, policy);
@@ -330,9 +335,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
     if (has_work) {
       if (tid == 0) {
-        load_kv_tiles(smem, &k_map, params, req, blk_begin, kv_head, 0, 0, C::kNumTiles, policy);
+        load_kv_tiles(smem, &k_map, page_of(params, req, blk_begin), kv_head, 0, 0, C::kNumTiles, policy);
         if (blk_begin + 1 < blk_end)
-          load_kv_tiles(smem, &k_map, params, req, blk_begin + 1, kv_head, 1, 0, C::kNumTiles, policy);
+          load_kv_tiles(smem, &k_map, page_of(params, req, blk_begin + 1), kv_head, 1, 0, C::kNumTiles, policy);
       }
       // Q tile: rows of this (request, kv head), zero-filled past R; 16-byte chunks into the swizzled layout.
       const auto* q = static_cast<const uint8_t*>(params.q);
@@ -371,6 +376,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       const int tok0 = blk0 * C::kBlockN, tok1 = blk1 * C::kBlockN;
       const bool k0_partial = tok0 + C::kBlockN > seqlen;
       const bool k1_partial = tok1 + C::kBlockN > seqlen;
+      // Pages of the next pair, loaded now so the refills below never wait on global memory.
+      const int next_page0 = has_next ? page_of(params, req, blk0 + 2) : 0;
+      const int next_page1 = next_has_k1 ? page_of(params, req, blk0 + 3) : 0;
       float s[32];
       uint32_t pa[4][4];
 
@@ -402,7 +410,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
         gemm_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
         if (has_next && is_issuer)
-          load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, 0, C::kVTilesPerHalf, policy);
+          load_kv_tiles(smem, &k_map, next_page0, kv_head, 0, 0, C::kVTilesPerHalf, policy);
 
         // Step 4: wait for a1 and P1; rescale P0 to m1 and hand it to WG1.
         handoff_wait(Handoff::kScale1Ready);
@@ -431,8 +439,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           for (int t = 0; t < C::kVTilesPerHalf; ++t) ptx::mbarrier_wait_parity(&smem.k_bar[1][t], phase[1]);
           gemm_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
           if (next_has_k1 && is_issuer) {
-            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, 0, C::kVTilesPerHalf, policy);
-            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
+            load_kv_tiles(smem, &k_map, next_page1, kv_head, 1, 0, C::kVTilesPerHalf, policy);
+            load_kv_tiles(smem, &k_map, next_page1, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
           }
         }
       } else {
@@ -472,7 +480,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           if (k1_partial) zero_tail_rows(smem.k[1][C::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
           gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][C::kVTilesPerHalf]);
           if (next_has_k1 && is_issuer)
-            load_kv_tiles(smem, &k_map, params, req, blk0 + 3, kv_head, 1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
+            load_kv_tiles(smem, &k_map, next_page1, kv_head, 1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
                           policy);
         }
 
@@ -484,7 +492,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           ptx::mbarrier_wait_parity(&smem.k_bar[0][t], phase[0]);
         gemm_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
         if (has_next && is_issuer)
-          load_kv_tiles(smem, &k_map, params, req, blk0 + 2, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
+          load_kv_tiles(smem, &k_map, next_page0, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
       }
       phase[0] ^= 1;
       if (has_k1) phase[1] ^= 1;
