@@ -78,26 +78,6 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* m
       : "memory");
 }
 
-// Predicated forms: issued only where `pred` holds, without a branch. A branch that diverges inside a warp
-// while a wgmma is in flight makes ptxas serialise the wgmma pipeline.
-__device__ __forceinline__ void mbarrier_arrive_expect_tx_if(bool pred, uint64_t* bar, uint32_t bytes) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n"
-      "@p mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(bytes), "r"(static_cast<int>(pred))
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_4d_if(bool pred, void* smem_dst, const CUtensorMap* map, uint64_t* bar,
-                                               int c0, int c1, int c2, int c3, uint64_t policy) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %8, 0;\n"
-      "@p cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n}\n" ::"r"(smem_addr(smem_dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar)), "l"(policy),
-      "r"(static_cast<int>(pred))
-      : "memory");
-}
-
 // ---------------------------------------------------------------------------------------------------
 // Fences and barriers
 // ---------------------------------------------------------------------------------------------------

@@ -256,42 +256,6 @@ __device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtenso
   }
 }
 
-// Branch-free form of load_kv_tiles for points where a wgmma is in flight: every thread executes it, the
-// instructions are predicated on `issue`.
-template <int kBegin, int kEnd>
-__device__ __forceinline__ void load_kv_tiles_if(bool issue, SharedStorage& smem, const CUtensorMap* map, int page,
-                                                 int kv_head, int buf, uint64_t policy) {
-#pragma unroll
-  for (int t = kBegin; t < kEnd; ++t) {
-    ptx::mbarrier_arrive_expect_tx_if(issue, &smem.k_bar[buf][t], C::kTileBytes);
-    ptx::tma_load_4d_if(issue, smem.k[buf][t], map, &smem.k_bar[buf][t], t * C::kTileCols, 0, kv_head, page, policy);
-  }
-}
-
-// Issue-only S (+)= Q K^T over tiles [kBegin, kEnd) of one buffer (no commit, no wait).
-template <bool kIsFp16, int kBegin, int kEnd>
-__device__ __forceinline__ void issue_qk(float (&s)[32], SharedStorage& smem, int buf, uint32_t phase, bool zero_init) {
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int t = kBegin; t < kEnd; ++t) {
-    ptx::mbarrier_wait_parity(&smem.k_bar[buf][t], phase);
-#pragma unroll
-    for (int kk = 0; kk < C::kTileCols / 16; ++kk)
-      Element<kIsFp16>::template mma_qk<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
-                                           (zero_init && t == kBegin && kk == 0) ? 0 : 1);
-  }
-}
-
-// Issue-only form of gemm_pv_ss (one commit group; the caller waits).
-template <bool kIsFp16>
-__device__ __forceinline__ void issue_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    Element<kIsFp16>::mma_pv_ss(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
-  ptx::wgmma_commit();
-}
-
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
@@ -404,8 +368,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     float l_run[2] = {0.f, 0.f};                   // this thread's partial row sums, relative to m_run
 
     // ---------------------------------------------------------------- main loop over block pairs
-    float s[32];              // WG0: S0 of the pair; may already hold the next pair's S0 (s_ready)
-    bool s_ready = false;     // WG0 computed this pair's S0 at the end of the previous pair
     for (int blk0 = blk_begin; blk0 < blk_end; blk0 += 2) {
       const int blk1 = blk0 + 1;
       const bool has_k1 = blk1 < blk_end;
@@ -417,12 +379,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       // Pages of the next pair, loaded now so the refills below never wait on global memory.
       const int next_page0 = has_next ? page_of(params, req, blk0 + 2) : 0;
       const int next_page1 = next_has_k1 ? page_of(params, req, blk0 + 3) : 0;
+      float s[32];
       uint32_t pa[4][4];
 
       if (wg == 0) {
         // Step 1: S0 = Q K0^T.
-        if (!s_ready) gemm_qk<kIsFp16, 0>(s, smem, 0, phase[0]);
-        s_ready = false;
+        gemm_qk<kIsFp16, 0>(s, smem, 0, phase[0]);
         mask_logits(s, frag, tok0, border);
         // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
         float mx[2], m0[2], a0[2], sum[2];
@@ -475,25 +437,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
 #pragma unroll
           for (int t = 0; t < C::kVTilesPerHalf; ++t) ptx::mbarrier_wait_parity(&smem.k_bar[1][t], phase[1]);
-          issue_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
-          if (has_next) {
-            // Next pair's QK^T over K0 tiles 0-3 (refilled after PV0_L) queued behind PV1_L; the K1 refill goes
-            // out predicated as soon as PV1_L retires; then tiles 4-8. S0 is complete before the back-edge.
-            issue_qk<kIsFp16, 0, C::kVTilesPerHalf>(s, smem, 0, phase[0] ^ 1, true);
-            ptx::wgmma_commit();
-            ptx::wgmma_wait<1>();
-            ptx::fence_registers(o);
-            const bool issue = next_has_k1 && is_issuer;
-            load_kv_tiles_if<0, C::kVTilesPerHalf>(issue, smem, &k_map, next_page1, kv_head, 1, policy);
-            load_kv_tiles_if<C::kRopeTile, C::kNumTiles>(issue, smem, &k_map, next_page1, kv_head, 1, policy);
-            issue_qk<kIsFp16, C::kVTilesPerHalf, C::kNumTiles>(s, smem, 0, phase[0] ^ 1, false);
-            ptx::wgmma_commit();
-            ptx::wgmma_wait<0>();
-            ptx::fence_registers(s);
-            s_ready = true;
-          } else {
-            ptx::wgmma_wait<0>();
-            ptx::fence_registers(o);
+          gemm_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
+          if (next_has_k1 && is_issuer) {
+            load_kv_tiles(smem, &k_map, next_page1, kv_head, 1, 0, C::kVTilesPerHalf, policy);
+            load_kv_tiles(smem, &k_map, next_page1, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
           }
         }
       } else {
