@@ -17,6 +17,9 @@ struct Config {
   static constexpr int kNumVTiles = kHeadDimV / kTileCols;       // 8 tiles carry V
   static constexpr int kVTilesPerHalf = kNumVTiles / 2;          // 4 tiles = 256 columns per warpgroup
   static constexpr int kRopeTile = kNumTiles - 1;                // tile 8: RoPE dims, QK^T only
+  // TMA granularity: one copy per tile GROUP (tiles 0-3 = V_L, 4-7 = V_R, 8 = RoPE), because issuing a TMA
+  // costs ~100 cycles the whole warpgroup waits for (perf-notes v8); one mbarrier per group.
+  static constexpr int kNumTileGroups = 3;
   static constexpr int kTileBytes = kBlockN * kTileCols * 2;     // 8192
   static constexpr int kSwizzleAtomBytes = 1024;                 // 8 rows x 128 B
   static constexpr int kRowBytes = kTileCols * 2;                // 128
@@ -67,7 +70,7 @@ struct alignas(1024) SharedStorage {
   float max1[Config::kBlockM];    // m1
   float scale1[Config::kBlockM];  // a1 = 2^(m0 - m1)
   float row_sum[2][Config::kBlockM];
-  alignas(8) uint64_t k_bar[2][Config::kNumTiles];  // one TMA completion barrier per 8 KB tile
+  alignas(8) uint64_t k_bar[2][Config::kNumTileGroups];  // one TMA completion barrier per tile group
   uint64_t handoff[static_cast<int>(Handoff::kCount)];
 };
 

@@ -108,6 +108,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 // ---------------------------------------------------------------------------------------------------
 // Building blocks of the pair step
 // ---------------------------------------------------------------------------------------------------
+__device__ __forceinline__ constexpr int tile_group(int t) { return t / C::kVTilesPerHalf; }  // 0, 1 or 2
+
 // S = Q K^T over the 9 tiles of one KV buffer, waiting tile by tile so the GEMM starts on the first
 // arrival. `kFirstTile` rotates the order (WG1 starts with the tiles refilled first).
 template <bool kIsFp16, int kFirstTile>
@@ -116,7 +118,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int
 #pragma unroll
   for (int i = 0; i < C::kNumTiles; ++i) {
     const int t = (i + kFirstTile) % C::kNumTiles;
-    ptx::mbarrier_wait_parity(&smem.k_bar[buf][t], phase);
+    if (t % C::kVTilesPerHalf == 0) ptx::mbarrier_wait_parity(&smem.k_bar[buf][tile_group(t)], phase);
 #pragma unroll
     for (int kk = 0; kk < C::kTileCols / 16; ++kk) {
       Element<kIsFp16>::template mma_qk<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
@@ -248,11 +250,15 @@ __device__ __forceinline__ int page_of(const DenseDecodeParams& p, int req, int 
 // TMA loads of tiles [t_begin, t_end) of the KV page `page` into buffer `buf`. The page id is read ahead of
 // time by the caller: reading it here would stall the whole warpgroup (wgmma is collective) on warp 0's
 // global load at every refill.
-__device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtensorMap* map, int page, int kv_head,
-                                              int buf, int t_begin, int t_end, uint64_t policy) {
-  for (int t = t_begin; t < t_end; ++t) {
-    ptx::mbarrier_arrive_expect_tx(&smem.k_bar[buf][t], C::kTileBytes);
-    ptx::tma_load_4d(smem.k[buf][t], map, &smem.k_bar[buf][t], t * C::kTileCols, 0, kv_head, page, policy);
+// [t_begin, t_end) must be a union of whole tile groups: one TMA per group (maps: 4-tile box, 1-tile box).
+__device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtensorMap* map4, const CUtensorMap* map1,
+                                              int page, int kv_head, int buf, int t_begin, int t_end, uint64_t policy) {
+  for (int t = t_begin; t < t_end;) {
+    const int g = tile_group(t);
+    const int n = g == 2 ? 1 : C::kVTilesPerHalf;
+    ptx::mbarrier_arrive_expect_tx(&smem.k_bar[buf][g], n * C::kTileBytes);
+    ptx::tma_load_5d(smem.k[buf][t], g == 2 ? map1 : map4, &smem.k_bar[buf][g], 0, 0, t, kv_head, page, policy);
+    t += n;
   }
 }
 
@@ -261,7 +267,8 @@ __device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtenso
 // ---------------------------------------------------------------------------------------------------
 template <bool kIsFp16>
 __global__ void __launch_bounds__(Config::kThreads, 1)
-    dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map) {
+    dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map,
+                        const __grid_constant__ CUtensorMap k_map_rope) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
@@ -277,8 +284,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   if (tid == 0) {
     ptx::prefetch_tensormap(&k_map);
+    ptx::prefetch_tensormap(&k_map_rope);
     for (int b = 0; b < 2; ++b)
-      for (int t = 0; t < C::kNumTiles; ++t) ptx::mbarrier_init(&smem.k_bar[b][t], 1);
+      for (int g = 0; g < C::kNumTileGroups; ++g) ptx::mbarrier_init(&smem.k_bar[b][g], 1);
     for (int h = 0; h < static_cast<int>(Handoff::kCount); ++h)
       ptx::mbarrier_init(&smem.handoff[h], C::kWarpgroupThreads);
     ptx::fence_mbarrier_init();
@@ -335,9 +343,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
     if (has_work) {
       if (tid == 0) {
-        load_kv_tiles(smem, &k_map, page_of(params, req, blk_begin), kv_head, 0, 0, C::kNumTiles, policy);
+        load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin), kv_head, 0, 0, C::kNumTiles, policy);
         if (blk_begin + 1 < blk_end)
-          load_kv_tiles(smem, &k_map, page_of(params, req, blk_begin + 1), kv_head, 1, 0, C::kNumTiles, policy);
+          load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin + 1), kv_head, 1, 0, C::kNumTiles, policy);
       }
       // Q tile: rows of this (request, kv head), zero-filled past R; 16-byte chunks into the swizzled layout.
       const auto* q = static_cast<const uint8_t*>(params.q);
@@ -410,7 +418,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
         gemm_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
         if (has_next && is_issuer)
-          load_kv_tiles(smem, &k_map, next_page0, kv_head, 0, 0, C::kVTilesPerHalf, policy);
+          load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, 0, C::kVTilesPerHalf, policy);
 
         // Step 4: wait for a1 and P1; rescale P0 to m1 and hand it to WG1.
         handoff_wait(Handoff::kScale1Ready);
@@ -436,11 +444,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (has_k1) {
           if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
 #pragma unroll
-          for (int t = 0; t < C::kVTilesPerHalf; ++t) ptx::mbarrier_wait_parity(&smem.k_bar[1][t], phase[1]);
+          ptx::mbarrier_wait_parity(&smem.k_bar[1][0], phase[1]);  // V1_L = group 0
           gemm_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
           if (next_has_k1 && is_issuer) {
-            load_kv_tiles(smem, &k_map, next_page1, kv_head, 1, 0, C::kVTilesPerHalf, policy);
-            load_kv_tiles(smem, &k_map, next_page1, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
+            load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, 0, C::kVTilesPerHalf, policy);
+            load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
           }
         }
       } else {
@@ -480,19 +488,17 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           if (k1_partial) zero_tail_rows(smem.k[1][C::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
           gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][C::kVTilesPerHalf]);
           if (next_has_k1 && is_issuer)
-            load_kv_tiles(smem, &k_map, next_page1, kv_head, 1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
+            load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
                           policy);
         }
 
         // Step 5: O_R += P0 V0_R.
         handoff_wait(Handoff::kP0Ready);
         if (k0_partial) zero_tail_rows(smem.k[0][C::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
-#pragma unroll
-        for (int t = C::kVTilesPerHalf; t < 2 * C::kVTilesPerHalf; ++t)
-          ptx::mbarrier_wait_parity(&smem.k_bar[0][t], phase[0]);
+        ptx::mbarrier_wait_parity(&smem.k_bar[0][1], phase[0]);  // V0_R = group 1
         gemm_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
         if (has_next && is_issuer)
-          load_kv_tiles(smem, &k_map, next_page0, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
+          load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
       }
       phase[0] ^= 1;
       if (has_k1) phase[1] ^= 1;

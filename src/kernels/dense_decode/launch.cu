@@ -13,32 +13,38 @@ template <bool kIsFp16>
 Status launch_typed(const DenseDecodeParams& p, cudaStream_t stream) {
   using dense_decode::Config;
   using dense_decode::SharedStorage;
-  // The cache as a 4-D tensor (576 columns, 64 rows of a page, kv heads, pages); one box is a 64 x 64 tile.
+  // The cache as a 5-D tensor (64 columns, 64 rows of a page, 9 column tiles 128 B apart, kv heads, pages):
+  // one box is a group of 4 tiles (32 KB) for the V halves, or the single RoPE tile.
   detail::TensorMapSpec spec{};
   spec.dtype = kIsFp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  spec.rank = 4;
-  spec.dims[0] = Config::kHeadDimQK;
+  spec.rank = 5;
+  spec.dims[0] = Config::kTileCols;
   spec.dims[1] = Config::kBlockN;
-  spec.dims[2] = static_cast<uint64_t>(p.h_kv);
-  spec.dims[3] = static_cast<uint64_t>(p.num_cache_blocks);
+  spec.dims[2] = Config::kNumTiles;
+  spec.dims[3] = static_cast<uint64_t>(p.h_kv);
+  spec.dims[4] = static_cast<uint64_t>(p.num_cache_blocks);
   spec.byte_strides[0] = static_cast<uint64_t>(p.k_stride_row) * 2;
-  spec.byte_strides[1] = static_cast<uint64_t>(p.k_stride_head) * 2;
-  spec.byte_strides[2] = static_cast<uint64_t>(p.k_stride_block) * 2;
+  spec.byte_strides[1] = Config::kTileCols * 2;
+  spec.byte_strides[2] = static_cast<uint64_t>(p.k_stride_head) * 2;
+  spec.byte_strides[3] = static_cast<uint64_t>(p.k_stride_block) * 2;
   spec.box[0] = Config::kTileCols;
   spec.box[1] = Config::kBlockN;
-  spec.box[2] = 1;
+  spec.box[2] = Config::kVTilesPerHalf;
   spec.box[3] = 1;
+  spec.box[4] = 1;
   spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
   spec.l2_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  CUtensorMap k_map;
+  CUtensorMap k_map, k_map_rope;
   OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&k_map, p.k_cache, spec, "dense decode k_cache"));
+  spec.box[2] = 1;
+  OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&k_map_rope, p.k_cache, spec, "dense decode k_cache (RoPE)"));
 
   auto kernel = dense_decode::dense_decode_kernel<kIsFp16>;
   const int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
                                "dense decode: setting the shared-memory size");
   dim3 grid(p.num_m_blocks, p.h_kv, p.num_sm_parts);
-  kernel<<<grid, Config::kThreads, smem_bytes, stream>>>(p, k_map);
+  kernel<<<grid, Config::kThreads, smem_bytes, stream>>>(p, k_map, k_map_rope);
   return detail::last_cuda_error("dense decode kernel launch");
 }
 
