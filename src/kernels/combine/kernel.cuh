@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "common/ptx.cuh"
 #include "kernels/combine/merge_math.h"
 #include "kernels/combine/params.h"
 
@@ -31,7 +32,7 @@ static_assert(kCombineHeadDim % 128 == 0, "four float4 per lane cover the row");
 
 // Waits until the preceding kernel on the stream (launched before us; we are its programmatic
 // dependent) has completed and its memory is visible. No-op when launched without PDL.
-__device__ __forceinline__ void wait_for_main_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void wait_for_main_kernel() { ptx::griddep_wait(); }
 
 // NOTE: ordinary (coherent) loads, never ld.global.nc / __ldg: the data was written by the kernel we
 // overlap with via PDL, and the read-only path may be reordered or served from stale lines. The pointer
