@@ -62,6 +62,23 @@ def sparse_decode_bytes(b: int, s_q: int, h_q: int, unique_tokens: int, d_qk: in
     return 2.0 * b * s_q * h_q * d_qk + float(unique_tokens) * token_bytes + 2.0 * b * s_q * h_q * d_v
 
 
+def sparse_decode_mean_attended(topk: int, topk_length=None, extra_topk: int = 0, extra_topk_length=None) -> float:
+    """The mean_topk of sparse_decode_flops: attended slots per query, averaged over requests (FlashMLA's N_att /
+    (b * s_q)): topk, or the mean of topk_length (b,) clamped to [0, topk]; plus the same for the extra cache
+    (extra_topk, extra_topk_length). topk_length arrays may be torch or numpy; invalid (-1) slots are counted."""
+
+    def mean_len(k, lengths):
+        if lengths is None:
+            return float(k)
+        if hasattr(lengths, "clamp"):  # torch
+            return float(lengths.clamp(0, k).double().mean())
+        import numpy as np
+
+        return float(np.clip(np.asarray(lengths, dtype=np.float64), 0, k).mean())
+
+    return mean_len(topk, topk_length) + (mean_len(extra_topk, extra_topk_length) if extra_topk else 0.0)
+
+
 def count_unique_tokens(indices) -> int:
     """Distinct values in an index tensor (torch or numpy); -1 counts once, like FlashMLA's benchmark."""
     if hasattr(indices, "unique"):  # torch

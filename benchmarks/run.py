@@ -12,6 +12,8 @@ Benchmark modules are the files benchmarks/bench_*.py. Each defines:
         optional: "tflops"/"gbps" (if it computes them itself), "name", "params", "target", anything else
     TARGETS = {...}                     # optional: case name -> {"tflops"|"gbps"|"time_us": value}, or
                                         #   case name -> {"h100": {...}, "h200": {...}} per device
+    def cpu_reference(): -> int         # optional: a tiny case on the CPU reference, for machines without
+                                        #   a GPU (--cpu-reference); returns 0 on success
 
 run.py adds tflops/gbps, the percentage of the measured ceilings, the target and ratio (> 1 is
 better than the target), the device, the git commit and the time stamp.
@@ -19,7 +21,11 @@ better than the target), the device, the git commit and the time stamp.
     python3 benchmarks/run.py                          # default suites
     python3 benchmarks/run.py --suite kv_cache --filter 'v32.*1M' --json out.json
     python3 benchmarks/run.py --list                   # suites and cases, without running
-    python3 benchmarks/run.py --cpu-reference          # no GPU: a small dense-decode case on the CPU reference
+    python3 benchmarks/run.py --cpu-reference          # no GPU: small dense- and sparse-decode cases on the CPU reference
+    python3 benchmarks/run.py --cpu-reference --suite sparse_decode   # only the sparse one
+
+Without a visible CUDA device the GPU suites are skipped with the reason (exit status 0) and the CPU-reference
+cases of the selected suites run instead; --json then records no records and the reason under "skipped".
 """
 from __future__ import annotations
 
@@ -130,6 +136,11 @@ def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def target_text(v: float) -> str:
+    """A target value: whole numbers from 100 up (534, 2940), three significant digits below (21.4)."""
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def params_text(params: dict, width: int = 46) -> str:
     s = " ".join(f"{k}={v}" for k, v in params.items())
     return s if len(s) <= width else s[: width - 1] + "…"
@@ -152,7 +163,7 @@ def print_table(records, errors, ceilings, device, commit):
         else:
             ceil = f"{pc:.0f}% bw"
         tgt = r.get("target")
-        tgt_s = f"{tgt['value']:.0f} {tgt['metric'].replace('_us', 'us')}" if tgt else "-"
+        tgt_s = f"{target_text(tgt['value'])} {'us' if tgt['metric'] == 'time_us' else tgt['metric']}" if tgt else "-"
         print(f"{r['name'][:34]:<34} {params_text(r['params']):<46} {r['time_us']:>10.2f} {fmt(r['tflops'], '.1f'):>8} "
               f"{fmt(r['gbps'], '.0f'):>7} {ceil:>8} {tgt_s:>12} {fmt(r['ratio'], '.3f'):>6}")
     for name, err in errors:
@@ -186,6 +197,19 @@ def run_benchmarks(args) -> int:
     device = harness_mod.device_name()
     commit = harness_mod.git_commit()
     stamp = harness_mod.timestamp()
+    no_gpu = gpu_unavailable_reason()
+    if no_gpu:
+        print(f"run.py: {no_gpu}: the GPU benchmarks ({', '.join(selected) or 'none selected'}) are skipped; "
+              "running the CPU reference on small cases instead", flush=True)
+        rc = run_cpu_reference(selected, suites)
+        if args.json:
+            doc = {"schema": 1, "device": device, "git_commit": commit, "timestamp": stamp, "ceilings": None,
+                   "suites": selected, "filter": args.filter, "records": [], "errors": [], "skipped": no_gpu}
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+            print(f"wrote {args.json}")
+        return rc
     t0 = time.time()
     print(f"measuring ceilings on {device} ...", flush=True)
     ceilings = harness_mod.measure_ceilings()
@@ -249,9 +273,50 @@ def run_benchmarks(args) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# No GPU: a small dense-decode case through the CPU reference
+# No GPU: small cases through the CPU reference
 # ------------------------------------------------------------------------------------------------
-def run_cpu_reference() -> int:
+def gpu_unavailable_reason():
+    """None when torch sees a CUDA device, else why the GPU benchmarks cannot run."""
+    try:
+        import torch
+    except Exception as err:
+        return f"no GPU benchmarks without PyTorch ({type(err).__name__}: {err})"
+    try:
+        if not torch.cuda.is_available():
+            return "PyTorch sees no CUDA device"
+    except Exception as err:  # pragma: no cover - depends on the machine
+        return f"CUDA is not usable ({type(err).__name__}: {err})"
+    return None
+
+
+def run_cpu_reference(selected=None, suites=None) -> int:
+    """The CPU-reference cases of the selected suites (default: dense decode, then every module defining
+    cpu_reference(), e.g. sparse_decode). Returns non-zero if one failed."""
+    if suites is None:
+        suites, _ = discover()
+    names = list(selected) if selected else ["dense_decode"] + sorted(
+        s for s, m in suites.items() if s != "dense_decode" and callable(getattr(m, "cpu_reference", None)))
+    rc, ran, without = 0, 0, []
+    for name in names:
+        if name == "dense_decode":
+            fn = run_dense_cpu_reference
+        else:
+            fn = getattr(suites.get(name), "cpu_reference", None)
+        if not callable(fn):
+            without.append(name)
+            continue
+        if ran:
+            print()
+        ran += 1
+        rc |= 1 if fn() else 0
+    if without:
+        if ran:
+            print()
+        print(f"no CPU-reference case for: {', '.join(without)}")
+    return rc
+
+
+def run_dense_cpu_reference() -> int:
     b, s_q, h_q, h_kv, s_k, d_qk, d_v, page = 2, 1, 16, 1, 256, 576, 512, 64
     try:
         import numpy as np
@@ -294,16 +359,18 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--list", action="store_true", help="list suites and cases without running them")
-    p.add_argument("--cpu-reference", action="store_true", help="run a small dense-decode case on the CPU reference")
+    p.add_argument("--cpu-reference", action="store_true",
+                   help="no GPU: run small cases on the CPU reference (dense and sparse decode; --suite selects)")
     args = p.parse_args(argv)
     if args.warmup is None:
         args.warmup = 5 if args.quick else 10
     if args.reps is None:
         args.reps = 20 if args.quick else 50
-    if args.cpu_reference:
-        return run_cpu_reference()
     if os.environ.get("BENCH_SUITE") and not args.suite:
         args.suite = [os.environ["BENCH_SUITE"]]
+    if args.cpu_reference:
+        wanted = [s for arg in (args.suite or []) for s in arg.split(",") if s and s != "all"]
+        return run_cpu_reference(wanted or None)
     return run_benchmarks(args)
 
 

@@ -4,7 +4,8 @@
 # From the tree plus the carried .deps/wheels and .deps/googletest it: installs the dependencies offline,
 # builds build-gpu/ with all cores (ptxas register/smem report kept), runs the C++ tests, the Python
 # tests (GPU tests run here), the sanitizer program under compute-sanitizer memcheck / racecheck /
-# synccheck, and the benchmarks; then prints a short summary table LAST. A failing stage is recorded
+# synccheck, and the benchmarks (default suites of benchmarks/run.py: dense_decode, kv_cache, sparse_decode);
+# then prints a short summary table LAST, with every benchmark row. A failing stage is recorded
 # and the next one still runs, so one call gives all the information; the exit status is non-zero if
 # any stage failed.
 #
@@ -21,8 +22,10 @@
 #   GPU_CHECK_SKIP_CPP=1         skip the C++ tests        GTEST_FILTER=...   select C++ tests (gtest's own)
 #   GPU_CHECK_SKIP_PYTEST=1      skip the Python tests     PYTEST_K=...       pytest -k expression
 #   GPU_CHECK_SKIP_SANITIZE=1    skip compute-sanitizer    GPU_CHECK_SANITIZE_TOOLS="memcheck racecheck"
-#                                                          GPU_CHECK_SANITIZE_FAMILIES="kv_cache" (default: all)
-#   GPU_CHECK_SKIP_BENCH=1       skip the benchmarks       BENCH_SUITE=kv_cache  BENCH_FILTER=<regex>
+#                                                          GPU_CHECK_SANITIZE_FAMILIES="kv_cache" (default: all:
+#                                                          kv_cache dense_decode sparse_decode)
+#   GPU_CHECK_SKIP_BENCH=1       skip the benchmarks       BENCH_SUITE=sparse_decode (comma-separated; default:
+#                                                          every default suite)  BENCH_FILTER=<regex>
 #   GPU_CHECK_BENCH_ARGS="..."   extra arguments for benchmarks/run.py (e.g. --quick)
 #   OPENMLA_GIT_COMMIT=<sha>     commit recorded in the build and the benchmark JSON (the tree sent
 #                                to the GPU machine has no .git)
@@ -138,16 +141,18 @@ PY
 # SASS of the wgmma kernels: a WARPGROUP.DEPBAR after (nearly) every HGMMA means ptxas serialised the
 # tensor-core pipeline, silently (dense decode v2/v3 lost 10-15 % that way; docs/perf-notes.md).
 sass_note=""
+serial_total=0
 if (( build_ok )) && command -v cuobjdump >/dev/null; then
-  for obj in "$build_dir"/CMakeFiles/openmla.dir/src/kernels/dense_decode/launch.cu.o; do
+  for obj in "$build_dir"/CMakeFiles/openmla.dir/src/kernels/{dense_decode,sparse_decode}/*.cu.o; do
     [[ -f $obj ]] || continue
     echo -e "\n# SASS summary (tools/sass_summary.py) of $obj" >>"$logs/ptxas.txt"
     cuobjdump -sass "$obj" 2>/dev/null | "$py" tools/sass_summary.py >>"$logs/ptxas.txt"
     serial=$(cuobjdump -sass "$obj" 2>/dev/null | "$py" tools/sass_summary.py |
              grep -oE 'HGMMA=[0-9]+  WARPGROUP.DEPBAR=[0-9]+' |
              awk -F'[= ]+' '$4 * 2 > $2 {n++} END {print n + 0}')
-    (( serial > 0 )) && sass_note=", $serial kernel(s) with wgmma SERIALISED (see ptxas.txt)"
+    serial_total=$(( serial_total + serial ))
   done
+  (( serial_total > 0 )) && sass_note=", $serial_total kernel(s) with wgmma SERIALISED (see ptxas.txt)"
 fi
 if (( build_ok )); then
   record ok "$ptxas_summary$sass_note"
@@ -233,9 +238,20 @@ else
       ${BENCH_SUITE:+--suite "$BENCH_SUITE"} ${BENCH_FILTER:+--filter "$BENCH_FILTER"} "${bargs[@]}" \
       >"$logs/bench.log" 2>&1
   rc=$?
-  n=$("$py" -c "import json,sys; d=json.load(open(sys.argv[1])); print(len(d['records']), 'records,', len(d['errors']), 'errors')" \
-      "$logs/bench.json" 2>/dev/null)
-  if (( rc == 0 )); then record ok "$n"; else
+  # "N records (suite n, ...), M errors"; "skipped: <why>" when run.py found no usable GPU.
+  n=$("$py" - "$logs/bench.json" 2>/dev/null <<'PY'
+import collections, json, sys
+d = json.load(open(sys.argv[1]))
+if d.get("skipped"):
+    print("skipped: " + d["skipped"])
+else:
+    per = collections.Counter(r["suite"] for r in d["records"])
+    print(f"{len(d['records'])} records ({', '.join(f'{s} {k}' for s, k in per.items()) or 'none'}), "
+          f"{len(d['errors'])} errors")
+PY
+)
+  if [[ $n == skipped:* ]]; then record FAIL "$n"  # this script runs on the GPU machine: no GPU is a failure
+  elif (( rc == 0 )); then record ok "$n"; else
     why=$(grep -E '^[A-Za-z]*(Error|Exception)' "$logs/bench.log" | tail -1 | cut -c1-100)
     record FAIL "rc $rc${n:+, $n}${why:+: $why}; see bench.log"
   fi

@@ -102,4 +102,33 @@ struct DenseDecodeArgs {
 
 Status dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args, cudaStream_t stream);
 
+// Sparse top-k decode over an FP8 paged cache (DeepSeek-V3.2 sparse attention). Each query token attends
+// to the tokens its index row selects: index = page * page_block_size + offset_in_page (the block table is
+// folded into the indices). A slot is skipped (contributes nothing, is never dereferenced) when its index
+// is -1, when it lies outside [0, num_blocks * page_block_size), or when its position is at or beyond the
+// request's topk_length. The extra cache, if given, is a second selection attended under the same softmax.
+//
+// problem: sparse = true, cache_format = kFp8V32 (d_qk 576, 656 B/token) or kFp8Model1 (d_qk 512,
+// 584 B/token), h_kv = 1, d_v = 512, causal = false, any h_q >= 1 (64-head tiles; h_q = 128 pairs two tiles
+// in a CTA cluster that share the dequantisation), any s_q >= 1, topk >= 1 (any value), page_block_size
+// >= 1; extra_topk >= 1 and extra_page_block_size >= 1 when an extra cache is given, else 0.
+struct SparseDecodeArgs {
+  TensorRef q;                  // (b, s_q, h_q, d_qk) bf16; last dim contiguous, byte strides % 16 == 0
+  TensorRef k_cache;            // (num_blocks, page_block_size, 1, bytes_per_token) uint8 / int8 / float8_e4m3
+                                // byte buffer; stride(1) == bytes_per_token, stride(0) % 16 == 0
+  TensorRef indices;            // (b, s_q, topk) int32, last dim contiguous
+  TensorRef topk_length;        // optional (b,) int32: slots [0, topk_length[i]) of request i are used
+  TensorRef attn_sink;          // optional (h_q,) float32, natural-log units; +-inf allowed
+  TensorRef extra_k_cache;      // optional second cache (own page size = problem.extra_page_block_size)
+  TensorRef extra_indices;      // (b, s_q, extra_topk) int32; required iff extra_k_cache is given
+  TensorRef extra_topk_length;  // optional (b,) int32, only with extra_k_cache
+  float softmax_scale = 0.f;    // 0: d_qk ** -0.5
+  DecodeSchedule schedule;      // from plan_decode() with the same problem, topk_length and extra_topk_length
+  DecodeSplitBuffers split;     // workspace
+  TensorRef out;                // (b, s_q, h_q, d_v) bf16; last dim contiguous, strides % 8 == 0
+  TensorRef lse;                // (b, h_q, s_q) float32, any strides
+};
+
+Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args, cudaStream_t stream);
+
 }  // namespace openmla

@@ -29,12 +29,12 @@ const char* build_gap(Feature feature) {
       return "compiled out (OPENMLA_ENABLE_KV_CACHE=OFF)";
 #endif
     case Feature::kDenseDecode:
+    case Feature::kSparseDecode:
 #ifdef OPENMLA_HAS_DENSE_DECODE
       return nullptr;
 #else
       return "compiled out (OPENMLA_ENABLE_DENSE_DECODE=OFF)";
 #endif
-    case Feature::kSparseDecode:
     case Feature::kSparsePrefill:
     case Feature::kDensePrefill:
       return "not implemented in this version of OpenMLA";

@@ -17,4 +17,7 @@ Status validate_plan_decode(const DecodeProblem& problem, const TensorRef& cache
 // Every check of dense_decode; on success *num_sm_parts is the partition count of the schedule.
 Status validate_dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args, int* num_sm_parts);
 
+// Every check of sparse_decode; on success *num_sm_parts is the partition count of the schedule.
+Status validate_sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args, int* num_sm_parts);
+
 }  // namespace openmla::detail

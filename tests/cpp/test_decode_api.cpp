@@ -99,7 +99,7 @@ TEST(DecodeApi, WorkspaceSizesErrors) {
   EXPECT_NE(st.message().find("problem.h_q"), std::string::npos) << st.message();
   p = dense_problem();
   p.sparse = true;
-  p.topk = 100;
+  p.topk = 0;
   st = get_decode_workspace_sizes(p, &s);
   EXPECT_NE(st.message().find("problem.topk"), std::string::npos) << st.message();
 }
@@ -306,8 +306,173 @@ TEST(DecodeApi, PlanValidation) {
   TensorRef bad_len = a.cache_seqlens;
   bad_len.shape[0] = 7;
   expect_error(sp, {}, bad_len, {}, ssched, "topk_length");
-  sp.extra_topk = 100;
+  sp.extra_topk = -1;
   expect_error(sp, {}, {}, {}, ssched, "problem.extra_topk");
+}
+
+
+// ---------------------------------------------------------------------------------------------------------
+// Sparse decode
+// ---------------------------------------------------------------------------------------------------------
+DecodeProblem sparse_problem() {
+  DecodeProblem p;
+  p.batch = 2;
+  p.s_q = 2;
+  p.h_q = 128;
+  p.h_kv = 1;
+  p.d_qk = 576;
+  p.sparse = true;
+  p.topk = 100;  // any value, not only multiples of 64
+  p.page_block_size = 61;
+  p.cache_format = KVCacheFormat::kFp8V32;
+  p.num_sms = kSms;
+  return p;
+}
+
+// A valid V3.2 call: b = 2, s_q = 2, h_q = 128 -> num_sm_parts = 132 / 2 / 2 = 33. Padded pages.
+SparseDecodeArgs sparse_args(const DecodeProblem& p) {
+  const int64_t parts = 33;
+  const int64_t rows = (p.batch + parts) * p.s_q * p.h_q;
+  const int64_t bpt = p.d_qk == 576 ? 656 : 584;
+  SparseDecodeArgs a;
+  a.q = make_tensor(fake_ptr(1), DType::kBFloat16, {p.batch, p.s_q, p.h_q, p.d_qk});
+  a.k_cache = make_tensor(fake_ptr(2), DType::kUInt8, {10, p.page_block_size, 1, bpt},
+                          {(p.page_block_size + 1) * bpt, bpt, bpt, 1});
+  a.indices = make_tensor(fake_ptr(3), DType::kInt32, {p.batch, p.s_q, p.topk});
+  a.schedule.metadata = make_tensor(fake_ptr(5), DType::kInt32, {parts, kDecodeScheduleRecordInts});
+  a.schedule.num_splits = make_tensor(fake_ptr(6), DType::kInt32, {p.batch + 1});
+  a.split.partial_o = make_tensor(fake_ptr(7), DType::kFloat32, {rows, 512});
+  a.split.partial_lse = make_tensor(fake_ptr(8), DType::kFloat32, {rows});
+  a.out = make_tensor(fake_ptr(9), DType::kBFloat16, {p.batch, p.s_q, p.h_q, 512});
+  a.lse = make_tensor(fake_ptr(10), DType::kFloat32, {p.batch, p.h_q, p.s_q});
+  return a;
+}
+
+// Adds the optional inputs (sink, lengths, extra cache) to a valid call.
+void add_sparse_options(DecodeProblem& p, SparseDecodeArgs& a) {
+  p.extra_topk = 70;
+  p.extra_page_block_size = 53;
+  const int64_t bpt = p.d_qk == 576 ? 656 : 584;
+  a.topk_length = make_tensor(fake_ptr(11), DType::kInt32, {p.batch});
+  a.attn_sink = make_tensor(fake_ptr(12), DType::kFloat32, {p.h_q});
+  a.extra_k_cache = make_tensor(fake_ptr(13), DType::kFloat8E4M3, {4, 53, 1, bpt});
+  a.extra_indices = make_tensor(fake_ptr(14), DType::kInt32, {p.batch, p.s_q, 70});
+  a.extra_topk_length = make_tensor(fake_ptr(15), DType::kInt32, {p.batch});
+}
+
+TEST(DecodeApi, ValidSparseCallsPassValidation) {
+  int parts = 0;
+  DecodeProblem p = sparse_problem();
+  Status st = detail::validate_sparse_decode(p, sparse_args(p), &parts);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(parts, 33);
+  // Every optional input, with the V3.2 layout too (FlashMLA's Hopper kernel allows them only with MODEL1).
+  SparseDecodeArgs a = sparse_args(p);
+  add_sparse_options(p, a);
+  st = detail::validate_sparse_decode(p, a, &parts);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  // MODEL1, int8 bytes, small head counts (64-head tiles padded), a page of 1 token, s_q = 3.
+  for (int64_t h_q : {8, 16, 32, 64, 100}) {
+    DecodeProblem m = sparse_problem();
+    m.cache_format = KVCacheFormat::kFp8Model1;
+    m.d_qk = 512;
+    m.h_q = h_q;
+    m.s_q = 3;
+    m.page_block_size = 1;
+    SparseDecodeArgs ma = sparse_args(m);
+    ma.k_cache.dtype = DType::kInt8;
+    const int64_t want_parts = std::max<int64_t>(132 / 3 / ((h_q + 63) / 64), 1);
+    ma.schedule.metadata.shape[0] = want_parts;
+    ma.split.partial_o.shape[0] = ma.split.partial_lse.shape[0] = (m.batch + want_parts) * m.s_q * m.h_q;
+    st = detail::validate_sparse_decode(m, ma, &parts);
+    EXPECT_TRUE(st.is_ok()) << "h_q " << h_q << ": " << st.message();
+    EXPECT_EQ(parts, want_parts);
+  }
+}
+
+struct SparseMutation {
+  const char* what;
+  std::function<void(DecodeProblem&, SparseDecodeArgs&)> apply;
+  const char* expect_in_message;
+};
+
+TEST(DecodeApi, SparseDecodeValidationErrors) {
+  using P = DecodeProblem;
+  using A = SparseDecodeArgs;
+  const std::vector<SparseMutation> mutations = {
+      {"not sparse", [](P& p, A&) { p.sparse = false; }, "problem.sparse"},
+      {"topk 0", [](P& p, A&) { p.topk = 0; }, "problem.topk"},
+      {"bf16 format", [](P& p, A&) { p.cache_format = KVCacheFormat::kBFloat16; }, "problem.cache_format"},
+      {"d_qk vs format", [](P& p, A&) { p.d_qk = 512; }, "problem.d_qk"},
+      {"h_kv 2", [](P& p, A&) { p.h_kv = 2; }, "problem.h_kv"},
+      {"causal", [](P& p, A&) { p.causal = true; }, "problem.causal"},
+      {"page size 0", [](P& p, A&) { p.page_block_size = 0; }, "problem.page_block_size"},
+      {"s_q > 65535", [](P& p, A&) { p.s_q = 70000; p.h_q = 1; }, "problem.s_q"},
+      {"extra_topk without cache", [](P& p, A&) { p.extra_topk = 64; }, "problem.extra_topk"},
+      {"extra cache without extra_topk", [](P& p, A& a) { add_sparse_options(p, a); p.extra_topk = 0; },
+       "extra_k_cache"},
+      {"extra_indices without cache", [](P& p, A& a) { add_sparse_options(p, a); a.extra_k_cache = TensorRef{}; p.extra_topk = 0; },
+       "extra_indices"},
+      {"extra page size 0", [](P& p, A& a) { add_sparse_options(p, a); p.extra_page_block_size = 0; },
+       "problem.extra_page_block_size"},
+      // q
+      {"q fp16", [](P&, A& a) { a.q.dtype = DType::kFloat16; }, "'q'"},
+      {"q d_qk", [](P&, A& a) { a.q.shape[3] = 512; }, "'q'"},
+      {"q stride not 16 B", [](P&, A& a) { a.q.stride[2] = 580; }, "'q'"},
+      // k_cache
+      {"k missing", [](P&, A& a) { a.k_cache = TensorRef{}; }, "'k_cache'"},
+      {"k bf16", [](P&, A& a) { a.k_cache.dtype = DType::kBFloat16; }, "'k_cache'"},
+      {"k page size", [](P&, A& a) { a.k_cache.shape[1] = 64; }, "'k_cache'"},
+      {"k two heads", [](P&, A& a) { a.k_cache.shape[2] = 2; }, "'k_cache'"},
+      {"k bytes per token", [](P&, A& a) { a.k_cache.shape[3] = 584; }, "'k_cache'"},
+      {"k page not contiguous", [](P&, A& a) { a.k_cache.stride[1] = 672; }, "'k_cache'"},
+      {"k page stride not 16 B", [](P&, A& a) { a.k_cache.stride[0] = 62 * 656 + 8; }, "'k_cache'"},
+      {"k pages overlap", [](P&, A& a) { a.k_cache.stride[0] = 60 * 656; }, "'k_cache'"},
+      {"k misaligned", [](P&, A& a) { a.k_cache.data = static_cast<char*>(a.k_cache.data) + 8; }, "'k_cache'"},
+      // indices, lengths, sink
+      {"indices missing", [](P&, A& a) { a.indices = TensorRef{}; }, "'indices'"},
+      {"indices int64", [](P&, A& a) { a.indices.dtype = DType::kInt64; }, "'indices'"},
+      {"indices topk", [](P&, A& a) { a.indices.shape[2] = 64; }, "'indices'"},
+      {"indices s_q", [](P&, A& a) { a.indices.shape[1] = 1; }, "'indices'"},
+      {"indices strided", [](P&, A& a) { a.indices.stride[2] = 2; }, "'indices'"},
+      {"topk_length shape", [](P&, A& a) { a.topk_length = make_tensor(fake_ptr(11), DType::kInt32, {3}); },
+       "'topk_length'"},
+      {"sink shape", [](P&, A& a) { a.attn_sink = make_tensor(fake_ptr(12), DType::kFloat32, {64}); }, "'attn_sink'"},
+      {"sink dtype", [](P&, A& a) { a.attn_sink = make_tensor(fake_ptr(12), DType::kBFloat16, {128}); },
+       "'attn_sink'"},
+      // extra cache
+      {"extra cache page size", [](P& p, A& a) { add_sparse_options(p, a); a.extra_k_cache.shape[1] = 64; },
+       "'extra_k_cache'"},
+      {"extra cache layout", [](P& p, A& a) { add_sparse_options(p, a); a.extra_k_cache.shape[3] = 584; },
+       "'extra_k_cache'"},
+      {"extra indices missing", [](P& p, A& a) { add_sparse_options(p, a); a.extra_indices = TensorRef{}; },
+       "'extra_indices'"},
+      {"extra indices topk", [](P& p, A& a) { add_sparse_options(p, a); a.extra_indices.shape[2] = 64; },
+       "'extra_indices'"},
+      {"extra_topk_length dtype", [](P& p, A& a) { add_sparse_options(p, a); a.extra_topk_length.dtype = DType::kInt64; },
+       "'extra_topk_length'"},
+      // outputs, schedule, devices
+      {"out fp16", [](P&, A& a) { a.out.dtype = DType::kFloat16; }, "'out'"},
+      {"lse shape", [](P&, A& a) { a.lse.shape[2] = 3; }, "'lse'"},
+      {"metadata parts", [](P&, A& a) { a.schedule.metadata.shape[0] = 66; }, "schedule.metadata"},
+      {"partial_o rows", [](P&, A& a) { a.split.partial_o.shape[0] -= 1; }, "split.partial_o"},
+      {"indices on another GPU", [](P&, A& a) { a.indices.device_id = 1; }, "'indices'"},
+      {"sink on another GPU", [](P& p, A& a) { add_sparse_options(p, a); a.attn_sink.device_id = 1; }, "'attn_sink'"},
+      {"scale nan", [](P&, A& a) { a.softmax_scale = std::nanf(""); }, "softmax_scale"},
+  };
+  for (const SparseMutation& m : mutations) {
+    DecodeProblem p = sparse_problem();
+    SparseDecodeArgs a = sparse_args(p);
+    m.apply(p, a);
+    int parts = 0;
+    const Status st = detail::validate_sparse_decode(p, a, &parts);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << m.what << ": " << st.message();
+    EXPECT_NE(st.message().find(m.expect_in_message), std::string::npos)
+        << m.what << ": message does not name " << m.expect_in_message << ": " << st.message();
+    const Status pub = sparse_decode(p, a, nullptr);
+    EXPECT_EQ(pub.code(), StatusCode::kInvalidArgument) << m.what;
+    EXPECT_EQ(pub.message(), st.message()) << m.what;
+  }
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // racecheck, synccheck) by tools/gpu_check.sh. Plain program, no GoogleTest: the sanitizer's report is
 // then about our kernels only, and the run stays short.
 //
-// Contract for each kernel family <family> (kv_cache, dense_decode, ...): a file
+// Contract for each kernel family <family> (kv_cache, dense_decode, sparse_decode, ...): a file
 // tests/gpu/sanitize_<family>.cpp defines, in the global namespace,
 //
 //     int run_<family>_sanitize_cases();   // launches small cases, returns the number that failed
@@ -20,6 +20,7 @@
 // symbol null and is reported as skipped instead of breaking the link.
 extern int run_kv_cache_sanitize_cases() __attribute__((weak));
 extern int run_dense_decode_sanitize_cases() __attribute__((weak));
+extern int run_sparse_decode_sanitize_cases() __attribute__((weak));
 
 namespace {
 
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   const Family families[] = {
       {"kv_cache", run_kv_cache_sanitize_cases},
       {"dense_decode", run_dense_decode_sanitize_cases},
+      {"sparse_decode", run_sparse_decode_sanitize_cases},
   };
 
   int failed_families = 0;

@@ -84,7 +84,7 @@ def test_query_capability_on_this_machine_explains_why_not():
 
 
 def test_query_capability_not_implemented_features_say_so():
-    for feature in ("sparse_decode", "sparse_prefill", "dense_prefill"):
+    for feature in ("sparse_prefill", "dense_prefill"):
         supported, reason = openmla.query_capability(feature)
         if not supported:
             assert reason.startswith(feature + ": ")

@@ -1,0 +1,88 @@
+// Sparse FP8 MLA decode (sm_90a): per-layout traits and the shared-memory plan.
+// Design note: docs/sparse-decode.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace openmla::kernels::sparse_decode {
+
+enum class Layout { kV32, kModel1 };
+
+struct Common {
+  static constexpr int kHeadDimV = 512;
+  static constexpr int kBlockM = 64;     // query heads per CTA (one wgmma M)
+  static constexpr int kBlockN = 64;     // top-k slots per block (the scheduler's unit)
+  static constexpr int kTileCols = 64;   // 64 x 16-bit = one 128-byte swizzled row
+  static constexpr int kTileBytes = kBlockN * kTileCols * 2;  // 8192
+  static constexpr int kRowBytes = kTileCols * 2;             // 128
+  static constexpr int kSwizzleAtomBytes = 1024;
+  static constexpr int kNumVTiles = kHeadDimV / kTileCols;    // 8
+  static constexpr int kVTilesPerHalf = kNumVTiles / 2;       // 4: each consumer warpgroup owns 256 columns
+
+  static constexpr int kWarpgroupThreads = 128;
+  static constexpr int kThreads = 3 * kWarpgroupThreads;  // WG0, WG1 consumers; WG2 producer
+  // setmaxnreg split (x 128 threads each must stay <= 65536): WG0 holds O_L + S + P, WG1 O_R, WG2 loads.
+  static constexpr int kRegsWg0 = 224;
+  static constexpr int kRegsWg1 = 176;
+  static constexpr int kRegsProducer = 104;
+  static_assert((kRegsWg0 + kRegsWg1 + kRegsProducer) * kWarpgroupThreads <= 65536, "register file");
+
+  // Producer thread mapping: 4 threads per token (16 fp8 of each 64-dim tile each), 32 tokens per round.
+  static constexpr int kThreadsPerToken = 4;
+  static constexpr int kTokensPerRound = kWarpgroupThreads / kThreadsPerToken;  // 32
+
+  static constexpr float kMaxInit = -1e30f;  // finite: exp2(m_old - m_new) never sees inf - inf
+};
+
+template <Layout L>
+struct Traits;
+
+// DeepSeek-V3.2: 656 B/token = 512 fp8 NoPE | 4 fp32 scales (128 dims each) | 64 bf16 RoPE.
+template <>
+struct Traits<Layout::kV32> : Common {
+  static constexpr int kHeadDimQK = 576;
+  static constexpr int kNumTiles = 9;   // 8 NoPE tiles + the RoPE tile
+  static constexpr int kNopeTiles = 8;
+  static constexpr int kRopeTile = 8;
+  static constexpr int kTilesPerScale = 2;
+  static constexpr int kBytesPerToken = 656;
+  // The RoPE tile only enters Q K^T, so once that is done it holds P for the other warpgroup.
+  static constexpr bool kPInRopeTile = true;
+};
+
+// MODEL1: pages of B tokens = B x (448 fp8 NoPE | 64 bf16 RoPE) then B x (7 UE8M0 scales + 1 pad byte).
+template <>
+struct Traits<Layout::kModel1> : Common {
+  static constexpr int kHeadDimQK = 512;
+  static constexpr int kNumTiles = 8;   // 7 NoPE tiles + the RoPE tile (RoPE is part of V here)
+  static constexpr int kNopeTiles = 7;
+  static constexpr int kRopeTile = 7;
+  static constexpr int kTilesPerScale = 1;
+  static constexpr int kBytesPerToken = 584;
+  static constexpr int kDataBytesPerToken = 576;  // the scale section follows B x 576 bytes
+  static constexpr bool kPInRopeTile = false;
+};
+
+// Shared memory. 128B-swizzled K-major tiles, 1024-byte aligned. The K buffers are filled by the producer
+// warpgroups of BOTH CTAs of a cluster (each dequantises half of the 64 tokens and writes both copies).
+template <Layout L>
+struct alignas(1024) SharedStorage {
+  using T = Traits<L>;
+  static constexpr int kNumPBuffers = T::kPInRopeTile ? 1 : 2;  // V3.2: P lives in the dead RoPE tile
+  alignas(1024) uint8_t q[T::kNumTiles][T::kTileBytes];
+  alignas(1024) uint8_t k[2][T::kNumTiles][T::kTileBytes];
+  alignas(1024) uint8_t p[kNumPBuffers][T::kTileBytes];  // P per K buffer (MODEL1); unused for V3.2, whose
+                                                         // plan still fits with it (one array shape for both)
+  float scale[2][T::kBlockM];   // per block: a = 2^(m_old - m_new), WG0 -> WG1
+  float out_scale[T::kBlockM];  // epilogue: 1 / (row sum [+ sink term]), WG0 -> WG1
+  uint8_t valid[2][T::kBlockN]; // per block: slot holds a token (written by the producers of both CTAs)
+  alignas(8) uint64_t full[2];     // producers (local + peer) -> consumers
+  uint64_t free_[2];               // consumer warps (local + peer) -> producers
+  uint64_t p_ready[2];             // WG0 -> WG1: P and a of the block are in shared memory
+};
+
+static_assert(sizeof(SharedStorage<Layout::kV32>) + 1024 <= 232448, "V3.2 smem plan exceeds 227 KB");
+static_assert(sizeof(SharedStorage<Layout::kModel1>) + 1024 <= 232448, "MODEL1 smem plan exceeds 227 KB");
+
+}  // namespace openmla::kernels::sparse_decode

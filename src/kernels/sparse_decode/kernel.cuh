@@ -1,0 +1,577 @@
+// Sparse top-k MLA decode over an FP8 paged cache (sm_90a): DeepSeek-V3.2 (656 B/token) and MODEL1
+// (584 B/token) layouts, d_v = 512.
+//
+// One CTA = 64 query heads of ONE query position, walking the (request, 64-slot block) range of its
+// schedule partition. Three warpgroups:
+//   WG2 (producer): gathers the selected tokens by index, dequantises FP8 -> BF16 into a double-buffered
+//       shared K block (64 tokens x d_qk, 128B-swizzled K-major tiles) and a per-slot validity mask.
+//   WG0: S = Q K^T, masking, online softmax (base 2), P -> shared memory, O[:, 0:256] += P V_L.
+//   WG1: O[:, 256:512] = a O + P V_R, with P and the rescale factor a from WG0.
+// "Crossover" (h_q = 128 and any even number of head blocks): the two CTAs of a cluster hold different
+// heads of the same query position, so they need the same K block; each producer dequantises half of the
+// 64 tokens and writes the result into both CTAs' shared memory (distributed shared memory), halving the
+// dequantisation work, which is the bottleneck of this kernel (seed 003).
+// Design note: docs/sparse-decode.md.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/ptx.cuh"
+#include "kernels/sparse_decode/config.h"
+#include "kernels/sparse_decode/params.h"
+
+namespace openmla::kernels::sparse_decode {
+
+// ---------------------------------------------------------------------------------------------------
+// FP8 e4m3 -> BF16 dequantisation
+// ---------------------------------------------------------------------------------------------------
+// Two e4m3 bytes of `w` (selected by `sel`) -> a bf16x2 word holding value * 2^-120 EXACTLY: the e4m3 bit
+// pattern shifted into bf16 position is the same number with the exponent bias 7 read as 127 (subnormal
+// e4m3 lands on subnormal bf16 with the same factor). prmt's sign-replicating selector nibbles (8 | byte)
+// put each byte's sign into the byte above it, from which the shift moves it to bit 15.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_scaled(uint32_t w, uint32_t sel) {
+  uint32_t x;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(x) : "r"(w), "r"(sel));
+  return (x << 4) & 0x87F087F0u;
+}
+
+// Multiplier(s) that turn value * 2^-120 into value * scale in bf16. scale is a power of two by format, so
+// every product is exact; scale * 2^120 overflows bf16 when scale > 2^7, then two multiplies are used.
+struct ScaleMul {
+  __nv_bfloat162 first;
+  __nv_bfloat162 second;
+  bool two;
+};
+
+__device__ __forceinline__ ScaleMul make_scale_mul(float scale) {
+  constexpr float k2p120 = 1.329227995784916e36f;  // 2^120
+  ScaleMul m;
+  m.two = !(scale <= 128.f);  // also NaN scales: then the second multiply propagates the NaN
+  const float first = m.two ? k2p120 : scale * k2p120;
+  m.first = __float2bfloat162_rn(first);
+  m.second = __float2bfloat162_rn(scale);
+  return m;
+}
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, __nv_bfloat162 b) {
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), b);
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// 16 e4m3 values -> 16 bf16 (two 16-byte chunks, dims in order).
+__device__ __forceinline__ void dequant16(const uint4& raw, const ScaleMul& m, uint4& lo, uint4& hi) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    o[2 * i] = mul_bf16x2(e4m3x2_to_bf16x2_scaled(w[i], 0x9180u), m.first);      // bytes 0, 1
+    o[2 * i + 1] = mul_bf16x2(e4m3x2_to_bf16x2_scaled(w[i], 0xB3A2u), m.first);  // bytes 2, 3
+  }
+  if (m.two) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = mul_bf16x2(o[i], m.second);
+  }
+  lo = make_uint4(o[0], o[1], o[2], o[3]);
+  hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Shared-memory addressing and wgmma (same tile conventions as dense decode)
+// ---------------------------------------------------------------------------------------------------
+using Co = Common;
+
+// Descriptors are built once per block from a laundered base and advanced by constant offsets (the start
+// address field is addr >> 4 in the low bits; shared addresses stay far below its 14-bit range). Without the
+// laundering ptxas may hoist the loop-invariant descriptors out of the block loop and run out of registers.
+__device__ __forceinline__ uint64_t launder(uint64_t x) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(x));
+  return x;
+}
+// Same for 32-bit values: thread-index-derived addresses recomputed inside a loop instead of being hoisted
+// (and kept live, i.e. spilled, across the whole request loop).
+__device__ __forceinline__ int launder32(int x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
+}
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+__device__ __forceinline__ uint64_t desc_k_major(const void* p) {
+  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), 16, Co::kSwizzleAtomBytes);
+}
+__device__ __forceinline__ uint64_t desc_mn_major(const void* p) {
+  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), Co::kTileBytes, Co::kSwizzleAtomBytes);
+}
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside one 64 x 64 128B-swizzled tile.
+__device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
+  return static_cast<uint32_t>(row * Co::kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+struct Fragment {
+  int row[2];
+  int col;
+};
+__device__ __forceinline__ Fragment make_fragment(int wg_tid) {
+  const int warp = wg_tid / 32, lane = wg_tid % 32;
+  Fragment f;
+  f.row[0] = warp * 16 + lane / 4;
+  f.row[1] = f.row[0] + 8;
+  f.col = (lane % 4) * 2;
+  return f;
+}
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffff, v, 1);
+  return v + __shfl_xor_sync(0xffffffff, v, 2);
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+__device__ __forceinline__ void scale_rows(float (&o)[128], float a0, float a1) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    o[j * 4 + 0] *= a0;
+    o[j * 4 + 1] *= a0;
+    o[j * 4 + 2] *= a1;
+    o[j * 4 + 3] *= a1;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Per-request geometry, computed identically by every role (it must match the scheduler's block count:
+// main blocks = max(ceil(main_len / 64), 1), then ceil(extra_len / 64) extra blocks).
+// ---------------------------------------------------------------------------------------------------
+struct RequestWork {
+  int main_len;     // usable main slots: min(topk_length, topk), or topk
+  int extra_len;    // usable extra slots (0 without an extra cache)
+  int main_blocks;
+  int blk_begin, blk_end;
+  bool is_split;
+  int split_slot;
+};
+
+__device__ __forceinline__ int clamp_len(const int32_t* lengths, int req, int topk) {
+  if (lengths == nullptr) return topk;
+  return min(max(lengths[req], 0), topk);
+}
+
+__device__ __forceinline__ RequestWork request_work(const SparseDecodeParams& p, const DecodeScheduleRecord& rec,
+                                                    int req) {
+  RequestWork w;
+  w.main_len = __shfl_sync(0xffffffff, clamp_len(p.main.topk_length, req, p.main.topk), 0);
+  w.extra_len = p.has_extra ? __shfl_sync(0xffffffff, clamp_len(p.extra.topk_length, req, p.extra.topk), 0) : 0;
+  w.main_blocks = max((w.main_len + Co::kBlockN - 1) / Co::kBlockN, 1);
+  const int num_blocks = w.main_blocks + (w.extra_len + Co::kBlockN - 1) / Co::kBlockN;
+  w.blk_begin = req == rec.begin_req ? rec.begin_block : 0;
+  w.blk_end = req == rec.end_req ? min(rec.end_block, num_blocks) : num_blocks;
+  w.is_split = (req == rec.begin_req && rec.is_first_req_split) || (req == rec.end_req && rec.is_last_req_split);
+  w.split_slot = 0;
+  return w;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Producer: gather + dequantise one token's share (4 threads per token) into a K buffer
+// ---------------------------------------------------------------------------------------------------
+template <Layout L, bool kCrossover>
+struct TokenWriter {
+  uint32_t k_base;      // shared address of k[buf][0]
+  uint32_t peer_delta;  // peer's shared::cluster address minus our shared address (crossover)
+
+  __device__ __forceinline__ void put(uint32_t addr, uint4 v) const {
+    ptx::st_shared_v4(addr, v);
+    if constexpr (kCrossover) ptx::st_cluster_v4(addr + peer_delta, v);
+  }
+  // Chunks 2*lane4 and 2*lane4 + 1 of row `tok` of tile `tile`.
+  __device__ __forceinline__ void put_pair(int tile, int tok, int lane4, uint4 lo, uint4 hi) const {
+    const uint32_t t = k_base + static_cast<uint32_t>(tile * Co::kTileBytes);
+    put(t + swizzled_chunk(tok, 2 * lane4), lo);
+    put(t + swizzled_chunk(tok, 2 * lane4 + 1), hi);
+  }
+};
+
+template <Layout L, bool kCrossover>
+__device__ __forceinline__ void produce_token(const SparseCacheView& c, int idx, bool valid, int tok, int lane4,
+                                              const TokenWriter<L, kCrossover>& wr) {
+  using T = Traits<L>;
+  uint4 nope[T::kNopeTiles];
+  uint4 rope[2];
+  float scales[T::kNopeTiles / T::kTilesPerScale];
+  if (valid) {
+    const uint32_t page = static_cast<uint32_t>(idx) / static_cast<uint32_t>(c.page_size);
+    const uint32_t row = static_cast<uint32_t>(idx) - page * static_cast<uint32_t>(c.page_size);
+    const uint8_t* page_ptr = c.data + static_cast<int64_t>(page) * c.page_stride;
+    if constexpr (L == Layout::kV32) {
+      const uint8_t* tp = page_ptr + static_cast<int64_t>(row) * T::kBytesPerToken;
+#pragma unroll
+      for (int j = 0; j < T::kNopeTiles; ++j) nope[j] = ptx::ld_nc_v4(tp + j * 64 + lane4 * 16);
+      const uint4 sc = ptx::ld_nc_v4(tp + 512);
+      rope[0] = ptx::ld_nc_v4(tp + 528 + lane4 * 32);
+      rope[1] = ptx::ld_nc_v4(tp + 528 + lane4 * 32 + 16);
+      scales[0] = __uint_as_float(sc.x);
+      scales[1] = __uint_as_float(sc.y);
+      scales[2] = __uint_as_float(sc.z);
+      scales[3] = __uint_as_float(sc.w);
+    } else {
+      const uint8_t* tp = page_ptr + static_cast<int64_t>(row) * T::kDataBytesPerToken;
+#pragma unroll
+      for (int j = 0; j < T::kNopeTiles; ++j) nope[j] = ptx::ld_nc_v4(tp + j * 64 + lane4 * 16);
+      const uint2 sc = ptx::ld_nc_v2(page_ptr + static_cast<int64_t>(c.page_size) * T::kDataBytesPerToken +
+                                     static_cast<int64_t>(row) * 8);
+      rope[0] = ptx::ld_nc_v4(tp + 448 + lane4 * 32);
+      rope[1] = ptx::ld_nc_v4(tp + 448 + lane4 * 32 + 16);
+#pragma unroll
+      for (int j = 0; j < T::kNopeTiles; ++j) {
+        const uint32_t e = ((j < 4 ? sc.x >> (8 * j) : sc.y >> (8 * (j - 4))) & 0xFFu);
+        scales[j] = __uint_as_float(e << 23);  // UE8M0: 2^(e - 127)
+      }
+    }
+  } else {
+    // Never dereferenced: zeros (V rows of a skipped slot must be 0, not garbage: 0 * NaN = NaN in P V).
+#pragma unroll
+    for (int j = 0; j < T::kNopeTiles; ++j) nope[j] = make_uint4(0, 0, 0, 0);
+    rope[0] = rope[1] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int j = 0; j < T::kNopeTiles / T::kTilesPerScale; ++j) scales[j] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < T::kNopeTiles; ++j) {
+    uint4 lo, hi;
+    dequant16(nope[j], make_scale_mul(scales[j / T::kTilesPerScale]), lo, hi);
+    wr.put_pair(j, tok, lane4, lo, hi);
+  }
+  wr.put_pair(T::kRopeTile, tok, lane4, rope[0], rope[1]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Consumers: kWg = 0 (S = Q K^T, softmax, O_L) or 1 (O_R). Separate instantiations so that ptxas sees
+// one register budget (setmaxnreg) per warpgroup role.
+// ---------------------------------------------------------------------------------------------------
+template <Layout L, bool kCrossover, int kWg>
+__device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStorage<L>& smem,
+                                        const DecodeScheduleRecord& rec, int tid) {
+  using T = Traits<L>;
+  constexpr int wg = kWg;
+  const int lane = tid % 32;
+  const int head_block = blockIdx.x;
+  const int s_idx = blockIdx.y;
+  const int head0 = head_block * T::kBlockM;
+  uint32_t peer_delta = 0;
+  if constexpr (kCrossover) {
+    const uint32_t base = ptx::smem_addr(&smem);
+    peer_delta = ptx::map_to_peer(base, ptx::cluster_cta_rank() ^ 1u) - base;
+  }
+  auto release_buffer = [&](int buf) {
+    __syncwarp();
+    if (lane == 0) {
+      ptx::mbarrier_arrive_cluster(&smem.free_[buf]);
+      if constexpr (kCrossover) ptx::mbarrier_arrive_remote(ptx::smem_addr(&smem.free_[buf]) + peer_delta);
+    }
+  };
+  uint32_t it = 0;
+  for (int req = rec.begin_req; req <= rec.end_req; ++req) {
+    RequestWork w = request_work(p, rec, req);
+    w.split_slot = p.num_splits[req] + (req == rec.begin_req ? rec.begin_split : 0);
+
+    // ---- Q tile (64 heads x d_qk), zero rows past h_q. Both consumer warpgroups load; WG0 reads it.
+    {
+      const auto* q = static_cast<const uint8_t*>(p.q);
+      constexpr int kChunksPerRow = T::kHeadDimQK / 8;
+      for (int i = launder32(tid); i < T::kBlockM * kChunksPerRow; i += 2 * T::kWarpgroupThreads) {
+        const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+        const int head = head0 + row;
+        uint8_t* dst = smem.q[chunk / 8] + swizzled_chunk(row, chunk % 8);
+        if (head < p.h_q) {
+          const int64_t elem = static_cast<int64_t>(req) * p.q_stride_b + static_cast<int64_t>(s_idx) * p.q_stride_s +
+                               static_cast<int64_t>(head) * p.q_stride_h + chunk * 8;
+          ptx::cp_async_16(dst, q + elem * 2, 16);
+        } else {
+          ptx::cp_async_16(dst, q, 0);
+        }
+      }
+      ptx::cp_async_commit();
+      ptx::cp_async_wait_all();
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(1, 2 * T::kWarpgroupThreads);
+    }
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    float m_run[2] = {T::kMaxInit, T::kMaxInit};
+    float l_run[2] = {0.f, 0.f};
+
+    for (int blk = w.blk_begin; blk < w.blk_end; ++blk, ++it) {
+      const int buf = it & 1;
+      const uint32_t phase = (it >> 1) & 1;
+      const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
+      uint8_t* p_tile = T::kPInRopeTile ? smem.k[buf][T::kRopeTile] : smem.p[T::kPInRopeTile ? 0 : buf];
+      if constexpr (wg == 0) {
+        ptx::mbarrier_wait_parity_cluster(&smem.full[buf], phase);
+        float s[32];
+        const uint64_t q_desc = launder(desc_k_major(smem.q[0]));
+        const uint64_t k_desc = launder(desc_k_major(smem.k[buf][0]));
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int t = 0; t < T::kNumTiles; ++t) {
+#pragma unroll
+          for (int kk = 0; kk < T::kTileCols / 16; ++kk)
+            ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_advance(q_desc, t * T::kTileBytes + kk * 32),
+                                             desc_advance(k_desc, t * T::kTileBytes + kk * 32), (t | kk) != 0);
+        }
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(s);
+        // Skipped slots: -inf (overwrite, never add: their K rows are zeros, but keep the rule).
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t v2 = *reinterpret_cast<const uint16_t*>(&smem.valid[buf][j * 8 + frag.col]);
+          if ((v2 & 0xFFu) == 0) s[j * 4 + 0] = s[j * 4 + 2] = -INFINITY;
+          if ((v2 >> 8) == 0) s[j * 4 + 1] = s[j * 4 + 3] = -INFINITY;
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          mx[0] = fmaxf(mx[0], fmaxf(s[j * 4 + 0], s[j * 4 + 1]));
+          mx[1] = fmaxf(mx[1], fmaxf(s[j * 4 + 2], s[j * 4 + 3]));
+        }
+        float a[2], m_new[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          mx[i] = quad_max(mx[i]);
+          m_new[i] = fmaxf(m_run[i], mx[i] * p.scale_log2);
+          a[i] = ptx::exp2_approx(m_run[i] - m_new[i]);
+          m_run[i] = m_new[i];
+        }
+        float sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            s[j * 4 + e] = ptx::exp2_approx(fmaf(s[j * 4 + e], p.scale_log2, -m_new[0]));
+            s[j * 4 + 2 + e] = ptx::exp2_approx(fmaf(s[j * 4 + 2 + e], p.scale_log2, -m_new[1]));
+            sum[0] += s[j * 4 + e];
+            sum[1] += s[j * 4 + 2 + e];
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a[i] + sum[i];
+        // P (bf16) and a for WG1.
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t lo = pack_bf16(s[j * 4 + 0], s[j * 4 + 1]);
+          const uint32_t hi = pack_bf16(s[j * 4 + 2], s[j * 4 + 3]);
+          pa[j / 2][(j % 2) * 2 + 0] = lo;
+          pa[j / 2][(j % 2) * 2 + 1] = hi;
+          const int col = j * 8 + frag.col;
+          *reinterpret_cast<uint32_t*>(p_tile + swizzled_chunk(frag.row[0], col >> 3) + (col & 7) * 2) = lo;
+          *reinterpret_cast<uint32_t*>(p_tile + swizzled_chunk(frag.row[1], col >> 3) + (col & 7) * 2) = hi;
+        }
+        if (lane % 4 == 0) {
+          smem.scale[buf][frag.row[0]] = a[0];
+          smem.scale[buf][frag.row[1]] = a[1];
+        }
+        ptx::fence_proxy_async_shared();
+        ptx::mbarrier_arrive(&smem.p_ready[buf]);
+        // O_L = a O_L + P V_L.
+        scale_rows(o, a[0], a[1]);
+        const uint64_t v_desc = launder(desc_mn_major(smem.k[buf][0]));
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_advance(v_desc, kk * 16 * T::kRowBytes), 1);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(o);
+        release_buffer(buf);
+      } else {
+        ptx::mbarrier_wait_parity(&smem.p_ready[buf], phase);
+        ptx::mbarrier_wait_parity_cluster(&smem.full[buf], phase);
+        scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
+        const uint64_t p_desc = launder(desc_k_major(p_tile));
+        const uint64_t v_desc = launder(desc_mn_major(smem.k[buf][T::kVTilesPerHalf]));
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          ptx::wgmma_m64n256k16_ss_bf16<1>(o, desc_advance(p_desc, kk * 32),
+                                           desc_advance(v_desc, kk * 16 * T::kRowBytes), 1);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(o);
+        release_buffer(buf);
+      }
+    }
+
+    // ---- epilogue: WG0 owns the softmax statistics and hands the output scale to WG1.
+    if (req == rec.end_req) ptx::griddep_launch_dependents();
+    const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
+    float total[2] = {0.f, 0.f};
+    if (wg == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        total[i] = quad_sum(l_run[i]);
+        const int head = head0 + frag.row[i];
+        float inv = 0.f;
+        if (total[i] > 0.f) {
+          float denom = total[i];
+          // The sink joins the softmax denominator only for final outputs (combine applies it otherwise).
+          if (!w.is_split && p.attn_sink != nullptr && head < p.h_q)
+            denom += ptx::exp2_approx(p.attn_sink[head] * 1.4426950408889634f - m_run[i]);
+          inv = 1.f / denom;
+        }
+        if (lane % 4 == 0) smem.out_scale[frag.row[i]] = inv;
+      }
+    }
+    ptx::named_barrier_sync(1, 2 * T::kWarpgroupThreads);
+    const float inv0 = smem.out_scale[frag.row[0]], inv1 = smem.out_scale[frag.row[1]];
+    scale_rows(o, inv0, inv1);
+    const int col_base = wg * (T::kHeadDimV / 2);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int head = head0 + frag.row[i];
+      if (head >= p.h_q) continue;
+      if (!w.is_split) {
+        auto* out = static_cast<uint8_t*>(p.out) +
+                    2 * (static_cast<int64_t>(req) * p.out_stride_b + static_cast<int64_t>(s_idx) * p.out_stride_s +
+                         static_cast<int64_t>(head) * p.out_stride_h);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int col = col_base + j * 8 + frag.col;
+          *reinterpret_cast<uint32_t*>(out + col * 2) = pack_bf16(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
+        }
+      } else {
+        const int64_t prow =
+            (static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head;
+        float* po = p.partial_o + prow * T::kHeadDimV;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int col = col_base + j * 8 + frag.col;
+          *reinterpret_cast<float2*>(po + col) = make_float2(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
+        }
+      }
+      if (wg == 0 && lane % 4 == 0) {
+        const bool empty = !(total[i] > 0.f);
+        const float log2_sum = empty ? 0.f : m_run[i] + log2f(total[i]);
+        if (!w.is_split) {
+          p.lse[static_cast<int64_t>(req) * p.lse_stride_b + static_cast<int64_t>(head) * p.lse_stride_h +
+                static_cast<int64_t>(s_idx) * p.lse_stride_s] = empty ? INFINITY : log2_sum * 0.69314718055994531f;
+        } else {
+          p.partial_lse[(static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head] =
+              empty ? -INFINITY : log2_sum;
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------------------
+template <Layout L, bool kCrossover>
+__global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(const __grid_constant__ SparseDecodeParams p) {
+  using T = Traits<L>;
+  using Smem = SharedStorage<L>;
+  extern __shared__ uint8_t smem_raw[];
+  Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  const int tid = threadIdx.x;
+  const int wg = __shfl_sync(0xffffffff, tid / T::kWarpgroupThreads, 0);
+  const int wg_tid = tid % T::kWarpgroupThreads;
+  const int s_idx = blockIdx.y;
+  constexpr int kCtas = kCrossover ? 2 : 1;
+
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) {
+      ptx::mbarrier_init(&smem.full[b], T::kWarpgroupThreads * kCtas);  // every producer thread of each CTA
+      ptx::mbarrier_init(&smem.free_[b], 8 * kCtas);                    // every consumer warp of each CTA
+      ptx::mbarrier_init(&smem.p_ready[b], T::kWarpgroupThreads);       // every WG0 thread
+    }
+    ptx::fence_mbarrier_init();
+  }
+  // The peer arrives on our barriers and writes our buffers: both CTAs must be initialised first.
+  if constexpr (kCrossover) ptx::cluster_sync(); else __syncthreads();
+
+  DecodeScheduleRecord rec = p.schedule[blockIdx.z];
+  rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
+  rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);
+  rec.begin_block = __shfl_sync(0xffffffff, rec.begin_block, 0);
+  rec.end_block = __shfl_sync(0xffffffff, rec.end_block, 0);
+  if (rec.begin_req >= p.batch) {
+    // Both CTAs of a cluster share the record, so both leave here and no remote access is pending.
+    ptx::griddep_launch_dependents();
+    return;
+  }
+
+  if (wg == 2) {
+    // =================================================================== producer
+    ptx::setmaxnreg_dec<T::kRegsProducer>();
+    const int lane4 = wg_tid % T::kThreadsPerToken;
+    const int tok_in_round = wg_tid / T::kThreadsPerToken;
+    uint32_t peer_delta = 0, peer_rank = 0;
+    if constexpr (kCrossover) {
+      peer_rank = ptx::cluster_cta_rank() ^ 1u;
+      const uint32_t base = ptx::smem_addr(&smem);
+      peer_delta = ptx::map_to_peer(base, peer_rank) - base;
+    }
+    const int tok_base = kCrossover ? static_cast<int>(peer_rank ^ 1u) * T::kTokensPerRound : 0;
+    constexpr int kRounds = kCrossover ? 1 : 2;
+    uint32_t it = 0;
+    for (int req = rec.begin_req; req <= rec.end_req; ++req) {
+      const RequestWork w = request_work(p, rec, req);
+      for (int blk = w.blk_begin; blk < w.blk_end; ++blk, ++it) {
+        const int buf = it & 1;
+        const uint32_t phase = (it >> 1) & 1;
+        const bool extra = blk >= w.main_blocks;
+        const SparseCacheView& c = extra ? p.extra : p.main;
+        const int slot0 = (extra ? blk - w.main_blocks : blk) * T::kBlockN;
+        const int len = extra ? w.extra_len : w.main_len;
+        const int32_t* idx_row = c.indices + static_cast<int64_t>(req) * c.idx_stride_b + s_idx * c.idx_stride_s;
+        int idx[kRounds];
+        bool valid[kRounds];
+#pragma unroll
+        for (int r = 0; r < kRounds; ++r) {
+          const int slot = slot0 + tok_base + r * T::kTokensPerRound + tok_in_round;
+          idx[r] = slot < len ? idx_row[slot] : -1;
+          valid[r] = idx[r] >= 0 && idx[r] < c.capacity;
+        }
+        // Both CTAs' consumers must be done with this buffer (we write the peer's copy too).
+        ptx::mbarrier_wait_parity_cluster(&smem.free_[buf], phase ^ 1);
+        const TokenWriter<L, kCrossover> wr{ptx::smem_addr(smem.k[buf][0]), peer_delta};
+#pragma unroll
+        for (int r = 0; r < kRounds; ++r) {
+          const int tok = tok_base + r * T::kTokensPerRound + tok_in_round;
+          produce_token<L, kCrossover>(c, idx[r], valid[r], tok, lane4, wr);
+          if (lane4 == 0) {
+            const uint32_t vaddr = ptx::smem_addr(&smem.valid[buf][tok]);
+            asm volatile("st.shared.u8 [%0], %1;" ::"r"(vaddr), "r"(valid[r] ? 1u : 0u) : "memory");
+            if constexpr (kCrossover) ptx::st_cluster_u8(vaddr + peer_delta, valid[r] ? 1u : 0u);
+          }
+        }
+        ptx::fence_proxy_async_all();
+        ptx::mbarrier_arrive_cluster(&smem.full[buf]);
+        if constexpr (kCrossover) ptx::mbarrier_arrive_remote(ptx::smem_addr(&smem.full[buf]) + peer_delta);
+      }
+    }
+    // Nobody leaves while the peer may still write our shared memory or arrive on our barriers. Each role
+    // ends in its own exit so ptxas keeps the three register budgets apart (no merge after setmaxnreg).
+    if constexpr (kCrossover) ptx::cluster_sync();
+    return;
+  } else if (wg == 0) {
+    ptx::setmaxnreg_inc<T::kRegsWg0>();
+    consume<L, kCrossover, 0>(p, smem, rec, tid);
+    if constexpr (kCrossover) ptx::cluster_sync();
+    return;
+  } else {
+    ptx::setmaxnreg_inc<T::kRegsWg1>();
+    consume<L, kCrossover, 1>(p, smem, rec, tid);
+    if constexpr (kCrossover) ptx::cluster_sync();
+    return;
+  }
+}
+
+}  // namespace openmla::kernels::sparse_decode

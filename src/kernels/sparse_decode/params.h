@@ -1,0 +1,64 @@
+// Parameters of the sparse FP8 MLA decode main kernel. Plain data, built by api/sparse_decode.cpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/decode_scheduler/schedule_record.h"
+#include "openmla/status.h"
+
+namespace openmla::kernels {
+
+// One FP8 paged cache and the index rows that select from it (the main cache, or the extra cache).
+struct SparseCacheView {
+  const uint8_t* data;   // page p starts at data + p * page_stride
+  int64_t page_stride;   // bytes, multiple of 16
+  int page_size;         // tokens per page (any value >= 1)
+  int64_t capacity;      // num_pages * page_size: indices outside [0, capacity) are skipped
+  const int32_t* indices;           // (b, s_q, topk) int32, last dim contiguous
+  int64_t idx_stride_b, idx_stride_s;  // in elements
+  int topk;                         // slots per index row
+  const int32_t* topk_length;       // (b,) per request, may be null (then topk); clamped to [0, topk]
+};
+
+struct SparseDecodeParams {
+  int batch;
+  int s_q;
+  int h_q;
+  int num_head_blocks;  // ceil(h_q / 64): grid.x
+  int num_sm_parts;     // records in `schedule`: grid.z
+  bool is_model1;       // cache layout: MODEL1 (d_qk 512, 584 B/token) or V3.2 (d_qk 576, 656 B/token)
+  bool crossover;       // head blocks paired in 2-CTA clusters that share the dequantisation
+  float softmax_scale;
+  float scale_log2;     // softmax_scale * log2(e)
+
+  // q: (b, s_q, h_q, d_qk) bf16, last dim contiguous; strides in elements.
+  const void* q;
+  int64_t q_stride_b, q_stride_s, q_stride_h;
+
+  SparseCacheView main;
+  bool has_extra;
+  SparseCacheView extra;  // attended after the main selection, under the same softmax
+
+  const float* attn_sink;  // (h_q,) natural-log units, may be null
+
+  // out: (b, s_q, h_q, 512) bf16; lse: logical (b, h_q, s_q) float32; strides in elements.
+  void* out;
+  int64_t out_stride_b, out_stride_s, out_stride_h;
+  float* lse;
+  int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+
+  // Split-KV partials (combine layout, h_kv = 1): row = slot * s_q * h_q + s_idx * h_q + head.
+  float* partial_o;
+  float* partial_lse;
+
+  const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
+  const int32_t* num_splits;             // (b + 1,)
+};
+
+// Launches the main kernel on `stream`: grid (num_head_blocks, s_q, num_sm_parts), 384 threads, clusters
+// of 2 along x when `crossover`. The combine kernel is launched separately (kernels/combine).
+Status launch_sparse_decode(const SparseDecodeParams& params, cudaStream_t stream);
+
+}  // namespace openmla::kernels
