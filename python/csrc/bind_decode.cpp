@@ -1,4 +1,4 @@
-// Binding of include/openmla/decode.h: workspace sizes, GPU scheduling and dense decode.
+// Binding of include/openmla/decode.h: workspace sizes, GPU scheduling, dense and sparse decode.
 //
 // Thin on purpose: arrays become TensorRefs, keyword arguments become a DecodeProblem, the C++ API does
 // every check, and its Status becomes the matching Python exception with the message unchanged.
@@ -98,7 +98,7 @@ nb::dict workspace_sizes(const nb::kwargs& kwargs) {
   return d;
 }
 
-void plan(const Array& cache_seqlens, const Array& metadata, const Array& num_splits, const OptArray& topk_length,
+void plan(const OptArray& cache_seqlens, const Array& metadata, const Array& num_splits, const OptArray& topk_length,
           const OptArray& extra_topk_length, uintptr_t stream, const nb::kwargs& kwargs) {
   const DecodeProblem problem = problem_from_kwargs(kwargs);
   DecodeSchedule schedule;
@@ -140,6 +140,36 @@ void dense(const Array& q, const Array& k_cache, const Array& block_table, const
   throw_if_error(status);
 }
 
+void sparse(const Array& q, const Array& k_cache, const Array& indices, const Array& metadata, const Array& num_splits,
+            const Array& partial_o, const Array& partial_lse, const Array& out, const Array& lse,
+            const OptArray& topk_length, const OptArray& attn_sink, const OptArray& extra_k_cache,
+            const OptArray& extra_indices, const OptArray& extra_topk_length, float softmax_scale, uintptr_t stream,
+            const nb::kwargs& kwargs) {
+  const DecodeProblem problem = problem_from_kwargs(kwargs);
+  SparseDecodeArgs args;
+  args.q = to_tensor_ref(q, "q");
+  args.k_cache = to_tensor_ref(k_cache, "k_cache");
+  args.indices = to_tensor_ref(indices, "indices");
+  args.topk_length = to_tensor_ref(topk_length, "topk_length");
+  args.attn_sink = to_tensor_ref(attn_sink, "attn_sink");
+  args.extra_k_cache = to_tensor_ref(extra_k_cache, "extra_k_cache");
+  args.extra_indices = to_tensor_ref(extra_indices, "extra_indices");
+  args.extra_topk_length = to_tensor_ref(extra_topk_length, "extra_topk_length");
+  args.softmax_scale = softmax_scale;
+  args.schedule.metadata = to_tensor_ref(metadata, "tile_scheduler_metadata");
+  args.schedule.num_splits = to_tensor_ref(num_splits, "num_splits");
+  args.split.partial_o = to_tensor_ref(partial_o, "partial_o");
+  args.split.partial_lse = to_tensor_ref(partial_lse, "partial_lse");
+  args.out = to_tensor_ref(out, "out");
+  args.lse = to_tensor_ref(lse, "lse");
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = sparse_decode(problem, args, to_stream(stream));
+  }
+  throw_if_error(status);
+}
+
 }  // namespace
 
 void bind_decode(nb::module_& m) {
@@ -154,16 +184,16 @@ void bind_decode(nb::module_& m) {
         "Returns {num_sm_parts, metadata_ints, num_splits_ints, partial_rows, partial_o_bytes, "
         "partial_lse_bytes}. Host-only: launches nothing.");
 
-  m.def("plan_decode", &plan, nb::arg("cache_seqlens"), nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"),
-        nb::arg("topk_length") = nb::none(), nb::arg("extra_topk_length") = nb::none(), nb::arg("stream") = 0,
-        nb::arg("problem"),
+  m.def("plan_decode", &plan, nb::arg("cache_seqlens").none(), nb::arg("tile_scheduler_metadata"),
+        nb::arg("num_splits"), nb::arg("topk_length") = nb::none(), nb::arg("extra_topk_length") = nb::none(),
+        nb::arg("stream") = 0, nb::arg("problem"),
         "plan_decode(cache_seqlens, tile_scheduler_metadata, num_splits, topk_length=None, "
         "extra_topk_length=None, stream=0, **problem)\n\n"
         "Computes the decode schedule on the GPU, on `stream` (a cudaStream_t as int), without host "
         "synchronisation (graph-capturable).\n"
-        "cache_seqlens: (b,) int32 CUDA (dense). tile_scheduler_metadata: (num_sm_parts, 8) int32 CUDA, "
-        "contiguous, written. num_splits: (b + 1,) int32 CUDA, contiguous, written. topk_length / "
-        "extra_topk_length: (b,) int32 CUDA, sparse only.");
+        "cache_seqlens: (b,) int32 CUDA (dense; ignored, may be None, when sparse). tile_scheduler_metadata: "
+        "(num_sm_parts, 8) int32 CUDA, contiguous, written. num_splits: (b + 1,) int32 CUDA, contiguous, "
+        "written. topk_length / extra_topk_length: (b,) int32 CUDA, sparse only.");
 
   m.def("dense_decode", &dense, nb::arg("q"), nb::arg("k_cache"), nb::arg("block_table"), nb::arg("cache_seqlens"),
         nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"), nb::arg("partial_o"), nb::arg("partial_lse"),
@@ -176,6 +206,27 @@ void bind_decode(nb::module_& m) {
         "problem and cache_seqlens; partial_o: (partial_rows, d_v) float32; partial_lse: (partial_rows,) "
         "float32; out: (b, s_q, h_q, d_v) q's dtype, written; lse: (b, h_q, s_q) float32 any strides, "
         "written. softmax_scale 0 means d_qk ** -0.5.");
+
+  m.def("sparse_decode", &sparse, nb::arg("q"), nb::arg("k_cache"), nb::arg("indices"),
+        nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"), nb::arg("partial_o"), nb::arg("partial_lse"),
+        nb::arg("out"), nb::arg("lse"), nb::arg("topk_length") = nb::none(), nb::arg("attn_sink") = nb::none(),
+        nb::arg("extra_k_cache") = nb::none(), nb::arg("extra_indices") = nb::none(),
+        nb::arg("extra_topk_length") = nb::none(), nb::arg("softmax_scale") = 0.f, nb::arg("stream") = 0,
+        nb::arg("problem"),
+        "sparse_decode(q, k_cache, indices, tile_scheduler_metadata, num_splits, partial_o, partial_lse, out, lse, "
+        "topk_length=None, attn_sink=None, extra_k_cache=None, extra_indices=None, extra_topk_length=None, "
+        "softmax_scale=0.0, stream=0, **problem)\n\n"
+        "Sparse top-k MLA decode over an FP8 paged cache, main kernel plus combine, on `stream`. The problem has "
+        "sparse=True, cache_format 'fp8_v32' (d_qk 576) or 'fp8_model1' (d_qk 512), h_kv=1, topk, and "
+        "extra_topk / extra_page_block_size when an extra cache is given.\n"
+        "q: (b, s_q, h_q, d_qk) bf16; k_cache: (num_blocks, page_block_size, 1, 656 | 584) uint8 / int8 / "
+        "float8_e4m3 bytes, any page stride (multiple of 16 bytes); indices: (b, s_q, topk) int32, index = page * "
+        "page_block_size + offset, -1 or out of range = skipped; topk_length: (b,) int32 slots used per request; "
+        "attn_sink: (h_q,) float32; extra_k_cache / extra_indices (b, s_q, extra_topk) / extra_topk_length: a "
+        "second cache attended under the same softmax. Schedule from plan_decode() with the same problem, "
+        "topk_length and extra_topk_length; partial_o / partial_lse as for dense_decode; out: (b, s_q, h_q, d_v) "
+        "bf16, written; lse: (b, h_q, s_q) float32 any strides, written (never changed by the sink). "
+        "softmax_scale 0 means d_qk ** -0.5.");
 }
 
 }  // namespace openmla::py

@@ -255,6 +255,33 @@ def test_plan_rejects_host_and_mis_sized_arguments():
         C.plan_decode(fake_cuda((4,), "int32"), fake_cuda((parts - 1, 8), "int32"), fake_cuda((5,), "int32"), **p)
 
 
+def test_plan_takes_no_cache_seqlens_when_sparse():
+    # Sparse planning ignores cache_seqlens (None is accepted); its lengths are topk_length / extra_topk_length.
+    p = problem(cache_format="fp8_v32", causal=False, sparse=True, topk=128)
+    parts = C.get_decode_workspace_sizes(**p)["num_sm_parts"]
+    with pytest.raises(ValueError, match=r"'topk_length'"):
+        C.plan_decode(None, fake_cuda((parts, 8), "int32"), fake_cuda((5,), "int32"),
+                      topk_length=fake_cuda((3,), "int32"), **p)
+    with pytest.raises(ValueError, match=r"'topk_length'"):
+        C.plan_decode(None, fake_cuda((parts, 8), "int32"), fake_cuda((5,), "int32"),
+                      topk_length=np.zeros(4, dtype=np.int32), **p)
+    # Dense planning needs it: None is reported as a missing argument.
+    dense = problem()
+    parts = C.get_decode_workspace_sizes(**dense)["num_sm_parts"]
+    with pytest.raises(ValueError, match=r"'cache_seqlens' is required"):
+        C.plan_decode(None, fake_cuda((parts, 8), "int32"), fake_cuda((5,), "int32"), **dense)
+
+
+def test_sparse_binding_signature():
+    signature = C.sparse_decode.__doc__.splitlines()[0]  # nanobind's generated signature line
+    assert re.findall(r"(\w+): ", signature) == [
+        "q", "k_cache", "indices", "tile_scheduler_metadata", "num_splits", "partial_o", "partial_lse", "out", "lse",
+        "topk_length", "attn_sink", "extra_k_cache", "extra_indices", "extra_topk_length", "softmax_scale", "stream"]
+    for name in ("topk_length", "attn_sink", "extra_k_cache", "extra_indices", "extra_topk_length"):
+        assert f"{name}: ndarray[] | None = None" in signature, signature
+    assert "softmax_scale: float = 0.0, stream: int = 0, **problem" in signature, signature
+
+
 # ---------------------------------------------------------------------------------------------------
 # get_decode_workspace_sizes
 # ---------------------------------------------------------------------------------------------------
@@ -330,14 +357,23 @@ def _call(**kwargs):
     return dec.flash_mla_with_kvcache(**args)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"indices": object()}, {"attn_sink": object()}, {"extra_k_cache": object()},
-    {"extra_indices_in_kvcache": object()}, {"topk_length": object()}, {"extra_topk_length": object()},
-    {"is_fp8_kvcache": True},
-])
-def test_sparse_arguments_are_not_implemented(kwargs):
-    with pytest.raises(NotImplementedError, match=re.escape("sparse decode is not implemented yet in this version")):
-        _call(**kwargs)
+@pytest.mark.parametrize("name", ["attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length",
+                                  "extra_topk_length"])
+def test_sparse_only_arguments_need_indices(name):
+    # Without indices the call is dense, which takes none of these: the argument is named.
+    with pytest.raises(ValueError, match=re.escape(f"argument '{name}' is a sparse-decode argument")):
+        _call(**{name: object()})
+
+
+def test_fp8_cache_without_indices_is_not_implemented():
+    with pytest.raises(NotImplementedError, match=r"is_fp8_kvcache=True without 'indices'"):
+        _call(is_fp8_kvcache=True)
+
+
+def test_indices_select_sparse_mode():
+    # Sparse mode checks its flags first (the sparse tests cover the rest): no NotImplementedError any more.
+    with pytest.raises(ValueError, match=r"argument 'is_fp8_kvcache' is False but 'indices' was given"):
+        _call(indices=object())
 
 
 def test_num_splits_must_be_none():

@@ -512,7 +512,7 @@ def test_errors_reach_the_caller_with_the_argument_named():
     with pytest.raises(ValueError, match="'out'"):
         om.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, D_V, meta,
                                   out=torch.empty((4, 1, 16, D_V), dtype=torch.float16, device=DEVICE))
-    with pytest.raises(NotImplementedError, match="sparse decode is not implemented yet"):
+    with pytest.raises(ValueError, match="is_fp8_kvcache"):
         om.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, D_V, meta,
                                   indices=torch.zeros((4, 1, 64), dtype=torch.int32, device=DEVICE))
 

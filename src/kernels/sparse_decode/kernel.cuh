@@ -108,6 +108,13 @@ __device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
   return static_cast<uint32_t>(row * Co::kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
+// The two consumer warpgroups only (named barrier 1). bar.sync is warp-aligned: reconverge the warp first (the
+// lane-predicated stores before it may leave it split, which synccheck reports).
+__device__ __forceinline__ void consumer_barrier() {
+  __syncwarp();
+  ptx::named_barrier_sync(1, 2 * Common::kWarpgroupThreads);
+}
+
 struct Fragment {
   int row[2];
   int col;
@@ -296,7 +303,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       ptx::cp_async_commit();
       ptx::cp_async_wait_all();
       ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(1, 2 * T::kWarpgroupThreads);
+      consumer_barrier();
     }
 
     float o[128];
@@ -427,7 +434,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         if (lane % 4 == 0) smem.out_scale[frag.row[i]] = inv;
       }
     }
-    ptx::named_barrier_sync(1, 2 * T::kWarpgroupThreads);
+    consumer_barrier();
     const float inv0 = smem.out_scale[frag.row[0]], inv1 = smem.out_scale[frag.row[1]];
     scale_rows(o, inv0, inv1);
     const int col_base = wg * (T::kHeadDimV / 2);
