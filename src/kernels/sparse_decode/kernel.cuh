@@ -108,11 +108,11 @@ __device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
   return static_cast<uint32_t>(row * Co::kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-// The two consumer warpgroups only (named barrier 1). bar.sync is warp-aligned: reconverge the warp first (the
-// lane-predicated stores before it may leave it split, which synccheck reports).
+// The two consumer warpgroups only (named barrier 1). They reach it from different code (one instantiation per
+// role), so the non-aligned barrier.sync is used (bar.sync = barrier.sync.aligned; synccheck flags it).
 __device__ __forceinline__ void consumer_barrier() {
   __syncwarp();
-  ptx::named_barrier_sync(1, 2 * Common::kWarpgroupThreads);
+  ptx::named_barrier_sync_unaligned(1, 2 * Common::kWarpgroupThreads);
 }
 
 struct Fragment {
@@ -201,57 +201,145 @@ struct TokenWriter {
   }
 };
 
-template <Layout L, bool kCrossover>
-__device__ __forceinline__ void produce_token(const SparseCacheView& c, int idx, bool valid, int tok, int lane4,
-                                              const TokenWriter<L, kCrossover>& wr) {
-  using T = Traits<L>;
-  uint4 nope[T::kNopeTiles];
+// One token's share of one thread (4 threads per token): the raw bytes, loaded before the buffer is free.
+template <Layout L>
+struct TokenData {
+  uint4 nope[Traits<L>::kNopeTiles];
   uint4 rope[2];
-  float scales[T::kNopeTiles / T::kTilesPerScale];
+  uint4 scales;  // V3.2: 4 fp32; MODEL1: 8 UE8M0 bytes in .x/.y
+};
+
+// Where token `idx` of cache `c` lives (only for valid slots).
+template <Layout L>
+struct TokenAddress {
+  const uint8_t* data;   // NoPE bytes, then RoPE at +kRopeOffset
+  const uint8_t* scale;  // the scale record
+};
+template <Layout L>
+__device__ __forceinline__ TokenAddress<L> token_address(const SparseCacheView& c, int idx) {
+  using T = Traits<L>;
+  const uint32_t page = static_cast<uint32_t>(idx) / static_cast<uint32_t>(c.page_size);
+  const uint32_t row = static_cast<uint32_t>(idx) - page * static_cast<uint32_t>(c.page_size);
+  const uint8_t* page_ptr = c.data + static_cast<int64_t>(page) * c.page_stride;
+  TokenAddress<L> a;
+  if constexpr (L == Layout::kV32) {
+    a.data = page_ptr + static_cast<int64_t>(row) * T::kBytesPerToken;
+    a.scale = a.data + 512;
+  } else {
+    a.data = page_ptr + static_cast<int64_t>(row) * T::kDataBytesPerToken;
+    a.scale = page_ptr + static_cast<int64_t>(c.page_size) * T::kDataBytesPerToken + static_cast<int64_t>(row) * 8;
+  }
+  return a;
+}
+
+template <Layout L>
+__device__ __forceinline__ void load_token(const SparseCacheView& c, int idx, bool valid, int lane4, TokenData<L>& d) {
+  using T = Traits<L>;
+  constexpr int kRopeOffset = T::kNopeTiles * 64 + (L == Layout::kV32 ? 16 : 0);  // 528 / 448
   if (valid) {
-    const uint32_t page = static_cast<uint32_t>(idx) / static_cast<uint32_t>(c.page_size);
-    const uint32_t row = static_cast<uint32_t>(idx) - page * static_cast<uint32_t>(c.page_size);
-    const uint8_t* page_ptr = c.data + static_cast<int64_t>(page) * c.page_stride;
+    const TokenAddress<L> a = token_address<L>(c, idx);
+#pragma unroll
+    for (int j = 0; j < T::kNopeTiles; ++j) d.nope[j] = ptx::ld_nc_v4(a.data + j * 64 + lane4 * 16);
+    d.rope[0] = ptx::ld_nc_v4(a.data + kRopeOffset + lane4 * 32);
+    d.rope[1] = ptx::ld_nc_v4(a.data + kRopeOffset + lane4 * 32 + 16);
     if constexpr (L == Layout::kV32) {
-      const uint8_t* tp = page_ptr + static_cast<int64_t>(row) * T::kBytesPerToken;
-#pragma unroll
-      for (int j = 0; j < T::kNopeTiles; ++j) nope[j] = ptx::ld_nc_v4(tp + j * 64 + lane4 * 16);
-      const uint4 sc = ptx::ld_nc_v4(tp + 512);
-      rope[0] = ptx::ld_nc_v4(tp + 528 + lane4 * 32);
-      rope[1] = ptx::ld_nc_v4(tp + 528 + lane4 * 32 + 16);
-      scales[0] = __uint_as_float(sc.x);
-      scales[1] = __uint_as_float(sc.y);
-      scales[2] = __uint_as_float(sc.z);
-      scales[3] = __uint_as_float(sc.w);
+      d.scales = ptx::ld_nc_v4(a.scale);
     } else {
-      const uint8_t* tp = page_ptr + static_cast<int64_t>(row) * T::kDataBytesPerToken;
-#pragma unroll
-      for (int j = 0; j < T::kNopeTiles; ++j) nope[j] = ptx::ld_nc_v4(tp + j * 64 + lane4 * 16);
-      const uint2 sc = ptx::ld_nc_v2(page_ptr + static_cast<int64_t>(c.page_size) * T::kDataBytesPerToken +
-                                     static_cast<int64_t>(row) * 8);
-      rope[0] = ptx::ld_nc_v4(tp + 448 + lane4 * 32);
-      rope[1] = ptx::ld_nc_v4(tp + 448 + lane4 * 32 + 16);
-#pragma unroll
-      for (int j = 0; j < T::kNopeTiles; ++j) {
-        const uint32_t e = ((j < 4 ? sc.x >> (8 * j) : sc.y >> (8 * (j - 4))) & 0xFFu);
-        scales[j] = __uint_as_float(e << 23);  // UE8M0: 2^(e - 127)
-      }
+      const uint2 sc = ptx::ld_nc_v2(a.scale);
+      d.scales = make_uint4(sc.x, sc.y, 0, 0);
     }
   } else {
     // Never dereferenced: zeros (V rows of a skipped slot must be 0, not garbage: 0 * NaN = NaN in P V).
 #pragma unroll
-    for (int j = 0; j < T::kNopeTiles; ++j) nope[j] = make_uint4(0, 0, 0, 0);
-    rope[0] = rope[1] = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int j = 0; j < T::kNopeTiles / T::kTilesPerScale; ++j) scales[j] = 0.f;
+    for (int j = 0; j < T::kNopeTiles; ++j) d.nope[j] = make_uint4(0, 0, 0, 0);
+    d.rope[0] = d.rope[1] = make_uint4(0, 0, 0, 0);
+    d.scales = make_uint4(0, 0, 0, 0);
   }
+}
+
+// Pulls the cache lines of token `idx` into L2 (a block ahead of its loads).
+template <Layout L>
+__device__ __forceinline__ void prefetch_token_l2(const SparseCacheView& c, int idx, int lane4) {
+  constexpr int kDataBytes = L == Layout::kV32 ? 656 : 576;  // the token's contiguous bytes
+  const TokenAddress<L> a = token_address<L>(c, idx);
+#pragma unroll
+  for (int k = lane4 * 128; k < kDataBytes; k += 4 * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a.data + k));
+  if constexpr (L == Layout::kModel1) {
+    if (lane4 == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(a.scale));
+  }
+}
+
+template <Layout L, bool kCrossover>
+__device__ __forceinline__ void store_token(const TokenData<L>& d, int tok, int lane4,
+                                            const TokenWriter<L, kCrossover>& wr) {
+  using T = Traits<L>;
 #pragma unroll
   for (int j = 0; j < T::kNopeTiles; ++j) {
+    float scale;
+    if constexpr (L == Layout::kV32) {
+      const uint32_t sc[4] = {d.scales.x, d.scales.y, d.scales.z, d.scales.w};
+      scale = __uint_as_float(sc[j / T::kTilesPerScale]);
+    } else {
+      const uint32_t e = (j < 4 ? d.scales.x >> (8 * j) : d.scales.y >> (8 * (j - 4))) & 0xFFu;
+      scale = __uint_as_float(e << 23);  // UE8M0: 2^(e - 127)
+    }
     uint4 lo, hi;
-    dequant16(nope[j], make_scale_mul(scales[j / T::kTilesPerScale]), lo, hi);
+    dequant16(d.nope[j], make_scale_mul(scale), lo, hi);
     wr.put_pair(j, tok, lane4, lo, hi);
   }
-  wr.put_pair(T::kRopeTile, tok, lane4, rope[0], rope[1]);
+  wr.put_pair(T::kRopeTile, tok, lane4, d.rope[0], d.rope[1]);
+}
+
+// Position of the producer in its partition's (request, block) sequence: the same order the consumers walk.
+struct Cursor {
+  int req;
+  int blk;
+  RequestWork w;
+};
+
+__device__ __forceinline__ void cursor_settle(const SparseDecodeParams& p, const DecodeScheduleRecord& rec, Cursor& c) {
+  // Moves past requests with an empty block range (none occur with the scheduler's work model; kept exact).
+  while (c.req <= rec.end_req && c.blk >= c.w.blk_end) {
+    if (++c.req > rec.end_req) break;
+    c.w = request_work(p, rec, c.req);
+    c.blk = c.w.blk_begin;
+  }
+}
+__device__ __forceinline__ Cursor cursor_begin(const SparseDecodeParams& p, const DecodeScheduleRecord& rec) {
+  Cursor c;
+  c.req = rec.begin_req;
+  c.w = request_work(p, rec, c.req);
+  c.blk = c.w.blk_begin;
+  cursor_settle(p, rec, c);
+  return c;
+}
+__device__ __forceinline__ Cursor cursor_next(const SparseDecodeParams& p, const DecodeScheduleRecord& rec, Cursor c) {
+  if (c.req > rec.end_req) return c;
+  ++c.blk;
+  cursor_settle(p, rec, c);
+  return c;
+}
+
+// Index of this thread's token (round r) of the cursor's block, -1 when the slot is past the length or the
+// cursor is past the partition; and its cache.
+template <int kRounds>
+__device__ __forceinline__ void load_indices(const SparseDecodeParams& p, const DecodeScheduleRecord& rec, const Cursor& c,
+                                             int tok0, int s_idx, int (&idx)[kRounds]) {
+  const bool live = c.req <= rec.end_req;
+  const bool extra = c.blk >= c.w.main_blocks;
+  const SparseCacheView& v = extra ? p.extra : p.main;
+  const int slot0 = (extra ? c.blk - c.w.main_blocks : c.blk) * Common::kBlockN + tok0;
+  const int len = extra ? c.w.extra_len : c.w.main_len;
+  const int32_t* row = v.indices + static_cast<int64_t>(c.req) * v.idx_stride_b + static_cast<int64_t>(s_idx) * v.idx_stride_s;
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const int slot = slot0 + r * Common::kTokensPerRound;
+    idx[r] = (live && slot < len) ? row[slot] : -1;
+  }
+}
+__device__ __forceinline__ const SparseCacheView& cursor_cache(const SparseDecodeParams& p, const Cursor& c) {
+  return c.blk >= c.w.main_blocks ? p.extra : p.main;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -527,41 +615,59 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     }
     const int tok_base = kCrossover ? static_cast<int>(peer_rank ^ 1u) * T::kTokensPerRound : 0;
     constexpr int kRounds = kCrossover ? 1 : 2;
-    uint32_t it = 0;
-    for (int req = rec.begin_req; req <= rec.end_req; ++req) {
-      const RequestWork w = request_work(p, rec, req);
-      for (int blk = w.blk_begin; blk < w.blk_end; ++blk, ++it) {
-        const int buf = it & 1;
-        const uint32_t phase = (it >> 1) & 1;
-        const bool extra = blk >= w.main_blocks;
-        const SparseCacheView& c = extra ? p.extra : p.main;
-        const int slot0 = (extra ? blk - w.main_blocks : blk) * T::kBlockN;
-        const int len = extra ? w.extra_len : w.main_len;
-        const int32_t* idx_row = c.indices + static_cast<int64_t>(req) * c.idx_stride_b + s_idx * c.idx_stride_s;
-        int idx[kRounds];
-        bool valid[kRounds];
+    // Software pipeline over the partition's blocks (perf-notes sparse v2): the indices are loaded two blocks
+    // ahead, the next block's tokens are prefetched into L2, and this block's bytes are loaded into registers
+    // BEFORE waiting for the buffer, so the gather latency overlaps the consumers' work.
+    const int tok0 = tok_base + tok_in_round;  // this thread's token of round 0
+    Cursor cur = cursor_begin(p, rec);
+    Cursor nxt = cursor_next(p, rec, cur);
+    int idx_cur[kRounds], idx_nxt[kRounds];
+    load_indices<kRounds>(p, rec, cur, tok0, s_idx, idx_cur);
+    load_indices<kRounds>(p, rec, nxt, tok0, s_idx, idx_nxt);
+    for (uint32_t it = 0; cur.req <= rec.end_req; ++it) {
+      const int buf = it & 1;
+      const uint32_t phase = (it >> 1) & 1;
+      const SparseCacheView& c = cursor_cache(p, cur);
+      bool valid[kRounds];
 #pragma unroll
-        for (int r = 0; r < kRounds; ++r) {
-          const int slot = slot0 + tok_base + r * T::kTokensPerRound + tok_in_round;
-          idx[r] = slot < len ? idx_row[slot] : -1;
-          valid[r] = idx[r] >= 0 && idx[r] < c.capacity;
-        }
-        // Both CTAs' consumers must be done with this buffer (we write the peer's copy too).
-        ptx::mbarrier_wait_parity_cluster(&smem.free_[buf], phase ^ 1);
-        const TokenWriter<L, kCrossover> wr{ptx::smem_addr(smem.k[buf][0]), peer_delta};
+      for (int r = 0; r < kRounds; ++r) valid[r] = idx_cur[r] >= 0 && idx_cur[r] < c.capacity;
+      TokenData<L> d;
+      load_token<L>(c, idx_cur[0], valid[0], lane4, d);
+      // The next block: its tokens into L2, and the indices of the one after it.
+      {
+        const SparseCacheView& cn = cursor_cache(p, nxt);
 #pragma unroll
-        for (int r = 0; r < kRounds; ++r) {
-          const int tok = tok_base + r * T::kTokensPerRound + tok_in_round;
-          produce_token<L, kCrossover>(c, idx[r], valid[r], tok, lane4, wr);
-          if (lane4 == 0) {
-            const uint32_t vaddr = ptx::smem_addr(&smem.valid[buf][tok]);
-            asm volatile("st.shared.u8 [%0], %1;" ::"r"(vaddr), "r"(valid[r] ? 1u : 0u) : "memory");
-            if constexpr (kCrossover) ptx::st_cluster_u8(vaddr + peer_delta, valid[r] ? 1u : 0u);
-          }
+        for (int r = 0; r < kRounds; ++r)
+          if (idx_nxt[r] >= 0 && idx_nxt[r] < cn.capacity) prefetch_token_l2<L>(cn, idx_nxt[r], lane4);
+      }
+      const Cursor nxt2 = cursor_next(p, rec, nxt);
+      int idx_nxt2[kRounds];
+      load_indices<kRounds>(p, rec, nxt2, tok0, s_idx, idx_nxt2);
+
+      // Both CTAs' consumers must be done with this buffer (we write the peer's copy too).
+      ptx::mbarrier_wait_parity_cluster(&smem.free_[buf], phase ^ 1);
+      const TokenWriter<L, kCrossover> wr{ptx::smem_addr(smem.k[buf][0]), peer_delta};
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        const int tok = tok0 + r * T::kTokensPerRound;
+        if (r > 0) load_token<L>(c, idx_cur[r], valid[r], lane4, d);  // L2 hit: prefetched a block ago
+        store_token<L, kCrossover>(d, tok, lane4, wr);
+        if (lane4 == 0) {
+          const uint32_t vaddr = ptx::smem_addr(&smem.valid[buf][tok]);
+          asm volatile("st.shared.u8 [%0], %1;" ::"r"(vaddr), "r"(valid[r] ? 1u : 0u) : "memory");
+          if constexpr (kCrossover) ptx::st_cluster_u8(vaddr + peer_delta, valid[r] ? 1u : 0u);
         }
-        ptx::fence_proxy_async_all();
-        ptx::mbarrier_arrive_cluster(&smem.full[buf]);
-        if constexpr (kCrossover) ptx::mbarrier_arrive_remote(ptx::smem_addr(&smem.full[buf]) + peer_delta);
+      }
+      ptx::fence_proxy_async_all();
+      ptx::mbarrier_arrive_cluster(&smem.full[buf]);
+      if constexpr (kCrossover) ptx::mbarrier_arrive_remote(ptx::smem_addr(&smem.full[buf]) + peer_delta);
+
+      cur = nxt;
+      nxt = nxt2;
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        idx_cur[r] = idx_nxt[r];
+        idx_nxt[r] = idx_nxt2[r];
       }
     }
     // Nobody leaves while the peer may still write our shared memory or arrive on our barriers. Each role
