@@ -76,7 +76,7 @@ struct alignas(1024) SharedStorage {
                                                          // plan still fits with it (one array shape for both)
   float scale[2][T::kBlockM];   // per block: a = 2^(m_old - m_new), WG0 -> WG1
   float out_scale[T::kBlockM];  // epilogue: 1 / (row sum [+ sink term]), WG0 -> WG1
-  uint8_t valid[2][T::kBlockN]; // per block: slot holds a token (written by the producers of both CTAs)
+  uint32_t valid[2][T::kBlockN];  // per block: 1 if the slot holds a token (written by the producers of both CTAs)
   alignas(8) uint64_t full[2];     // producers (local + peer) -> consumers
   uint64_t free_[2];               // consumer warps (local + peer) -> producers
   uint64_t p_ready[2];             // WG0 -> WG1: P and a of the block are in shared memory

@@ -188,10 +188,11 @@ template <Layout L, bool kCrossover>
 struct TokenWriter {
   uint32_t k_base;      // shared address of k[buf][0]
   uint32_t peer_delta;  // peer's shared::cluster address minus our shared address (crossover)
+  uint32_t peer_full;   // the peer's full[buf] (crossover): st.async completes its bytes there
 
   __device__ __forceinline__ void put(uint32_t addr, uint4 v) const {
     ptx::st_shared_v4(addr, v);
-    if constexpr (kCrossover) ptx::st_cluster_v4(addr + peer_delta, v);
+    if constexpr (kCrossover) ptx::st_async_v4(addr + peer_delta, v, peer_full);
   }
   // Chunks 2*lane4 and 2*lane4 + 1 of row `tok` of tile `tile`.
   __device__ __forceinline__ void put_pair(int tile, int tok, int lane4, uint4 lo, uint4 hi) const {
@@ -424,9 +425,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         // Skipped slots: -inf (overwrite, never add: their K rows are zeros, but keep the rule).
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const uint32_t v2 = *reinterpret_cast<const uint16_t*>(&smem.valid[buf][j * 8 + frag.col]);
-          if ((v2 & 0xFFu) == 0) s[j * 4 + 0] = s[j * 4 + 2] = -INFINITY;
-          if ((v2 >> 8) == 0) s[j * 4 + 1] = s[j * 4 + 3] = -INFINITY;
+          const uint2 v2 = *reinterpret_cast<const uint2*>(&smem.valid[buf][j * 8 + frag.col]);
+          if (v2.x == 0) s[j * 4 + 0] = s[j * 4 + 2] = -INFINITY;
+          if (v2.y == 0) s[j * 4 + 1] = s[j * 4 + 3] = -INFINITY;
         }
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -582,7 +583,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
 
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) {
-      ptx::mbarrier_init(&smem.full[b], T::kWarpgroupThreads * kCtas);  // every producer thread of each CTA
+      ptx::mbarrier_init(&smem.full[b], T::kWarpgroupThreads);  // every local producer thread (+ peer bytes)
       ptx::mbarrier_init(&smem.free_[b], 8 * kCtas);                    // every consumer warp of each CTA
       ptx::mbarrier_init(&smem.p_ready[b], T::kWarpgroupThreads);       // every WG0 thread
     }
@@ -615,6 +616,9 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     }
     const int tok_base = kCrossover ? static_cast<int>(peer_rank ^ 1u) * T::kTokensPerRound : 0;
     constexpr int kRounds = kCrossover ? 1 : 2;
+    // Bytes the peer's st.async writes into our buffer per block: its 32 tokens x all tiles, 32 validity words.
+    constexpr uint32_t kPeerBytesPerBlock =
+        T::kTokensPerRound * (T::kNumTiles * T::kRowBytes + static_cast<int>(sizeof(uint32_t)));
     // Software pipeline over the partition's blocks (perf-notes sparse v2): the indices are loaded two blocks
     // ahead, the next block's tokens are prefetched into L2, and this block's bytes are loaded into registers
     // BEFORE waiting for the buffer, so the gather latency overlaps the consumers' work.
@@ -646,7 +650,8 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
 
       // Both CTAs' consumers must be done with this buffer (we write the peer's copy too).
       ptx::mbarrier_wait_parity_cluster(&smem.free_[buf], phase ^ 1);
-      const TokenWriter<L, kCrossover> wr{ptx::smem_addr(smem.k[buf][0]), peer_delta};
+      const uint32_t full_addr = ptx::smem_addr(&smem.full[buf]);
+      const TokenWriter<L, kCrossover> wr{ptx::smem_addr(smem.k[buf][0]), peer_delta, full_addr + peer_delta};
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) {
         const int tok = tok0 + r * T::kTokensPerRound;
@@ -654,13 +659,18 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
         store_token<L, kCrossover>(d, tok, lane4, wr);
         if (lane4 == 0) {
           const uint32_t vaddr = ptx::smem_addr(&smem.valid[buf][tok]);
-          asm volatile("st.shared.u8 [%0], %1;" ::"r"(vaddr), "r"(valid[r] ? 1u : 0u) : "memory");
-          if constexpr (kCrossover) ptx::st_cluster_u8(vaddr + peer_delta, valid[r] ? 1u : 0u);
+          ptx::st_shared_u32(vaddr, valid[r] ? 1u : 0u);
+          if constexpr (kCrossover) ptx::st_async_b32(vaddr + peer_delta, valid[r] ? 1u : 0u, wr.peer_full);
         }
       }
-      ptx::fence_proxy_async_all();
-      ptx::mbarrier_arrive_cluster(&smem.full[buf]);
-      if constexpr (kCrossover) ptx::mbarrier_arrive_remote(ptx::smem_addr(&smem.full[buf]) + peer_delta);
+      // Our own copy: generic stores, made visible to wgmma by the proxy fence and released by the arrival.
+      // The peer's copy completes on the peer's barrier by itself (st.async complete_tx); thread 0 announces
+      // the bytes the peer sends us this block.
+      ptx::fence_proxy_async_shared();
+      if (kCrossover && wg_tid == 0)
+        ptx::mbarrier_arrive_expect_tx(&smem.full[buf], kPeerBytesPerBlock);
+      else
+        ptx::mbarrier_arrive(&smem.full[buf]);
 
       cur = nxt;
       nxt = nxt2;
