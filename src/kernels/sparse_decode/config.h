@@ -23,9 +23,9 @@ struct Common {
   static constexpr int kWarpgroupThreads = 128;
   static constexpr int kThreads = 3 * kWarpgroupThreads;  // WG0, WG1 consumers; WG2 producer
   // setmaxnreg split (x 128 threads each must stay <= 65536): WG0 holds O_L + S + P, WG1 O_R, WG2 loads.
-  static constexpr int kRegsWg0 = 224;
-  static constexpr int kRegsWg1 = 176;
-  static constexpr int kRegsProducer = 104;
+  static constexpr int kRegsWg0 = 208;
+  static constexpr int kRegsWg1 = 160;
+  static constexpr int kRegsProducer = 144;
   static_assert((kRegsWg0 + kRegsWg1 + kRegsProducer) * kWarpgroupThreads <= 65536, "register file");
 
   // Producer thread mapping: 4 threads per token (16 fp8 of each 64-dim tile each), 32 tokens per round.

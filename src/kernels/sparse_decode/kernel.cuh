@@ -619,49 +619,64 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     // Bytes the peer's st.async writes into our buffer per block: its 32 tokens x all tiles, 32 validity words.
     constexpr uint32_t kPeerBytesPerBlock =
         T::kTokensPerRound * (T::kNumTiles * T::kRowBytes + static_cast<int>(sizeof(uint32_t)));
-    // Software pipeline over the partition's blocks (perf-notes sparse v2): the indices are loaded two blocks
-    // ahead, the next block's tokens are prefetched into L2, and this block's bytes are loaded into registers
-    // BEFORE waiting for the buffer, so the gather latency overlaps the consumers' work.
+    // Software pipeline over the partition's blocks (perf-notes sparse v2, v4): indices are loaded three blocks
+    // ahead, the tokens of the block two ahead are prefetched into L2, and the gathers of the next unit (the
+    // next block, or this block's second round) are in flight in registers while this unit is dequantised.
     const int tok0 = tok_base + tok_in_round;  // this thread's token of round 0
+    auto usable = [](const SparseCacheView& c, int idx) { return idx >= 0 && idx < c.capacity; };
     Cursor cur = cursor_begin(p, rec);
-    Cursor nxt = cursor_next(p, rec, cur);
-    int idx_cur[kRounds], idx_nxt[kRounds];
+    Cursor n1 = cursor_next(p, rec, cur);
+    Cursor n2 = cursor_next(p, rec, n1);
+    int idx_cur[kRounds], idx_n1[kRounds], idx_n2[kRounds];
     load_indices<kRounds>(p, rec, cur, tok0, s_idx, idx_cur);
-    load_indices<kRounds>(p, rec, nxt, tok0, s_idx, idx_nxt);
+    load_indices<kRounds>(p, rec, n1, tok0, s_idx, idx_n1);
+    load_indices<kRounds>(p, rec, n2, tok0, s_idx, idx_n2);
+    TokenData<L> d0, d1;  // d0: round 0 of the current block; d1: the unit after it
+    {
+      const SparseCacheView& c = cursor_cache(p, cur);
+      load_token<L>(c, idx_cur[0], usable(c, idx_cur[0]), lane4, d0);
+    }
     for (uint32_t it = 0; cur.req <= rec.end_req; ++it) {
       const int buf = it & 1;
       const uint32_t phase = (it >> 1) & 1;
       const SparseCacheView& c = cursor_cache(p, cur);
+      const SparseCacheView& c1 = cursor_cache(p, n1);
       bool valid[kRounds];
 #pragma unroll
-      for (int r = 0; r < kRounds; ++r) valid[r] = idx_cur[r] >= 0 && idx_cur[r] < c.capacity;
-      TokenData<L> d;
-      load_token<L>(c, idx_cur[0], valid[0], lane4, d);
-      // The next block: its tokens into L2, and the indices of the one after it.
+      for (int r = 0; r < kRounds; ++r) valid[r] = usable(c, idx_cur[r]);
+      // The next unit's gathers (a slot past the end of the partition has index -1: zeros, no load).
+      if constexpr (kRounds == 1)
+        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, d1);
+      else
+        load_token<L>(c, idx_cur[1], valid[1], lane4, d1);
+      // Two blocks ahead: the tokens into L2. Three ahead: the indices.
       {
-        const SparseCacheView& cn = cursor_cache(p, nxt);
+        const SparseCacheView& c2 = cursor_cache(p, n2);
 #pragma unroll
         for (int r = 0; r < kRounds; ++r)
-          if (idx_nxt[r] >= 0 && idx_nxt[r] < cn.capacity) prefetch_token_l2<L>(cn, idx_nxt[r], lane4);
+          if (usable(c2, idx_n2[r])) prefetch_token_l2<L>(c2, idx_n2[r], lane4);
       }
-      const Cursor nxt2 = cursor_next(p, rec, nxt);
-      int idx_nxt2[kRounds];
-      load_indices<kRounds>(p, rec, nxt2, tok0, s_idx, idx_nxt2);
+      const Cursor n3 = cursor_next(p, rec, n2);
+      int idx_n3[kRounds];
+      load_indices<kRounds>(p, rec, n3, tok0, s_idx, idx_n3);
 
       // Both CTAs' consumers must be done with this buffer (we write the peer's copy too).
       ptx::mbarrier_wait_parity_cluster(&smem.free_[buf], phase ^ 1);
       const uint32_t full_addr = ptx::smem_addr(&smem.full[buf]);
       const TokenWriter<L, kCrossover> wr{ptx::smem_addr(smem.k[buf][0]), peer_delta, full_addr + peer_delta};
-#pragma unroll
-      for (int r = 0; r < kRounds; ++r) {
-        const int tok = tok0 + r * T::kTokensPerRound;
-        if (r > 0) load_token<L>(c, idx_cur[r], valid[r], lane4, d);  // L2 hit: prefetched a block ago
-        store_token<L, kCrossover>(d, tok, lane4, wr);
+      auto put_valid = [&](int tok, bool v) {
         if (lane4 == 0) {
           const uint32_t vaddr = ptx::smem_addr(&smem.valid[buf][tok]);
-          ptx::st_shared_u32(vaddr, valid[r] ? 1u : 0u);
-          if constexpr (kCrossover) ptx::st_async_b32(vaddr + peer_delta, valid[r] ? 1u : 0u, wr.peer_full);
+          ptx::st_shared_u32(vaddr, v ? 1u : 0u);
+          if constexpr (kCrossover) ptx::st_async_b32(vaddr + peer_delta, v ? 1u : 0u, wr.peer_full);
         }
+      };
+      store_token<L, kCrossover>(d0, tok0, lane4, wr);
+      put_valid(tok0, valid[0]);
+      if constexpr (kRounds == 2) {
+        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, d0);  // next block's round 0
+        store_token<L, kCrossover>(d1, tok0 + T::kTokensPerRound, lane4, wr);
+        put_valid(tok0 + T::kTokensPerRound, valid[1]);
       }
       // Our own copy: generic stores, made visible to wgmma by the proxy fence and released by the arrival.
       // The peer's copy completes on the peer's barrier by itself (st.async complete_tx); thread 0 announces
@@ -672,12 +687,15 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       else
         ptx::mbarrier_arrive(&smem.full[buf]);
 
-      cur = nxt;
-      nxt = nxt2;
+      if constexpr (kRounds == 1) d0 = d1;
+      cur = n1;
+      n1 = n2;
+      n2 = n3;
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) {
-        idx_cur[r] = idx_nxt[r];
-        idx_nxt[r] = idx_nxt2[r];
+        idx_cur[r] = idx_n1[r];
+        idx_n1[r] = idx_n2[r];
+        idx_n2[r] = idx_n3[r];
       }
     }
     // Nobody leaves while the peer may still write our shared memory or arrive on our barriers. Each role
