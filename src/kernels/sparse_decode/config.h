@@ -24,9 +24,14 @@ struct Common {
   static constexpr int kThreads = 3 * kWarpgroupThreads;  // WG0, WG1 consumers; WG2 producer
   // setmaxnreg split (x 128 threads each must stay <= 65536): WG0 holds O_L + S + P, WG1 O_R, WG2 loads.
   static constexpr int kRegsWg0 = 208;
-  static constexpr int kRegsWg1 = 160;
-  static constexpr int kRegsProducer = 144;
+  static constexpr int kRegsWg1 = 168;
+  static constexpr int kRegsProducer = 136;
   static_assert((kRegsWg0 + kRegsWg1 + kRegsProducer) * kWarpgroupThreads <= 65536, "register file");
+  // Registers every thread starts with (ptxas: 65536 / 384 rounded down to 8 under __launch_bounds__(384, 1)).
+  // setmaxnreg.inc may only raise and .dec only lower it: an .inc below it is an illegal instruction.
+  static constexpr int kLaunchRegs = 168;
+  static_assert(kRegsWg0 >= kLaunchRegs && kRegsWg1 >= kLaunchRegs && kRegsProducer <= kLaunchRegs,
+                "consumers grow, the producer shrinks");
 
   // Producer thread mapping: 4 threads per token (16 fp8 of each 64-dim tile each), 32 tokens per round.
   static constexpr int kThreadsPerToken = 4;

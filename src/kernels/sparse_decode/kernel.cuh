@@ -708,7 +708,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     if constexpr (kCrossover) ptx::cluster_sync();
     return;
   } else {
-    ptx::setmaxnreg_inc<T::kRegsWg1>();
+    if constexpr (T::kRegsWg1 > T::kLaunchRegs) ptx::setmaxnreg_inc<T::kRegsWg1>();
     consume<L, kCrossover, 1>(p, smem, rec, tid);
     if constexpr (kCrossover) ptx::cluster_sync();
     return;
