@@ -22,14 +22,16 @@ struct Common {
 
   static constexpr int kWarpgroupThreads = 128;
   static constexpr int kThreads = 3 * kWarpgroupThreads;  // WG0, WG1 consumers; WG2 producer
-  // setmaxnreg split (x 128 threads each must stay <= 65536): WG0 holds O_L + S + P, WG1 O_R, WG2 loads.
-  static constexpr int kRegsWg0 = 208;
+  // setmaxnreg split. Every thread starts with kLaunchRegs (ptxas: 65536 / 384 rounded down to 8 under
+  // __launch_bounds__(384, 1)); the CTA owns 384 x kLaunchRegs registers and setmaxnreg only moves them between
+  // warpgroups: .inc blocks until enough are free (a split summing above 3 x kLaunchRegs deadlocks), .inc below
+  // the current count is an illegal instruction. WG0 holds O_L + S + P, WG1 O_R, the producer two units of
+  // token bytes (perf-notes sparse v4).
+  static constexpr int kLaunchRegs = 168;
+  static constexpr int kRegsWg0 = 200;
   static constexpr int kRegsWg1 = 168;
   static constexpr int kRegsProducer = 136;
-  static_assert((kRegsWg0 + kRegsWg1 + kRegsProducer) * kWarpgroupThreads <= 65536, "register file");
-  // Registers every thread starts with (ptxas: 65536 / 384 rounded down to 8 under __launch_bounds__(384, 1)).
-  // setmaxnreg.inc may only raise and .dec only lower it: an .inc below it is an illegal instruction.
-  static constexpr int kLaunchRegs = 168;
+  static_assert(kRegsWg0 + kRegsWg1 + kRegsProducer <= 3 * kLaunchRegs, "setmaxnreg only redistributes the CTA's registers");
   static_assert(kRegsWg0 >= kLaunchRegs && kRegsWg1 >= kLaunchRegs && kRegsProducer <= kLaunchRegs,
                 "consumers grow, the producer shrinks");
 
