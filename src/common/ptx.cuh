@@ -55,28 +55,12 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t par
   }
 }
 
-// Cluster-scope variants (a peer CTA of the cluster writes our shared memory and arrives on our barriers).
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-// Arrival on the barrier at `remote_bar`, an address in a peer CTA's shared memory (see map_to_peer).
+// Arrival on the barrier at `remote_bar`, an address in a peer CTA's shared memory (see map_to_peer). Release
+// at CTA scope, as CUTLASS's cluster pipelines do: the .cluster-scope forms compile to MEMBAR.ALL.GPU before
+// the arrive (and acquire.cluster waits to an L1 invalidation after it), which cost the sparse kernel ~40 %
+// (perf-notes sparse v5). Cross-CTA data hand-offs go through st.async / TMA complete_tx instead.
 __device__ __forceinline__ void mbarrier_arrive_remote(uint32_t remote_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar) : "memory");
-}
-__device__ __forceinline__ bool mbarrier_try_wait_parity_cluster(uint64_t* bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
-__device__ __forceinline__ void mbarrier_wait_parity_cluster(uint64_t* bar, uint32_t parity) {
-  while (!mbarrier_try_wait_parity_cluster(bar, parity)) {
-  }
+  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];" ::"r"(remote_bar) : "memory");
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -364,7 +364,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
   auto release_buffer = [&](int buf) {
     __syncwarp();
     if (lane == 0) {
-      ptx::mbarrier_arrive_cluster(&smem.free_[buf]);
+      ptx::mbarrier_arrive(&smem.free_[buf]);
       if constexpr (kCrossover) ptx::mbarrier_arrive_remote(ptx::smem_addr(&smem.free_[buf]) + peer_delta);
     }
   };
@@ -407,7 +407,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
       uint8_t* p_tile = T::kPInRopeTile ? smem.k[buf][T::kRopeTile] : smem.p[T::kPInRopeTile ? 0 : buf];
       if constexpr (wg == 0) {
-        ptx::mbarrier_wait_parity_cluster(&smem.full[buf], phase);
+        ptx::mbarrier_wait_parity(&smem.full[buf], phase);
         float s[32];
         const uint64_t q_desc = launder(desc_k_major(smem.q[0]));
         const uint64_t k_desc = launder(desc_k_major(smem.k[buf][0]));
@@ -487,7 +487,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         release_buffer(buf);
       } else {
         ptx::mbarrier_wait_parity(&smem.p_ready[buf], phase);
-        ptx::mbarrier_wait_parity_cluster(&smem.full[buf], phase);
+        ptx::mbarrier_wait_parity(&smem.full[buf], phase);
         scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
         const uint64_t p_desc = launder(desc_k_major(p_tile));
         const uint64_t v_desc = launder(desc_mn_major(smem.k[buf][T::kVTilesPerHalf]));
@@ -661,7 +661,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       load_indices<kRounds>(p, rec, n3, tok0, s_idx, idx_n3);
 
       // Both CTAs' consumers must be done with this buffer (we write the peer's copy too).
-      ptx::mbarrier_wait_parity_cluster(&smem.free_[buf], phase ^ 1);
+      ptx::mbarrier_wait_parity(&smem.free_[buf], phase ^ 1);
       const uint32_t full_addr = ptx::smem_addr(&smem.full[buf]);
       const TokenWriter<L, kCrossover> wr{ptx::smem_addr(smem.k[buf][0]), peer_delta, full_addr + peer_delta};
       auto put_valid = [&](int tok, bool v) {
