@@ -1,0 +1,40 @@
+"""One sparse-decode configuration, called twice (warm-up, then the call to profile), for ncu:
+
+    ncu --clock-control none -k regex:sparse_decode_kernel --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats python3 tools/profile_sparse_decode.py --b 128 --h-q 128
+
+Inputs come from benchmarks/bench_sparse_decode.make_inputs (the benchmark's own generator)."""
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--b", type=int, default=128)
+    ap.add_argument("--s-q", type=int, default=2)
+    ap.add_argument("--h-q", type=int, default=128)
+    ap.add_argument("--topk", type=int, default=2048)
+    ap.add_argument("--s-k", type=int, default=32768)
+    args = ap.parse_args()
+
+    import torch
+
+    import bench_sparse_decode as bsd
+    import openmla
+
+    q, k_cache, indices, sink, _, _ = bsd.make_inputs(args.b, args.s_q, args.h_q, args.topk, args.s_k)
+    meta, _ = openmla.get_mla_metadata()
+    for _ in range(2):
+        openmla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices,
+                                       attn_sink=sink)
+    torch.cuda.synchronize()
+    print("profiled: b=%d s_q=%d h_q=%d topk=%d" % (args.b, args.s_q, args.h_q, args.topk))
+
+
+if __name__ == "__main__":
+    main()
