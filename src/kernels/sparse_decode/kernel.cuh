@@ -636,7 +636,10 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       const SparseCacheView& c = cursor_cache(p, cur);
       load_token<L>(c, idx_cur[0], usable(c, idx_cur[0]), lane4, d0);
     }
-    for (uint32_t it = 0; cur.req <= rec.end_req; ++it) {
+    // One block. da holds this block's round 0; db receives the next unit (kRounds == 1: the next block, so
+    // the two register sets swap roles every block; kRounds == 2: this block's round 1). No register copies:
+    // a copy would wait for the in-flight gathers right away (measured: v4 gained nothing because of it).
+    auto step = [&](uint32_t it, TokenData<L>& da, TokenData<L>& db) {
       const int buf = it & 1;
       const uint32_t phase = (it >> 1) & 1;
       const SparseCacheView& c = cursor_cache(p, cur);
@@ -646,9 +649,9 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       for (int r = 0; r < kRounds; ++r) valid[r] = usable(c, idx_cur[r]);
       // The next unit's gathers (a slot past the end of the partition has index -1: zeros, no load).
       if constexpr (kRounds == 1)
-        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, d1);
+        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, db);
       else
-        load_token<L>(c, idx_cur[1], valid[1], lane4, d1);
+        load_token<L>(c, idx_cur[1], valid[1], lane4, db);
       // Two blocks ahead: the tokens into L2. Three ahead: the indices.
       {
         const SparseCacheView& c2 = cursor_cache(p, n2);
@@ -671,11 +674,11 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
           if constexpr (kCrossover) ptx::st_async_b32(vaddr + peer_delta, v ? 1u : 0u, wr.peer_full);
         }
       };
-      store_token<L, kCrossover>(d0, tok0, lane4, wr);
+      store_token<L, kCrossover>(da, tok0, lane4, wr);
       put_valid(tok0, valid[0]);
       if constexpr (kRounds == 2) {
-        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, d0);  // next block's round 0
-        store_token<L, kCrossover>(d1, tok0 + T::kTokensPerRound, lane4, wr);
+        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, da);  // next block's round 0
+        store_token<L, kCrossover>(db, tok0 + T::kTokensPerRound, lane4, wr);
         put_valid(tok0 + T::kTokensPerRound, valid[1]);
       }
       // Our own copy: generic stores, made visible to wgmma by the proxy fence and released by the arrival.
@@ -687,7 +690,6 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       else
         ptx::mbarrier_arrive(&smem.full[buf]);
 
-      if constexpr (kRounds == 1) d0 = d1;
       cur = n1;
       n1 = n2;
       n2 = n3;
@@ -697,6 +699,10 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
         idx_n1[r] = idx_n2[r];
         idx_n2[r] = idx_n3[r];
       }
+    };
+    for (uint32_t it = 0; cur.req <= rec.end_req; ++it) {
+      if (kRounds == 1 && (it & 1)) step(it, d1, d0);
+      else step(it, d0, d1);
     }
     // Nobody leaves while the peer may still write our shared memory or arrive on our barriers. Each role
     // ends in its own exit so ptxas keeps the three register budgets apart (no merge after setmaxnreg).
