@@ -5,7 +5,7 @@
 #   - on a machine with a Hopper GPU and PyTorch: runs the benchmarks (benchmarks/run.py; default
 #     suites: dense decode and the KV-cache codec), printing a table against the measured ceilings and
 #     FlashMLA's figures; arguments are passed on (e.g. --suite kv_cache --filter v32 --json out.json);
-#   - anywhere else: says so plainly and runs a small dense-decode case on the CPU reference.
+#   - anywhere else: says so plainly and runs small dense- and sparse-decode cases on the CPU reference.
 #
 # Environment: OPENMLA_BUILD_DIR (default build), OPENMLA_CMAKE_ARGS, OPENMLA_JOBS, as tools/test.sh.
 set -uo pipefail
@@ -49,7 +49,7 @@ if [[ $gpu == ok ]]; then
   "$py" benchmarks/run.py "$@"
   rc=$?
 else
-  echo "no GPU on this machine: running the CPU reference on a small case instead (${gpu:-python3 failed})"
+  echo "no GPU on this machine: running the CPU reference on small dense and sparse cases instead (${gpu:-python3 failed})"
   "$py" benchmarks/run.py --cpu-reference
   rc=$?
 fi
