@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "common/mma_tile.cuh"
 #include "common/ptx.cuh"
 #include "kernels/sparse_decode/config.h"
 #include "kernels/sparse_decode/params.h"
@@ -81,6 +82,17 @@ __device__ __forceinline__ void dequant16(const uint4& raw, const ScaleMul& m, u
 // Shared-memory addressing and wgmma (same tile conventions as dense decode)
 // ---------------------------------------------------------------------------------------------------
 using Co = Common;
+using tile::desc_k_major;
+using tile::desc_mn_major;
+using tile::exponentiate;
+using tile::Fragment;
+using tile::make_fragment;
+using tile::quad_sum;
+using tile::row_max;
+using tile::scale_rows;
+using tile::swizzled_chunk;
+static_assert(Co::kTileBytes == tile::kTileBytes && Co::kRowBytes == tile::kRowBytes &&
+              Co::kSwizzleAtomBytes == tile::kSwizzleAtomBytes, "one tile convention");
 
 // Descriptors are built once per block from a laundered base and advanced by constant offsets (the start
 // address field is addr >> 4 in the low bits; shared addresses stay far below its 14-bit range). Without the
@@ -97,17 +109,6 @@ __device__ __forceinline__ int launder32(int x) {
 }
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 
-__device__ __forceinline__ uint64_t desc_k_major(const void* p) {
-  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), 16, Co::kSwizzleAtomBytes);
-}
-__device__ __forceinline__ uint64_t desc_mn_major(const void* p) {
-  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), Co::kTileBytes, Co::kSwizzleAtomBytes);
-}
-// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside one 64 x 64 128B-swizzled tile.
-__device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
-  return static_cast<uint32_t>(row * Co::kRowBytes + ((chunk ^ (row & 7)) << 4));
-}
-
 // The two consumer warpgroups only (named barrier 1). They reach it from different code (one instantiation per
 // role), so the non-aligned barrier.sync is used (bar.sync = barrier.sync.aligned; synccheck flags it).
 __device__ __forceinline__ void consumer_barrier() {
@@ -115,38 +116,9 @@ __device__ __forceinline__ void consumer_barrier() {
   ptx::named_barrier_sync_unaligned(1, 2 * Common::kWarpgroupThreads);
 }
 
-struct Fragment {
-  int row[2];
-  int col;
-};
-__device__ __forceinline__ Fragment make_fragment(int wg_tid) {
-  const int warp = wg_tid / 32, lane = wg_tid % 32;
-  Fragment f;
-  f.row[0] = warp * 16 + lane / 4;
-  f.row[1] = f.row[0] + 8;
-  f.col = (lane % 4) * 2;
-  return f;
-}
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffff, v, 1);
-  return v + __shfl_xor_sync(0xffffffff, v, 2);
-}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
-}
-__device__ __forceinline__ void scale_rows(float (&o)[128], float a0, float a1) {
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    o[j * 4 + 0] *= a0;
-    o[j * 4 + 1] *= a0;
-    o[j * 4 + 2] *= a1;
-    o[j * 4 + 3] *= a1;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -429,31 +401,17 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
           if (v2.x == 0) s[j * 4 + 0] = s[j * 4 + 2] = -INFINITY;
           if (v2.y == 0) s[j * 4 + 1] = s[j * 4 + 3] = -INFINITY;
         }
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          mx[0] = fmaxf(mx[0], fmaxf(s[j * 4 + 0], s[j * 4 + 1]));
-          mx[1] = fmaxf(mx[1], fmaxf(s[j * 4 + 2], s[j * 4 + 3]));
-        }
+        float mx[2];
+        row_max(s, mx);
         float a[2], m_new[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          mx[i] = quad_max(mx[i]);
           m_new[i] = fmaxf(m_run[i], mx[i] * p.scale_log2);
           a[i] = ptx::exp2_approx(m_run[i] - m_new[i]);
           m_run[i] = m_new[i];
         }
-        float sum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            s[j * 4 + e] = ptx::exp2_approx(fmaf(s[j * 4 + e], p.scale_log2, -m_new[0]));
-            s[j * 4 + 2 + e] = ptx::exp2_approx(fmaf(s[j * 4 + 2 + e], p.scale_log2, -m_new[1]));
-            sum[0] += s[j * 4 + e];
-            sum[1] += s[j * 4 + 2 + e];
-          }
-        }
+        float sum[2];
+        exponentiate(s, p.scale_log2, m_new, sum);
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a[i] + sum[i];
         // P (bf16) and a for WG1.

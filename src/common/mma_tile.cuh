@@ -1,0 +1,96 @@
+// Device building blocks shared by the MLA attention kernels (dense and sparse decode): the 64 x 64
+// 128B-swizzled K-major tile convention (addressing and wgmma descriptors), the per-thread view of a wgmma
+// m64nN accumulator, and the online-softmax row operations on it.
+#pragma once
+
+#include <cstdint>
+
+#include "common/ptx.cuh"
+
+namespace openmla::kernels::tile {
+
+inline constexpr int kTileRows = 64;
+inline constexpr int kRowBytes = 128;                        // 64 x 16-bit
+inline constexpr int kTileBytes = kTileRows * kRowBytes;     // 8192
+inline constexpr int kSwizzleAtomBytes = 1024;               // 8 rows x 128 B
+
+// K-major operand (Q, K, P): rows of 128 B, 8-row swizzle atoms 1024 B apart (SBO); LBO unused.
+__device__ __forceinline__ uint64_t desc_k_major(const void* p) {
+  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), 16, kSwizzleAtomBytes);
+}
+// MN-major operand (V viewed from the K tiles): 64 columns per tile, next 64 columns one tile (LBO) away,
+// next 8 rows one swizzle atom (SBO) away.
+__device__ __forceinline__ uint64_t desc_mn_major(const void* p) {
+  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), kTileBytes, kSwizzleAtomBytes);
+}
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row`, and of element (row, col), in one tile.
+__device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+__device__ __forceinline__ int swizzled_offset(int row, int col) {
+  return row * kRowBytes + ((((col >> 3) ^ (row & 7)) << 4) | ((col & 7) << 1));
+}
+
+// Per-thread view of a wgmma m64nN accumulator: rows row0 and row0 + 8, column pairs 8j + 2*(lane % 4).
+struct Fragment {
+  int row[2];
+  int col;  // column of the first element of chunk j = 0
+};
+
+__device__ __forceinline__ Fragment make_fragment(int wg_tid) {
+  const int warp = wg_tid / 32, lane = wg_tid % 32;
+  Fragment f;
+  f.row[0] = warp * 16 + lane / 4;
+  f.row[1] = f.row[0] + 8;
+  f.col = (lane % 4) * 2;
+  return f;
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffff, v, 1);
+  return v + __shfl_xor_sync(0xffffffff, v, 2);
+}
+
+// Row maxima of a 64 x 64 S fragment (both rows of this thread), reduced over the quad.
+__device__ __forceinline__ void row_max(const float (&s)[32], float (&mx)[2]) {
+  mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[j * 4 + 0], s[j * 4 + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[j * 4 + 2], s[j * 4 + 3]));
+  }
+  mx[0] = quad_max(mx[0]);
+  mx[1] = quad_max(mx[1]);
+}
+
+// s <- 2^(s * scale_log2 - m); returns this thread's partial row sums.
+__device__ __forceinline__ void exponentiate(float (&s)[32], float scale_log2, const float (&m)[2], float (&sum)[2]) {
+  sum[0] = sum[1] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[j * 4 + e] = ptx::exp2_approx(fmaf(s[j * 4 + e], scale_log2, -m[0]));
+      s[j * 4 + 2 + e] = ptx::exp2_approx(fmaf(s[j * 4 + 2 + e], scale_log2, -m[1]));
+      sum[0] += s[j * 4 + e];
+      sum[1] += s[j * 4 + 2 + e];
+    }
+  }
+}
+
+// Multiplies the two rows of a 64 x 256 O fragment by a0 / a1.
+__device__ __forceinline__ void scale_rows(float (&o)[128], float a0, float a1) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    o[j * 4 + 0] *= a0;
+    o[j * 4 + 1] *= a0;
+    o[j * 4 + 2] *= a1;
+    o[j * 4 + 3] *= a1;
+  }
+}
+
+}  // namespace openmla::kernels::tile
