@@ -10,6 +10,14 @@
 #include "bind_common.h"
 #include "openmla/decode.h"
 
+#if defined(OPENMLA_SPARSE_TRACE)
+#include <vector>
+#include <nanobind/stl/vector.h>
+namespace openmla::kernels {
+Status copy_sparse_decode_trace(unsigned long long* host, size_t count);
+}
+#endif
+
 namespace openmla::py {
 
 namespace {
@@ -227,6 +235,16 @@ void bind_decode(nb::module_& m) {
         "topk_length and extra_topk_length; partial_o / partial_lse as for dense_decode; out: (b, s_q, h_q, d_v) "
         "bf16, written; lse: (b, h_q, s_q) float32 any strides, written (never changed by the sink). "
         "softmax_scale 0 means d_qk ** -0.5.");
+
+#if defined(OPENMLA_SPARSE_TRACE)
+  // Diagnostics build only (CMake -DOPENMLA_SPARSE_TRACE=ON): the clock64 trace of the last sparse launch,
+  // flat, in kernel.cuh's Trace order (cta, role, block, event). tools/trace_sparse_decode.py reads it.
+  m.def("_sparse_decode_trace", [](size_t count) {
+    std::vector<unsigned long long> v(count);
+    throw_if_error(kernels::copy_sparse_decode_trace(v.data(), v.size()));
+    return v;
+  }, nb::arg("count"));
+#endif
 }
 
 }  // namespace openmla::py

@@ -26,6 +26,26 @@
 namespace openmla::kernels::sparse_decode {
 
 // ---------------------------------------------------------------------------------------------------
+// Optional clock64 trace (CMake -DOPENMLA_SPARSE_TRACE=ON; tools/trace_sparse_decode.py reads it): thread 0 of
+// each warpgroup of the CTAs (x < 2, y = 0, z = 0) stamps its steps per block. Compiled out otherwise.
+// ---------------------------------------------------------------------------------------------------
+struct Trace {
+  static constexpr int kCtas = 2, kRoles = 3, kIters = 256, kEvents = 6;
+  // Events. Producer (role 2): step start, buffer free, stores issued, full arrived.
+  // WG0: before full wait, full, S = QK^T done, P handed over, O_L done. WG1: before waits, P + full, O_R done.
+};
+#if defined(OPENMLA_SPARSE_TRACE)
+__device__ unsigned long long g_sparse_trace[Trace::kCtas][Trace::kRoles][Trace::kIters][Trace::kEvents];
+__device__ __forceinline__ void trace_stamp(int role, uint32_t it, int ev) {
+  if (blockIdx.y == 0 && blockIdx.z == 0 && blockIdx.x < Trace::kCtas && it < Trace::kIters && threadIdx.x % 128 == 0)
+    g_sparse_trace[blockIdx.x][role][it][ev] = clock64();
+}
+#define OPENMLA_TRACE(role, it, ev) ::openmla::kernels::sparse_decode::trace_stamp(role, it, ev)
+#else
+#define OPENMLA_TRACE(role, it, ev) ((void)0)
+#endif
+
+// ---------------------------------------------------------------------------------------------------
 // FP8 e4m3 -> BF16 dequantisation
 // ---------------------------------------------------------------------------------------------------
 // Two e4m3 bytes of `w` (selected by `sel`) -> a bf16x2 word holding value * 2^-120 EXACTLY: the e4m3 bit
@@ -379,7 +399,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
       uint8_t* p_tile = T::kPInRopeTile ? smem.k[buf][T::kRopeTile] : smem.p[T::kPInRopeTile ? 0 : buf];
       if constexpr (wg == 0) {
+        OPENMLA_TRACE(0, it, 0);
         ptx::mbarrier_wait_parity(&smem.full[buf], phase);
+        OPENMLA_TRACE(0, it, 1);
         float s[32];
         const uint64_t q_desc = launder(desc_k_major(smem.q[0]));
         const uint64_t k_desc = launder(desc_k_major(smem.k[buf][0]));
@@ -394,6 +416,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::fence_registers(s);
+        OPENMLA_TRACE(0, it, 2);
         // Skipped slots: -inf (overwrite, never add: their K rows are zeros, but keep the rule).
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -432,6 +455,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         }
         ptx::fence_proxy_async_shared();
         ptx::mbarrier_arrive(&smem.p_ready[buf]);
+        OPENMLA_TRACE(0, it, 3);
         // O_L = a O_L + P V_L.
         scale_rows(o, a[0], a[1]);
         const uint64_t v_desc = launder(desc_mn_major(smem.k[buf][0]));
@@ -443,9 +467,12 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         ptx::wgmma_wait<0>();
         ptx::fence_registers(o);
         release_buffer(buf);
+        OPENMLA_TRACE(0, it, 4);
       } else {
+        OPENMLA_TRACE(1, it, 0);
         ptx::mbarrier_wait_parity(&smem.p_ready[buf], phase);
         ptx::mbarrier_wait_parity(&smem.full[buf], phase);
+        OPENMLA_TRACE(1, it, 1);
         scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
         const uint64_t p_desc = launder(desc_k_major(p_tile));
         const uint64_t v_desc = launder(desc_mn_major(smem.k[buf][T::kVTilesPerHalf]));
@@ -458,6 +485,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         ptx::wgmma_wait<0>();
         ptx::fence_registers(o);
         release_buffer(buf);
+        OPENMLA_TRACE(1, it, 2);
       }
     }
 
@@ -598,6 +626,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     // the two register sets swap roles every block; kRounds == 2: this block's round 1). No register copies:
     // a copy would wait for the in-flight gathers right away (measured: v4 gained nothing because of it).
     auto step = [&](uint32_t it, TokenData<L>& da, TokenData<L>& db) {
+      OPENMLA_TRACE(2, it, 0);
       const int buf = it & 1;
       const uint32_t phase = (it >> 1) & 1;
       const SparseCacheView& c = cursor_cache(p, cur);
@@ -623,6 +652,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
 
       // Both CTAs' consumers must be done with this buffer (we write the peer's copy too).
       ptx::mbarrier_wait_parity(&smem.free_[buf], phase ^ 1);
+      OPENMLA_TRACE(2, it, 1);
       const uint32_t full_addr = ptx::smem_addr(&smem.full[buf]);
       const TokenWriter<L, kCrossover> wr{ptx::smem_addr(smem.k[buf][0]), peer_delta, full_addr + peer_delta};
       auto put_valid = [&](int tok, bool v) {
@@ -642,11 +672,13 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       // Our own copy: generic stores, made visible to wgmma by the proxy fence and released by the arrival.
       // The peer's copy completes on the peer's barrier by itself (st.async complete_tx); thread 0 announces
       // the bytes the peer sends us this block.
+      OPENMLA_TRACE(2, it, 2);
       ptx::fence_proxy_async_shared();
       if (kCrossover && wg_tid == 0)
         ptx::mbarrier_arrive_expect_tx(&smem.full[buf], kPeerBytesPerBlock);
       else
         ptx::mbarrier_arrive(&smem.full[buf]);
+      OPENMLA_TRACE(2, it, 3);
 
       cur = n1;
       n1 = n2;

@@ -40,4 +40,16 @@ Status launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream) {
   return p.crossover ? launch_typed<Layout::kV32, true>(p, stream) : launch_typed<Layout::kV32, false>(p, stream);
 }
 
+#if defined(OPENMLA_SPARSE_TRACE)
+// Copies the clock64 trace of the last sparse-decode launch (kernel.cuh, struct Trace) to `host`.
+Status copy_sparse_decode_trace(unsigned long long* host, size_t count) {
+  const size_t total = sizeof(sparse_decode::g_sparse_trace) / sizeof(unsigned long long);
+  if (count < total) return Status::invalid_argument("argument 'count': the trace holds more values");
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "sparse decode trace: synchronising");
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(host, sparse_decode::g_sparse_trace, total * sizeof(unsigned long long)),
+                               "sparse decode trace: copying");
+  return Status::ok();
+}
+#endif
+
 }  // namespace openmla::kernels

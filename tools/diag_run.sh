@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# OpenMLA: one-call diagnostics on the lent GPU (carry .deps/wheels and .deps/googletest, as gpu_check.sh).
+#
+# Builds build-trace/ (the Python extension only, sparse decode with its clock64 trace compiled in) with all
+# cores, then runs, as selected by DIAG (space-separated; default "trace ncu-sparse ncu-dense"):
+#   trace       tools/trace_sparse_decode.py at h_q 128 (crossover) and 64            -> $OUT/trace.txt
+#   ncu-sparse  ncu source-level stall samples of the sparse kernel (b 128, h_q 128)  -> $OUT/ncu_sparse_*.txt
+#   ncu-dense   ncu speed-of-light + memory tables of dense decode (b 128, s_q 2, 32K) -> $OUT/ncu_dense.txt
+# ncu always runs with --clock-control none (clocks are never touched). Summaries print last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${OUT:-$root/build-trace/diag}
+mkdir -p "$out"
+diag=${DIAG:-trace ncu-sparse ncu-dense}
+py=$(command -v python3)
+export PYTHONPATH="$root/python:$root/.deps/py${PYTHONPATH:+:$PYTHONPATH}"
+t0=$(date +%s)
+
+bash tools/setup_deps.sh --offline >"$out/build.log" 2>&1 || { echo "setup_deps failed"; tail -20 "$out/build.log"; exit 1; }
+if ! { cmake -S . -B build-trace -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
+         -DOPENMLA_SPARSE_TRACE=ON -DOPENMLA_BUILD_TESTS=OFF >>"$out/build.log" 2>&1 &&
+       cmake --build build-trace -j "$(nproc)" --target _openmla >>"$out/build.log" 2>&1; }; then
+  echo "build failed"; grep -E "error|Error" "$out/build.log" | head -30; exit 1
+fi
+echo "built in $(( $(date +%s) - t0 )) s"
+
+ncu_sass_top() {  # report -> top stalled SASS lines
+  local rep=$1 txt=$2
+  ncu -i "$rep" --page source --csv --print-source sass >"$txt.csv" 2>"$txt.err" || { cat "$txt.err"; return; }
+  "$py" - "$txt.csv" >"$txt" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hdr = rows[0]
+def col(name):
+    for i, h in enumerate(hdr):
+        if h == name:
+            return i
+    return None
+ci = {h: i for i, h in enumerate(hdr)}
+samp = col("Warp Stall Sampling (All Samples)") or col("Warp Stall Sampling (All Cycles)")
+src = col("Source")
+addr = col("Address")
+print("columns:", hdr)
+if samp is None:
+    sys.exit(0)
+data = []
+for r in rows[1:]:
+    try:
+        data.append((float(r[samp] or 0), r))
+    except ValueError:
+        pass
+total = sum(d[0] for d in data) or 1
+print(f"total samples {total:.0f}")
+stall_cols = [i for i, h in enumerate(hdr) if h.startswith("stall_") or "Stall" in h and "Sampling" not in h]
+for s, r in sorted(data, key=lambda x: -x[0])[:45]:
+    extra = " ".join(f"{hdr[i]}={r[i]}" for i in stall_cols if r[i] not in ("", "0"))[:300]
+    print(f"{100 * s / total:5.1f}%  {r[addr] if addr is not None else ''}  {r[src][:90] if src is not None else ''}  {extra}")
+PY
+}
+
+for d in $diag; do
+  case $d in
+    trace)
+      { timeout 60 "$py" tools/trace_sparse_decode.py --b 128 --h-q 128
+        timeout 60 "$py" tools/trace_sparse_decode.py --b 128 --h-q 64; } >"$out/trace.txt" 2>&1 ;;
+    ncu-sparse)
+      timeout 240 ncu --clock-control none -k regex:sparse_decode_kernel --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis \
+        --import-source yes -f -o "$out/ncu_sparse" "$py" tools/profile_sparse_decode.py --b 128 --h-q 128 \
+        >"$out/ncu_sparse.log" 2>&1
+      ncu -i "$out/ncu_sparse.ncu-rep" --print-details all >"$out/ncu_sparse_details.txt" 2>&1
+      ncu_sass_top "$out/ncu_sparse.ncu-rep" "$out/ncu_sparse_sass.txt" ;;
+    ncu-dense)
+      timeout 120 ncu --clock-control none -k regex:dense_decode_kernel --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+        --section WarpStateStats "$py" tools/profile_dense_decode.py --b 128 --s-q 2 --s-k 32768 \
+        >"$out/ncu_dense.txt" 2>&1 ;;
+  esac
+done
+rm -f "$out"/*.csv
+echo "total $(( $(date +%s) - t0 )) s"
+for f in trace.txt ncu_dense.txt ncu_sparse_sass.txt; do
+  [[ -f $out/$f ]] && { echo "===== $f"; head -c 9000 "$out/$f"; }
+done

@@ -1,0 +1,100 @@
+"""clock64 trace of the sparse-decode main kernel: where each warpgroup of one CTA spends a block.
+
+Needs the diagnostics build (the kernel stamps clock64 only when compiled with it):
+
+    cmake -B build-trace -G Ninja -DOPENMLA_SPARSE_TRACE=ON -DOPENMLA_BUILD_TESTS=OFF && ninja -C build-trace _openmla
+    PYTHONPATH=python python3 tools/trace_sparse_decode.py --b 128 --h-q 128
+
+Thread 0 of each warpgroup of CTAs x = 0, 1 (query position 0, schedule partition 0) stamps every step of its
+first 256 blocks (src/kernels/sparse_decode/kernel.cuh, struct Trace). This prints, per role, the median /
+10th / 90th percentile of each step's duration in cycles over the steady-state blocks, and the timeline of a few
+blocks. Inputs come from benchmarks/bench_sparse_decode.make_inputs (the benchmark's own generator).
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+CTAS, ROLES, ITERS, EVENTS = 2, 3, 256, 6  # kernel.cuh, struct Trace
+STEPS = {
+    0: ("WG0", ["wait full", "S = QK^T", "softmax + P out", "O_L += P V_L"]),
+    1: ("WG1", ["wait P + full", "O_R += P V_R"]),
+    2: ("producer", ["wait free", "dequant + stores", "fence + arrive"]),
+}
+
+
+def summarize(tr, cta, skip=4):
+    t = tr[cta].astype(np.int64)
+    used = [it for it in range(ITERS) if t[0, it, 0] != 0 and t[0, it, 4] != 0]
+    if len(used) < skip + 4:
+        print(f"CTA {cta}: only {len(used)} blocks traced")
+        return
+    steady = used[skip:-1]
+    print(f"\nCTA x={cta}: {len(used)} blocks traced, steady state = blocks {steady[0]}..{steady[-1]} (cycles)")
+    print(f"  {'role':9s} {'step':18s} {'median':>8s} {'p10':>8s} {'p90':>8s}")
+    for role, (name, steps) in STEPS.items():
+        for k, step in enumerate(steps):
+            d = np.array([t[role, it, k + 1] - t[role, it, k] for it in steady])
+            print(f"  {name:9s} {step:18s} {np.median(d):8.0f} {np.percentile(d, 10):8.0f} {np.percentile(d, 90):8.0f}")
+        per = np.array([t[role, it + 1, 0] - t[role, it, 0] for it in steady if t[role, it + 1, 0] != 0])
+        if len(per):
+            print(f"  {name:9s} {'period (block)':18s} {np.median(per):8.0f} {np.percentile(per, 10):8.0f} "
+                  f"{np.percentile(per, 90):8.0f}")
+    # Hand-offs inside the CTA.
+    rel = {
+        "full seen by WG0 - local producer arrive": [t[0, it, 1] - t[2, it, 3] for it in steady],
+        "P seen by WG1 - WG0 hand-over": [t[1, it, 1] - t[0, it, 3] for it in steady],
+        "free seen by producer - WG0 O_L done (it-2)": [t[2, it, 1] - t[0, it - 2, 4] for it in steady if it >= 2],
+        "free seen by producer - WG1 O_R done (it-2)": [t[2, it, 1] - t[1, it - 2, 2] for it in steady if it >= 2],
+        "WG0 idle: next wait start - O_L done": [t[0, it + 1, 0] - t[0, it, 4] for it in steady if t[0, it + 1, 0]],
+    }
+    for k, v in rel.items():
+        v = np.array(v)
+        print(f"  {k:45s} median {np.median(v):7.0f}  p10 {np.percentile(v, 10):7.0f}  p90 {np.percentile(v, 90):7.0f}")
+    # A few blocks as a timeline relative to WG0's "before full wait" of the first one.
+    it0 = steady[len(steady) // 2]
+    base = t[0, it0, 0]
+    print(f"  timeline of blocks {it0}..{it0 + 2} (cycles from WG0's wait on block {it0}):")
+    for it in range(it0, it0 + 3):
+        for role, (name, steps) in STEPS.items():
+            n = len(steps) + 1
+            print(f"    block {it:3d} {name:9s} " + " ".join(f"{t[role, it, e] - base:7d}" for e in range(n)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--b", type=int, default=128)
+    ap.add_argument("--s-q", type=int, default=2)
+    ap.add_argument("--h-q", type=int, default=128)
+    ap.add_argument("--topk", type=int, default=2048)
+    ap.add_argument("--s-k", type=int, default=32768)
+    args = ap.parse_args()
+
+    import torch
+
+    import bench_sparse_decode as bsd
+    import openmla
+    from openmla import _openmla
+
+    if not hasattr(_openmla, "_sparse_decode_trace"):
+        sys.exit("this build has no trace: configure with -DOPENMLA_SPARSE_TRACE=ON")
+    q, k_cache, indices, sink, _, _ = bsd.make_inputs(args.b, args.s_q, args.h_q, args.topk, args.s_k)
+    meta, _ = openmla.get_mla_metadata()
+    for _ in range(3):
+        openmla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices,
+                                       attn_sink=sink)
+    torch.cuda.synchronize()
+    tr = np.array(_openmla._sparse_decode_trace(CTAS * ROLES * ITERS * EVENTS), dtype=np.uint64)
+    tr = tr.reshape(CTAS, ROLES, ITERS, EVENTS)
+    print(f"trace: b={args.b} s_q={args.s_q} h_q={args.h_q} topk={args.topk}")
+    for cta in range(CTAS if args.h_q > 64 else 1):
+        summarize(tr, cta)
+
+
+if __name__ == "__main__":
+    main()
