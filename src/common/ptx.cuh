@@ -104,6 +104,15 @@ __device__ __forceinline__ void st_async_b32(uint32_t remote_addr, uint32_t v, u
                : "memory");
 }
 // Every thread of every CTA of the cluster arrives, then waits (release / acquire).
+// Bulk copy (TMA engine) of `bytes` (multiple of 16, 16-byte aligned) from our shared memory to a peer CTA's,
+// completing the bytes on the peer's transaction mbarrier `remote_bar` (both shared::cluster addresses). The
+// source must be made visible to the async proxy first (fence.proxy.async by every writer, then a barrier).
+__device__ __forceinline__ void bulk_copy_to_peer(uint32_t remote_dst, uint32_t local_src, uint32_t bytes,
+                                                  uint32_t remote_bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(remote_dst), "r"(local_src), "r"(bytes), "r"(remote_bar) : "memory");
+}
+
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }

@@ -40,6 +40,17 @@ struct Common {
   static constexpr int kTokensPerRound = kWarpgroupThreads / kThreadsPerToken;  // 32
 
   static constexpr float kMaxInit = -1e30f;  // finite: exp2(m_old - m_new) never sees inf - inf
+
+  // K buffer layout (perf-notes sparse v7). The first kGroupTiles tiles are stored 8-row-group-major: rows
+  // 8g..8g+7 of tile t form the 1024-byte swizzle atom at g * kGroupStride + t * kSwizzleAtomBytes. A run of 8g
+  // consecutive tokens of all those tiles is then one contiguous range (the crossover sends its 32 tokens to
+  // the peer with one bulk copy). Descriptors: K-major SBO = kGroupStride; the MN-major V view LBO = one atom
+  // (next 64 columns), SBO = kGroupStride (next 8 tokens). Tiles from kGroupTiles on (V3.2's RoPE tile) are
+  // plain 8 KB tiles after the group-major part.
+  static constexpr int kGroupTiles = 8;
+  static constexpr int kGroupStride = kGroupTiles * kSwizzleAtomBytes;  // 8192
+  static constexpr int kGroupBytes = kGroupTiles * kTileBytes;          // 65536
+  static constexpr int kTokensPerGroup = 8;
 };
 
 template <Layout L>
@@ -78,7 +89,7 @@ struct alignas(1024) SharedStorage {
   using T = Traits<L>;
   static constexpr int kNumPBuffers = T::kPInRopeTile ? 1 : 2;  // V3.2: P lives in the dead RoPE tile
   alignas(1024) uint8_t q[T::kNumTiles][T::kTileBytes];
-  alignas(1024) uint8_t k[2][T::kNumTiles][T::kTileBytes];
+  alignas(1024) uint8_t k[2][T::kNumTiles * T::kTileBytes];  // layout: Common::kGroupTiles, k_chunk()
   alignas(1024) uint8_t p[kNumPBuffers][T::kTileBytes];  // P per K buffer (MODEL1); unused for V3.2, whose
                                                          // plan still fits with it (one array shape for both)
   float scale[2][T::kBlockM];   // per block: a = 2^(m_old - m_new), WG0 -> WG1

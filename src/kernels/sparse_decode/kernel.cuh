@@ -129,6 +129,21 @@ __device__ __forceinline__ int launder32(int x) {
 }
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 
+// K buffer addressing (config.h, Common::kGroupTiles): byte offset of 16-byte chunk `chunk` of row `row` of
+// tile `t`, and the wgmma descriptors of the group-major tiles (K-major for Q K^T, MN-major for the V view).
+__device__ __forceinline__ uint32_t k_chunk(int t, int row, int chunk) {
+  if (t < Co::kGroupTiles)
+    return static_cast<uint32_t>((row >> 3) * Co::kGroupStride + t * Co::kSwizzleAtomBytes + (row & 7) * Co::kRowBytes +
+                                 ((chunk ^ (row & 7)) << 4));
+  return static_cast<uint32_t>(Co::kGroupBytes + (t - Co::kGroupTiles) * Co::kTileBytes) + swizzled_chunk(row, chunk);
+}
+__device__ __forceinline__ uint64_t desc_k_group(const void* p) {
+  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), 16, Co::kGroupStride);
+}
+__device__ __forceinline__ uint64_t desc_v_group(const void* p) {
+  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), Co::kSwizzleAtomBytes, Co::kGroupStride);
+}
+
 // The two consumer warpgroups only (named barrier 1). They reach it from different code (one instantiation per
 // role), so the non-aligned barrier.sync is used (bar.sync = barrier.sync.aligned; synccheck flags it).
 __device__ __forceinline__ void consumer_barrier() {
@@ -178,19 +193,20 @@ __device__ __forceinline__ RequestWork request_work(const SparseDecodeParams& p,
 // ---------------------------------------------------------------------------------------------------
 template <Layout L, bool kCrossover>
 struct TokenWriter {
-  uint32_t k_base;      // shared address of k[buf][0]
+  uint32_t k_base;      // shared address of k[buf]
   uint32_t peer_delta;  // peer's shared::cluster address minus our shared address (crossover)
   uint32_t peer_full;   // the peer's full[buf] (crossover): st.async completes its bytes there
 
-  __device__ __forceinline__ void put(uint32_t addr, uint4 v) const {
+  __device__ __forceinline__ void put(uint32_t addr, uint4 v, bool remote) const {
     ptx::st_shared_v4(addr, v);
-    if constexpr (kCrossover) ptx::st_async_v4(addr + peer_delta, v, peer_full);
+    if (kCrossover && remote) ptx::st_async_v4(addr + peer_delta, v, peer_full);
   }
-  // Chunks 2*lane4 and 2*lane4 + 1 of row `tok` of tile `tile`.
+  // Chunks 2*lane4 and 2*lane4 + 1 of row `tok` of tile `tile`. With crossover, the group-major tiles reach the
+  // peer by one bulk copy per block (producer loop); the others (V3.2's RoPE tile) are sent chunk by chunk.
   __device__ __forceinline__ void put_pair(int tile, int tok, int lane4, uint4 lo, uint4 hi) const {
-    const uint32_t t = k_base + static_cast<uint32_t>(tile * Co::kTileBytes);
-    put(t + swizzled_chunk(tok, 2 * lane4), lo);
-    put(t + swizzled_chunk(tok, 2 * lane4 + 1), hi);
+    const bool remote = tile >= Co::kGroupTiles;
+    put(k_base + k_chunk(tile, tok, 2 * lane4), lo, remote);
+    put(k_base + k_chunk(tile, tok, 2 * lane4 + 1), hi, remote);
   }
 };
 
@@ -397,21 +413,25 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       const int buf = it & 1;
       const uint32_t phase = (it >> 1) & 1;
       const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
-      uint8_t* p_tile = T::kPInRopeTile ? smem.k[buf][T::kRopeTile] : smem.p[T::kPInRopeTile ? 0 : buf];
+      static_assert(!T::kPInRopeTile || T::kRopeTile == Co::kGroupTiles, "P reuses the plain RoPE tile");
+      uint8_t* p_tile = T::kPInRopeTile ? smem.k[buf] + Co::kGroupBytes : smem.p[T::kPInRopeTile ? 0 : buf];
       if constexpr (wg == 0) {
         OPENMLA_TRACE(0, it, 0);
         ptx::mbarrier_wait_parity(&smem.full[buf], phase);
         OPENMLA_TRACE(0, it, 1);
         float s[32];
         const uint64_t q_desc = launder(desc_k_major(smem.q[0]));
-        const uint64_t k_desc = launder(desc_k_major(smem.k[buf][0]));
+        const uint64_t k_desc = launder(desc_k_group(smem.k[buf]));
+        const uint64_t r_desc = T::kNumTiles > Co::kGroupTiles ? launder(desc_k_major(smem.k[buf] + Co::kGroupBytes)) : 0;
         ptx::wgmma_fence();
 #pragma unroll
         for (int t = 0; t < T::kNumTiles; ++t) {
 #pragma unroll
-          for (int kk = 0; kk < T::kTileCols / 16; ++kk)
-            ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_advance(q_desc, t * T::kTileBytes + kk * 32),
-                                             desc_advance(k_desc, t * T::kTileBytes + kk * 32), (t | kk) != 0);
+          for (int kk = 0; kk < T::kTileCols / 16; ++kk) {
+            const uint64_t kd = t < Co::kGroupTiles ? desc_advance(k_desc, t * Co::kSwizzleAtomBytes + kk * 32)
+                                                    : desc_advance(r_desc, (t - Co::kGroupTiles) * T::kTileBytes + kk * 32);
+            ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_advance(q_desc, t * T::kTileBytes + kk * 32), kd, (t | kk) != 0);
+          }
         }
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
@@ -458,11 +478,11 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         OPENMLA_TRACE(0, it, 3);
         // O_L = a O_L + P V_L.
         scale_rows(o, a[0], a[1]);
-        const uint64_t v_desc = launder(desc_mn_major(smem.k[buf][0]));
+        const uint64_t v_desc = launder(desc_v_group(smem.k[buf]));
         ptx::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_advance(v_desc, kk * 16 * T::kRowBytes), 1);
+        for (int kk = 0; kk < 4; ++kk)  // 16 tokens = two 8-token groups per step
+          ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_advance(v_desc, kk * 2 * Co::kGroupStride), 1);
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::fence_registers(o);
@@ -475,12 +495,12 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         OPENMLA_TRACE(1, it, 1);
         scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
         const uint64_t p_desc = launder(desc_k_major(p_tile));
-        const uint64_t v_desc = launder(desc_mn_major(smem.k[buf][T::kVTilesPerHalf]));
+        const uint64_t v_desc = launder(desc_v_group(smem.k[buf] + T::kVTilesPerHalf * Co::kSwizzleAtomBytes));
         ptx::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
           ptx::wgmma_m64n256k16_ss_bf16<1>(o, desc_advance(p_desc, kk * 32),
-                                           desc_advance(v_desc, kk * 16 * T::kRowBytes), 1);
+                                           desc_advance(v_desc, kk * 2 * Co::kGroupStride), 1);
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::fence_registers(o);
@@ -605,6 +625,10 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     // Bytes the peer's st.async writes into our buffer per block: its 32 tokens x all tiles, 32 validity words.
     constexpr uint32_t kPeerBytesPerBlock =
         T::kTokensPerRound * (T::kNumTiles * T::kRowBytes + static_cast<int>(sizeof(uint32_t)));
+    // Of which one bulk copy: the group-major tiles of its 32 tokens (the rest comes by st.async).
+    constexpr uint32_t kBulkBytes = T::kTokensPerRound / Co::kTokensPerGroup * Co::kGroupStride;
+    static_assert(kBulkBytes == T::kTokensPerRound * Co::kGroupTiles * T::kRowBytes, "32 tokens x 8 tiles");
+    constexpr int kProducerBarrier = 2;  // named barrier of the producer warpgroup (1: the consumers)
     // Software pipeline over the partition's blocks (perf-notes sparse v2, v4): indices are loaded three blocks
     // ahead, the tokens of the block two ahead are prefetched into L2, and the gathers of the next unit (the
     // next block, or this block's second round) are in flight in registers while this unit is dequantised.
@@ -654,7 +678,8 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       ptx::mbarrier_wait_parity(&smem.free_[buf], phase ^ 1);
       OPENMLA_TRACE(2, it, 1);
       const uint32_t full_addr = ptx::smem_addr(&smem.full[buf]);
-      const TokenWriter<L, kCrossover> wr{ptx::smem_addr(smem.k[buf][0]), peer_delta, full_addr + peer_delta};
+      const uint32_t k_base = ptx::smem_addr(smem.k[buf]);
+      const TokenWriter<L, kCrossover> wr{k_base, peer_delta, full_addr + peer_delta};
       auto put_valid = [&](int tok, bool v) {
         if (lane4 == 0) {
           const uint32_t vaddr = ptx::smem_addr(&smem.valid[buf][tok]);
@@ -674,10 +699,20 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       // the bytes the peer sends us this block.
       OPENMLA_TRACE(2, it, 2);
       ptx::fence_proxy_async_shared();
-      if (kCrossover && wg_tid == 0)
-        ptx::mbarrier_arrive_expect_tx(&smem.full[buf], kPeerBytesPerBlock);
-      else
+      if constexpr (kCrossover) {
+        // Our 32 tokens of the group-major tiles are one contiguous range: once every producer thread's stores
+        // are fenced, one thread sends it to the same place in the peer's buffer (completes on the peer's full).
+        ptx::named_barrier_sync(kProducerBarrier, T::kWarpgroupThreads);
+        if (wg_tid == 0) {
+          const uint32_t off = static_cast<uint32_t>(tok_base / Co::kTokensPerGroup * Co::kGroupStride);
+          ptx::bulk_copy_to_peer(k_base + off + peer_delta, k_base + off, kBulkBytes, wr.peer_full);
+          ptx::mbarrier_arrive_expect_tx(&smem.full[buf], kPeerBytesPerBlock);
+        } else {
+          ptx::mbarrier_arrive(&smem.full[buf]);
+        }
+      } else {
         ptx::mbarrier_arrive(&smem.full[buf]);
+      }
       OPENMLA_TRACE(2, it, 3);
 
       cur = n1;
