@@ -279,25 +279,53 @@ __device__ __forceinline__ void prefetch_token_l2(const SparseCacheView& c, int 
   }
 }
 
+// The scale of NoPE tile j of a token.
+template <Layout L>
+__device__ __forceinline__ float tile_scale(const TokenData<L>& d, int j) {
+  if constexpr (L == Layout::kV32) {
+    const uint32_t sc[4] = {d.scales.x, d.scales.y, d.scales.z, d.scales.w};
+    return __uint_as_float(sc[j / Traits<L>::kTilesPerScale]);
+  } else {
+    const uint32_t e = (j < 4 ? d.scales.x >> (8 * j) : d.scales.y >> (8 * (j - 4))) & 0xFFu;
+    return __uint_as_float(e << 23);  // UE8M0: 2^(e - 127)
+  }
+}
+
+// Dequantise and store one token's share tile by tile (the plain path: few live registers).
 template <Layout L, bool kCrossover>
 __device__ __forceinline__ void store_token(const TokenData<L>& d, int tok, int lane4,
                                             const TokenWriter<L, kCrossover>& wr) {
   using T = Traits<L>;
 #pragma unroll
   for (int j = 0; j < T::kNopeTiles; ++j) {
-    float scale;
-    if constexpr (L == Layout::kV32) {
-      const uint32_t sc[4] = {d.scales.x, d.scales.y, d.scales.z, d.scales.w};
-      scale = __uint_as_float(sc[j / T::kTilesPerScale]);
-    } else {
-      const uint32_t e = (j < 4 ? d.scales.x >> (8 * j) : d.scales.y >> (8 * (j - 4))) & 0xFFu;
-      scale = __uint_as_float(e << 23);  // UE8M0: 2^(e - 127)
-    }
     uint4 lo, hi;
-    dequant16(d.nope[j], make_scale_mul(scale), lo, hi);
+    dequant16(d.nope[j], make_scale_mul(tile_scale(d, j)), lo, hi);
     wr.put_pair(j, tok, lane4, lo, hi);
   }
   wr.put_pair(T::kRopeTile, tok, lane4, d.rope[0], d.rope[1]);
+}
+
+// One token's share, dequantised (crossover path: computed before the buffer is free, stored after).
+template <Layout L>
+struct TokenBf16 {
+  uint4 nope[Traits<L>::kNopeTiles][2];
+  uint4 rope[2];
+};
+template <Layout L>
+__device__ __forceinline__ void dequant_token(const TokenData<L>& d, TokenBf16<L>& q) {
+#pragma unroll
+  for (int j = 0; j < Traits<L>::kNopeTiles; ++j)
+    dequant16(d.nope[j], make_scale_mul(tile_scale(d, j)), q.nope[j][0], q.nope[j][1]);
+  q.rope[0] = d.rope[0];
+  q.rope[1] = d.rope[1];
+}
+template <Layout L, bool kCrossover>
+__device__ __forceinline__ void store_dequantized(const TokenBf16<L>& q, int tok, int lane4,
+                                                  const TokenWriter<L, kCrossover>& wr) {
+  using T = Traits<L>;
+#pragma unroll
+  for (int j = 0; j < T::kNopeTiles; ++j) wr.put_pair(j, tok, lane4, q.nope[j][0], q.nope[j][1]);
+  wr.put_pair(T::kRopeTile, tok, lane4, q.rope[0], q.rope[1]);
 }
 
 // Position of the producer in its partition's (request, block) sequence: the same order the consumers walk.
@@ -629,9 +657,12 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     constexpr uint32_t kBulkBytes = T::kTokensPerRound / Co::kTokensPerGroup * Co::kGroupStride;
     static_assert(kBulkBytes == T::kTokensPerRound * Co::kGroupTiles * T::kRowBytes, "32 tokens x 8 tiles");
     constexpr int kProducerBarrier = 2;  // named barrier of the producer warpgroup (1: the consumers)
-    // Software pipeline over the partition's blocks (perf-notes sparse v2, v4): indices are loaded three blocks
-    // ahead, the tokens of the block two ahead are prefetched into L2, and the gathers of the next unit (the
-    // next block, or this block's second round) are in flight in registers while this unit is dequantised.
+    // Software pipeline over the partition's blocks (perf-notes sparse v2, v4, v8): indices are loaded three
+    // blocks ahead, the tokens of the block two ahead are prefetched into L2. Plain path (two rounds of 32
+    // tokens): the gathers of the next unit (this block's second round, then the next block's first) are in
+    // flight in registers while this unit is dequantised and stored. Crossover (one token per thread): the
+    // block is dequantised into registers BEFORE waiting for the buffer, so only the stores and the bulk copy
+    // follow the (cross-CTA) free; the next block's gathers are issued right after.
     const int tok0 = tok_base + tok_in_round;  // this thread's token of round 0
     auto usable = [](const SparseCacheView& c, int idx) { return idx >= 0 && idx < c.capacity; };
     Cursor cur = cursor_begin(p, rec);
@@ -641,14 +672,14 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     load_indices<kRounds>(p, rec, cur, tok0, s_idx, idx_cur);
     load_indices<kRounds>(p, rec, n1, tok0, s_idx, idx_n1);
     load_indices<kRounds>(p, rec, n2, tok0, s_idx, idx_n2);
-    TokenData<L> d0, d1;  // d0: round 0 of the current block; d1: the unit after it
+    TokenData<L> d0, d1;  // d0: round 0 of the current block; d1: its round 1 (plain path only)
     {
       const SparseCacheView& c = cursor_cache(p, cur);
       load_token<L>(c, idx_cur[0], usable(c, idx_cur[0]), lane4, d0);
     }
-    // One block. da holds this block's round 0; db receives the next unit (kRounds == 1: the next block, so
-    // the two register sets swap roles every block; kRounds == 2: this block's round 1). No register copies:
-    // a copy would wait for the in-flight gathers right away (measured: v4 gained nothing because of it).
+    // One block. da holds this block's round 0; plain path: db receives this block's round 1 while da is
+    // stored, then da the next block's round 0. No register copies: a copy would wait for the in-flight
+    // gathers right away (measured: v4 gained nothing because of it).
     auto step = [&](uint32_t it, TokenData<L>& da, TokenData<L>& db) {
       OPENMLA_TRACE(2, it, 0);
       const int buf = it & 1;
@@ -659,8 +690,9 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) valid[r] = usable(c, idx_cur[r]);
       // The next unit's gathers (a slot past the end of the partition has index -1: zeros, no load).
-      if constexpr (kRounds == 1)
-        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, db);
+      TokenBf16<L> dq;
+      if constexpr (kCrossover)
+        dequant_token<L>(da, dq);
       else
         load_token<L>(c, idx_cur[1], valid[1], lane4, db);
       // Two blocks ahead: the tokens into L2. Three ahead: the indices.
@@ -687,7 +719,10 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
           if constexpr (kCrossover) ptx::st_async_b32(vaddr + peer_delta, v ? 1u : 0u, wr.peer_full);
         }
       };
-      store_token<L, kCrossover>(da, tok0, lane4, wr);
+      if constexpr (kCrossover)
+        store_dequantized<L, kCrossover>(dq, tok0, lane4, wr);
+      else
+        store_token<L, kCrossover>(da, tok0, lane4, wr);
       put_valid(tok0, valid[0]);
       if constexpr (kRounds == 2) {
         load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, da);  // next block's round 0
@@ -714,6 +749,8 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
         ptx::mbarrier_arrive(&smem.full[buf]);
       }
       OPENMLA_TRACE(2, it, 3);
+      // Crossover: the next block's gathers (dequantised at the top of the next step, before its free wait).
+      if constexpr (kCrossover) load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, da);
 
       cur = n1;
       n1 = n2;
@@ -725,10 +762,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
         idx_n2[r] = idx_n3[r];
       }
     };
-    for (uint32_t it = 0; cur.req <= rec.end_req; ++it) {
-      if (kRounds == 1 && (it & 1)) step(it, d1, d0);
-      else step(it, d0, d1);
-    }
+    for (uint32_t it = 0; cur.req <= rec.end_req; ++it) step(it, d0, d1);
     // Nobody leaves while the peer may still write our shared memory or arrive on our barriers. Each role
     // ends in its own exit so ptxas keeps the three register budgets apart (no merge after setmaxnreg).
     if constexpr (kCrossover) ptx::cluster_sync();
