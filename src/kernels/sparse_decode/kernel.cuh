@@ -750,7 +750,14 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       }
       OPENMLA_TRACE(2, it, 3);
       // Crossover: the next block's gathers (dequantised at the top of the next step, before its free wait).
-      if constexpr (kCrossover) load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, da);
+      // Issued once WG0 has handed over P of the block it is consuming (block it - 1), so that the gather burst
+      // and the dequantisation that follows fall in WG0's P V_L and next Q K^T (tensor-bound), not in its
+      // softmax, whose shuffles and shared-memory traffic share the MIO path (perf-notes sparse v8, v9). The
+      // phase is exact: block it + 1 cannot start before our arrival on it.
+      if constexpr (kCrossover) {
+        if (it > 0) ptx::mbarrier_wait_parity(&smem.p_ready[(it - 1) & 1], ((it - 1) >> 1) & 1);
+        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, da);
+      }
 
       cur = n1;
       n1 = n2;
