@@ -41,15 +41,18 @@ struct Common {
 
   static constexpr float kMaxInit = -1e30f;  // finite: exp2(m_old - m_new) never sees inf - inf
 
-  // K buffer layout (perf-notes sparse v7). The first kGroupTiles tiles are stored 8-row-group-major: rows
-  // 8g..8g+7 of tile t form the 1024-byte swizzle atom at g * kGroupStride + t * kSwizzleAtomBytes. A run of 8g
-  // consecutive tokens of all those tiles is then one contiguous range (the crossover sends its 32 tokens to
-  // the peer with one bulk copy). Descriptors: K-major SBO = kGroupStride; the MN-major V view LBO = one atom
-  // (next 64 columns), SBO = kGroupStride (next 8 tokens). Tiles from kGroupTiles on (V3.2's RoPE tile) are
-  // plain 8 KB tiles after the group-major part.
+  // K buffer layout (perf-notes sparse v7, v10). The first kGroupTiles tiles are split into two halves of 4
+  // tiles (V_L = tiles 0-3, V_R = tiles 4-7); inside a half, rows 8g..8g+7 of its 4 tiles are 4 consecutive
+  // 1024-byte swizzle atoms: tile t, row group g at (t / 4) * kHalfBytes + g * kGroupStride + (t % 4) * 1024.
+  // 32 consecutive tokens of a half are then one contiguous 16 KB range (the crossover sends each half of its
+  // 32 tokens to the peer with one bulk copy, as soon as that half of the buffer is free). Descriptors:
+  // K-major SBO = kGroupStride; the MN-major V view of a half LBO = one atom (next 64 columns), SBO =
+  // kGroupStride (next 8 tokens). Tiles from kGroupTiles on (V3.2's RoPE tile) are plain 8 KB tiles after them.
   static constexpr int kGroupTiles = 8;
-  static constexpr int kGroupStride = kGroupTiles * kSwizzleAtomBytes;  // 8192
-  static constexpr int kGroupBytes = kGroupTiles * kTileBytes;          // 65536
+  static constexpr int kHalfTiles = 4;
+  static constexpr int kGroupStride = kHalfTiles * kSwizzleAtomBytes;  // 4096
+  static constexpr int kHalfBytes = 8 * kGroupStride;                  // 32768: 64 tokens x 4 tiles
+  static constexpr int kGroupBytes = kGroupTiles * kTileBytes;         // 65536
   static constexpr int kTokensPerGroup = 8;
 };
 
@@ -96,7 +99,8 @@ struct alignas(1024) SharedStorage {
   float out_scale[T::kBlockM];  // epilogue: 1 / (row sum [+ sink term]), WG0 -> WG1
   uint32_t valid[2][T::kBlockN];  // per block: 1 if the slot holds a token (written by the producers of both CTAs)
   alignas(8) uint64_t full[2];     // producers (local + peer) -> consumers
-  uint64_t free_[2];               // consumer warps (local + peer) -> producers
+  uint64_t free_[2][2];            // [buf][half] consumer warps (local + peer) -> producers: V_L tiles (WG0),
+                                   // V_R tiles + RoPE/P tile + validity (WG0 and WG1)
   uint64_t p_ready[2];             // WG0 -> WG1: P and a of the block are in shared memory
 };
 

@@ -133,7 +133,8 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) 
 // tile `t`, and the wgmma descriptors of the group-major tiles (K-major for Q K^T, MN-major for the V view).
 __device__ __forceinline__ uint32_t k_chunk(int t, int row, int chunk) {
   if (t < Co::kGroupTiles)
-    return static_cast<uint32_t>((row >> 3) * Co::kGroupStride + t * Co::kSwizzleAtomBytes + (row & 7) * Co::kRowBytes +
+    return static_cast<uint32_t>((t / Co::kHalfTiles) * Co::kHalfBytes + (row >> 3) * Co::kGroupStride +
+                                 (t % Co::kHalfTiles) * Co::kSwizzleAtomBytes + (row & 7) * Co::kRowBytes +
                                  ((chunk ^ (row & 7)) << 4));
   return static_cast<uint32_t>(Co::kGroupBytes + (t - Co::kGroupTiles) * Co::kTileBytes) + swizzled_chunk(row, chunk);
 }
@@ -279,53 +280,27 @@ __device__ __forceinline__ void prefetch_token_l2(const SparseCacheView& c, int 
   }
 }
 
-// The scale of NoPE tile j of a token.
-template <Layout L>
-__device__ __forceinline__ float tile_scale(const TokenData<L>& d, int j) {
-  if constexpr (L == Layout::kV32) {
-    const uint32_t sc[4] = {d.scales.x, d.scales.y, d.scales.z, d.scales.w};
-    return __uint_as_float(sc[j / Traits<L>::kTilesPerScale]);
-  } else {
-    const uint32_t e = (j < 4 ? d.scales.x >> (8 * j) : d.scales.y >> (8 * (j - 4))) & 0xFFu;
-    return __uint_as_float(e << 23);  // UE8M0: 2^(e - 127)
-  }
-}
-
-// Dequantise and store one token's share tile by tile (the plain path: few live registers).
-template <Layout L, bool kCrossover>
-__device__ __forceinline__ void store_token(const TokenData<L>& d, int tok, int lane4,
+// NoPE tiles [kFirst, kLast) of one token's share, dequantised and stored; the RoPE tile too when kLast is the
+// last NoPE tile.
+template <Layout L, bool kCrossover, int kFirst, int kLast>
+__device__ __forceinline__ void store_tiles(const TokenData<L>& d, int tok, int lane4,
                                             const TokenWriter<L, kCrossover>& wr) {
   using T = Traits<L>;
 #pragma unroll
-  for (int j = 0; j < T::kNopeTiles; ++j) {
+  for (int j = kFirst; j < kLast; ++j) {
+    float scale;
+    if constexpr (L == Layout::kV32) {
+      const uint32_t sc[4] = {d.scales.x, d.scales.y, d.scales.z, d.scales.w};
+      scale = __uint_as_float(sc[j / T::kTilesPerScale]);
+    } else {
+      const uint32_t e = (j < 4 ? d.scales.x >> (8 * j) : d.scales.y >> (8 * (j - 4))) & 0xFFu;
+      scale = __uint_as_float(e << 23);  // UE8M0: 2^(e - 127)
+    }
     uint4 lo, hi;
-    dequant16(d.nope[j], make_scale_mul(tile_scale(d, j)), lo, hi);
+    dequant16(d.nope[j], make_scale_mul(scale), lo, hi);
     wr.put_pair(j, tok, lane4, lo, hi);
   }
-  wr.put_pair(T::kRopeTile, tok, lane4, d.rope[0], d.rope[1]);
-}
-
-// One token's share, dequantised (crossover path: computed before the buffer is free, stored after).
-template <Layout L>
-struct TokenBf16 {
-  uint4 nope[Traits<L>::kNopeTiles][2];
-  uint4 rope[2];
-};
-template <Layout L>
-__device__ __forceinline__ void dequant_token(const TokenData<L>& d, TokenBf16<L>& q) {
-#pragma unroll
-  for (int j = 0; j < Traits<L>::kNopeTiles; ++j)
-    dequant16(d.nope[j], make_scale_mul(tile_scale(d, j)), q.nope[j][0], q.nope[j][1]);
-  q.rope[0] = d.rope[0];
-  q.rope[1] = d.rope[1];
-}
-template <Layout L, bool kCrossover>
-__device__ __forceinline__ void store_dequantized(const TokenBf16<L>& q, int tok, int lane4,
-                                                  const TokenWriter<L, kCrossover>& wr) {
-  using T = Traits<L>;
-#pragma unroll
-  for (int j = 0; j < T::kNopeTiles; ++j) wr.put_pair(j, tok, lane4, q.nope[j][0], q.nope[j][1]);
-  wr.put_pair(T::kRopeTile, tok, lane4, q.rope[0], q.rope[1]);
+  if constexpr (kLast == T::kNopeTiles) wr.put_pair(T::kRopeTile, tok, lane4, d.rope[0], d.rope[1]);
 }
 
 // Position of the producer in its partition's (request, block) sequence: the same order the consumers walk.
@@ -397,11 +372,16 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     const uint32_t base = ptx::smem_addr(&smem);
     peer_delta = ptx::map_to_peer(base, ptx::cluster_cta_rank() ^ 1u) - base;
   }
+  // WG0 is done with the whole buffer after P V_L (V_L half and, earlier, Q K^T over all of it); WG1 reads
+  // only the V_R half and P, so the V_L half can be refilled while WG1 still works (perf-notes sparse v10).
   auto release_buffer = [&](int buf) {
     __syncwarp();
     if (lane == 0) {
-      ptx::mbarrier_arrive(&smem.free_[buf]);
-      if constexpr (kCrossover) ptx::mbarrier_arrive_remote(ptx::smem_addr(&smem.free_[buf]) + peer_delta);
+#pragma unroll
+      for (int half = wg == 0 ? 0 : 1; half < 2; ++half) {
+        ptx::mbarrier_arrive(&smem.free_[buf][half]);
+        if constexpr (kCrossover) ptx::mbarrier_arrive_remote(ptx::smem_addr(&smem.free_[buf][half]) + peer_delta);
+      }
     }
   };
   uint32_t it = 0;
@@ -456,7 +436,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         for (int t = 0; t < T::kNumTiles; ++t) {
 #pragma unroll
           for (int kk = 0; kk < T::kTileCols / 16; ++kk) {
-            const uint64_t kd = t < Co::kGroupTiles ? desc_advance(k_desc, t * Co::kSwizzleAtomBytes + kk * 32)
+            const uint64_t kd = t < Co::kGroupTiles ? desc_advance(k_desc, (t / Co::kHalfTiles) * Co::kHalfBytes +
+                                                                         (t % Co::kHalfTiles) * Co::kSwizzleAtomBytes + kk * 32)
                                                     : desc_advance(r_desc, (t - Co::kGroupTiles) * T::kTileBytes + kk * 32);
             ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_advance(q_desc, t * T::kTileBytes + kk * 32), kd, (t | kk) != 0);
           }
@@ -523,7 +504,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         OPENMLA_TRACE(1, it, 1);
         scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
         const uint64_t p_desc = launder(desc_k_major(p_tile));
-        const uint64_t v_desc = launder(desc_v_group(smem.k[buf] + T::kVTilesPerHalf * Co::kSwizzleAtomBytes));
+        static_assert(T::kVTilesPerHalf == Co::kHalfTiles, "V_R is the second half of the group-major tiles");
+        const uint64_t v_desc = launder(desc_v_group(smem.k[buf] + Co::kHalfBytes));
         ptx::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -618,7 +600,8 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) {
       ptx::mbarrier_init(&smem.full[b], T::kWarpgroupThreads);  // every local producer thread (+ peer bytes)
-      ptx::mbarrier_init(&smem.free_[b], 8 * kCtas);                    // every consumer warp of each CTA
+      ptx::mbarrier_init(&smem.free_[b][0], 4 * kCtas);                 // every WG0 warp of each CTA
+      ptx::mbarrier_init(&smem.free_[b][1], 8 * kCtas);                 // every consumer warp of each CTA
       ptx::mbarrier_init(&smem.p_ready[b], T::kWarpgroupThreads);       // every WG0 thread
     }
     ptx::fence_mbarrier_init();
@@ -653,16 +636,13 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     // Bytes the peer's st.async writes into our buffer per block: its 32 tokens x all tiles, 32 validity words.
     constexpr uint32_t kPeerBytesPerBlock =
         T::kTokensPerRound * (T::kNumTiles * T::kRowBytes + static_cast<int>(sizeof(uint32_t)));
-    // Of which one bulk copy: the group-major tiles of its 32 tokens (the rest comes by st.async).
+    // Of which two bulk copies (one per half): its 32 tokens x 4 tiles each (the rest comes by st.async).
     constexpr uint32_t kBulkBytes = T::kTokensPerRound / Co::kTokensPerGroup * Co::kGroupStride;
-    static_assert(kBulkBytes == T::kTokensPerRound * Co::kGroupTiles * T::kRowBytes, "32 tokens x 8 tiles");
+    static_assert(kBulkBytes == T::kTokensPerRound * Co::kHalfTiles * T::kRowBytes, "32 tokens x 4 tiles");
     constexpr int kProducerBarrier = 2;  // named barrier of the producer warpgroup (1: the consumers)
-    // Software pipeline over the partition's blocks (perf-notes sparse v2, v4, v8): indices are loaded three
-    // blocks ahead, the tokens of the block two ahead are prefetched into L2. Plain path (two rounds of 32
-    // tokens): the gathers of the next unit (this block's second round, then the next block's first) are in
-    // flight in registers while this unit is dequantised and stored. Crossover (one token per thread): the
-    // block is dequantised into registers BEFORE waiting for the buffer, so only the stores and the bulk copy
-    // follow the (cross-CTA) free; the next block's gathers are issued right after.
+    // Software pipeline over the partition's blocks (perf-notes sparse v2, v4): indices are loaded three blocks
+    // ahead, the tokens of the block two ahead are prefetched into L2, and the gathers of the next unit (the
+    // next block, or this block's second round) are in flight in registers while this unit is dequantised.
     const int tok0 = tok_base + tok_in_round;  // this thread's token of round 0
     auto usable = [](const SparseCacheView& c, int idx) { return idx >= 0 && idx < c.capacity; };
     Cursor cur = cursor_begin(p, rec);
@@ -672,14 +652,14 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     load_indices<kRounds>(p, rec, cur, tok0, s_idx, idx_cur);
     load_indices<kRounds>(p, rec, n1, tok0, s_idx, idx_n1);
     load_indices<kRounds>(p, rec, n2, tok0, s_idx, idx_n2);
-    TokenData<L> d0, d1;  // d0: round 0 of the current block; d1: its round 1 (plain path only)
+    TokenData<L> d0, d1;  // d0: round 0 of the current block; d1: the unit after it
     {
       const SparseCacheView& c = cursor_cache(p, cur);
       load_token<L>(c, idx_cur[0], usable(c, idx_cur[0]), lane4, d0);
     }
-    // One block. da holds this block's round 0; plain path: db receives this block's round 1 while da is
-    // stored, then da the next block's round 0. No register copies: a copy would wait for the in-flight
-    // gathers right away (measured: v4 gained nothing because of it).
+    // One block. da holds this block's round 0; db receives the next unit (kRounds == 1: the next block, so
+    // the two register sets swap roles every block; kRounds == 2: this block's round 1). No register copies:
+    // a copy would wait for the in-flight gathers right away (measured: v4 gained nothing because of it).
     auto step = [&](uint32_t it, TokenData<L>& da, TokenData<L>& db) {
       OPENMLA_TRACE(2, it, 0);
       const int buf = it & 1;
@@ -690,9 +670,8 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) valid[r] = usable(c, idx_cur[r]);
       // The next unit's gathers (a slot past the end of the partition has index -1: zeros, no load).
-      TokenBf16<L> dq;
-      if constexpr (kCrossover)
-        dequant_token<L>(da, dq);
+      if constexpr (kRounds == 1)
+        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, db);
       else
         load_token<L>(c, idx_cur[1], valid[1], lane4, db);
       // Two blocks ahead: the tokens into L2. Three ahead: the indices.
@@ -706,8 +685,9 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       int idx_n3[kRounds];
       load_indices<kRounds>(p, rec, n3, tok0, s_idx, idx_n3);
 
-      // Both CTAs' consumers must be done with this buffer (we write the peer's copy too).
-      ptx::mbarrier_wait_parity(&smem.free_[buf], phase ^ 1);
+      // Both CTAs' consumers must be done with (this half of) the buffer: we write the peer's copy too.
+      ptx::mbarrier_wait_parity(&smem.free_[buf][0], phase ^ 1);
+      if constexpr (!kCrossover) ptx::mbarrier_wait_parity(&smem.free_[buf][1], phase ^ 1);
       OPENMLA_TRACE(2, it, 1);
       const uint32_t full_addr = ptx::smem_addr(&smem.full[buf]);
       const uint32_t k_base = ptx::smem_addr(smem.k[buf]);
@@ -719,45 +699,44 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
           if constexpr (kCrossover) ptx::st_async_b32(vaddr + peer_delta, v ? 1u : 0u, wr.peer_full);
         }
       };
-      if constexpr (kCrossover)
-        store_dequantized<L, kCrossover>(dq, tok0, lane4, wr);
-      else
-        store_token<L, kCrossover>(da, tok0, lane4, wr);
+      // Crossover: sends one half (16 KB: our 32 tokens x 4 tiles) to the peer once every producer thread's
+      // stores to it are fenced (one bulk copy, completing on the peer's full barrier).
+      auto send_half = [&](int half) {
+        ptx::fence_proxy_async_shared();
+        ptx::named_barrier_sync(kProducerBarrier, T::kWarpgroupThreads);
+        if (wg_tid == 0) {
+          const uint32_t off = static_cast<uint32_t>(half * Co::kHalfBytes + tok_base / Co::kTokensPerGroup * Co::kGroupStride);
+          ptx::bulk_copy_to_peer(k_base + off + peer_delta, k_base + off, kBulkBytes, wr.peer_full);
+        }
+      };
+      if constexpr (kCrossover) {
+        // V_L half as soon as both CTAs' WG0 are done; the V_R half (+ RoPE / P tile, validity) after both WG1.
+        store_tiles<L, kCrossover, 0, Co::kHalfTiles>(da, tok0, lane4, wr);
+        send_half(0);
+        ptx::mbarrier_wait_parity(&smem.free_[buf][1], phase ^ 1);
+        store_tiles<L, kCrossover, Co::kHalfTiles, T::kNopeTiles>(da, tok0, lane4, wr);
+      } else {
+        store_tiles<L, kCrossover, 0, T::kNopeTiles>(da, tok0, lane4, wr);
+      }
       put_valid(tok0, valid[0]);
       if constexpr (kRounds == 2) {
         load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, da);  // next block's round 0
-        store_token<L, kCrossover>(db, tok0 + T::kTokensPerRound, lane4, wr);
+        store_tiles<L, kCrossover, 0, T::kNopeTiles>(db, tok0 + T::kTokensPerRound, lane4, wr);
         put_valid(tok0 + T::kTokensPerRound, valid[1]);
       }
       // Our own copy: generic stores, made visible to wgmma by the proxy fence and released by the arrival.
       // The peer's copy completes on the peer's barrier by itself (st.async complete_tx); thread 0 announces
       // the bytes the peer sends us this block.
       OPENMLA_TRACE(2, it, 2);
-      ptx::fence_proxy_async_shared();
       if constexpr (kCrossover) {
-        // Our 32 tokens of the group-major tiles are one contiguous range: once every producer thread's stores
-        // are fenced, one thread sends it to the same place in the peer's buffer (completes on the peer's full).
-        ptx::named_barrier_sync(kProducerBarrier, T::kWarpgroupThreads);
-        if (wg_tid == 0) {
-          const uint32_t off = static_cast<uint32_t>(tok_base / Co::kTokensPerGroup * Co::kGroupStride);
-          ptx::bulk_copy_to_peer(k_base + off + peer_delta, k_base + off, kBulkBytes, wr.peer_full);
-          ptx::mbarrier_arrive_expect_tx(&smem.full[buf], kPeerBytesPerBlock);
-        } else {
-          ptx::mbarrier_arrive(&smem.full[buf]);
-        }
+        send_half(1);
+        if (wg_tid == 0) ptx::mbarrier_arrive_expect_tx(&smem.full[buf], kPeerBytesPerBlock);
+        else ptx::mbarrier_arrive(&smem.full[buf]);
       } else {
+        ptx::fence_proxy_async_shared();
         ptx::mbarrier_arrive(&smem.full[buf]);
       }
       OPENMLA_TRACE(2, it, 3);
-      // Crossover: the next block's gathers (dequantised at the top of the next step, before its free wait).
-      // Issued once WG0 has handed over P of the block it is consuming (block it - 1), so that the gather burst
-      // and the dequantisation that follows fall in WG0's P V_L and next Q K^T (tensor-bound), not in its
-      // softmax, whose shuffles and shared-memory traffic share the MIO path (perf-notes sparse v8, v9). The
-      // phase is exact: block it + 1 cannot start before our arrival on it.
-      if constexpr (kCrossover) {
-        if (it > 0) ptx::mbarrier_wait_parity(&smem.p_ready[(it - 1) & 1], ((it - 1) >> 1) & 1);
-        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, da);
-      }
 
       cur = n1;
       n1 = n2;
@@ -769,7 +748,10 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
         idx_n2[r] = idx_n3[r];
       }
     };
-    for (uint32_t it = 0; cur.req <= rec.end_req; ++it) step(it, d0, d1);
+    for (uint32_t it = 0; cur.req <= rec.end_req; ++it) {
+      if (kRounds == 1 && (it & 1)) step(it, d1, d0);
+      else step(it, d0, d1);
+    }
     // Nobody leaves while the peer may still write our shared memory or arrive on our barriers. Each role
     // ends in its own exit so ptxas keeps the three register budgets apart (no merge after setmaxnreg).
     if constexpr (kCrossover) ptx::cluster_sync();
