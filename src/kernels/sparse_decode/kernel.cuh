@@ -384,32 +384,36 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       }
     }
   };
+  // Q tile of request `req` (64 heads x d_qk, zero rows past h_q) by cp.async: threads first, first + stride, ...
+  auto load_q = [&](int req, int first, int stride) {
+    const auto* q = static_cast<const uint8_t*>(p.q);
+    constexpr int kChunksPerRow = T::kHeadDimQK / 8;
+    for (int i = launder32(first); i < T::kBlockM * kChunksPerRow; i += stride) {
+      const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+      const int head = head0 + row;
+      uint8_t* dst = smem.q[chunk / 8] + swizzled_chunk(row, chunk % 8);
+      if (head < p.h_q) {
+        const int64_t elem = static_cast<int64_t>(req) * p.q_stride_b + static_cast<int64_t>(s_idx) * p.q_stride_s +
+                             static_cast<int64_t>(head) * p.q_stride_h + chunk * 8;
+        ptx::cp_async_16(dst, q + elem * 2, 16);
+      } else {
+        ptx::cp_async_16(dst, q, 0);
+      }
+    }
+    ptx::cp_async_commit();
+  };
   uint32_t it = 0;
+  bool q_loaded = false;  // Q of `req` already requested by WG0 during the previous request's epilogue
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
     RequestWork w = request_work(p, rec, req);
     w.split_slot = p.num_splits[req] + (req == rec.begin_req ? rec.begin_split : 0);
 
-    // ---- Q tile (64 heads x d_qk), zero rows past h_q. Both consumer warpgroups load; WG0 reads it.
-    {
-      const auto* q = static_cast<const uint8_t*>(p.q);
-      constexpr int kChunksPerRow = T::kHeadDimQK / 8;
-      for (int i = launder32(tid); i < T::kBlockM * kChunksPerRow; i += 2 * T::kWarpgroupThreads) {
-        const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
-        const int head = head0 + row;
-        uint8_t* dst = smem.q[chunk / 8] + swizzled_chunk(row, chunk % 8);
-        if (head < p.h_q) {
-          const int64_t elem = static_cast<int64_t>(req) * p.q_stride_b + static_cast<int64_t>(s_idx) * p.q_stride_s +
-                               static_cast<int64_t>(head) * p.q_stride_h + chunk * 8;
-          ptx::cp_async_16(dst, q + elem * 2, 16);
-        } else {
-          ptx::cp_async_16(dst, q, 0);
-        }
-      }
-      ptx::cp_async_commit();
-      ptx::cp_async_wait_all();
-      ptx::fence_proxy_async_shared();
-      consumer_barrier();
-    }
+    // ---- Q tile: both consumer warpgroups load the first one; later ones were issued by WG0 as soon as the
+    // previous request's last Q K^T was done (only WG0 reads Q), so they land during that request's epilogue.
+    if (!q_loaded) load_q(req, tid, 2 * T::kWarpgroupThreads);
+    ptx::cp_async_wait_all();
+    ptx::fence_proxy_async_shared();
+    consumer_barrier();
 
     float o[128];
 #pragma unroll
@@ -518,6 +522,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         OPENMLA_TRACE(1, it, 2);
       }
     }
+
+    // Every warpgroup takes the same decision: a request with at least one block ends with WG0's last Q K^T done.
+    q_loaded = req < rec.end_req && w.blk_end > w.blk_begin;
+    if (wg == 0 && q_loaded) load_q(req + 1, launder32(tid), T::kWarpgroupThreads);
 
     // ---- epilogue: WG0 owns the softmax statistics and hands the output scale to WG1.
     if (req == rec.end_req) ptx::griddep_launch_dependents();
