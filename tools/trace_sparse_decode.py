@@ -24,7 +24,7 @@ CTAS, ROLES, ITERS, EVENTS = 2, 3, 256, 6  # kernel.cuh, struct Trace
 STEPS = {
     0: ("WG0", ["wait full", "S = QK^T", "softmax + P out", "O_L += P V_L"]),
     1: ("WG1", ["wait P + full", "O_R += P V_R"]),
-    2: ("producer", ["wait free", "dequant + stores", "fence + arrive"]),
+    2: ("producer", ["wait free (V_L)", "stores (+V_R wait)", "copy + arrive"]),
 }
 
 

@@ -31,7 +31,7 @@ namespace openmla::kernels::sparse_decode {
 // ---------------------------------------------------------------------------------------------------
 struct Trace {
   static constexpr int kCtas = 2, kRoles = 3, kIters = 256, kEvents = 6;
-  // Events. Producer (role 2): step start, buffer free, stores issued, full arrived.
+  // Events. Producer (role 2): step start, V_L half free, all stores issued (after the V_R half free), full arrived.
   // WG0: before full wait, full, S = QK^T done, P handed over, O_L done. WG1: before waits, P + full, O_R done.
 };
 #if defined(OPENMLA_SPARSE_TRACE)
