@@ -13,15 +13,17 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_case_arguments(ap):
+    """The configuration options shared with tools/trace_sparse_decode.py."""
     ap.add_argument("--b", type=int, default=128)
     ap.add_argument("--s-q", type=int, default=2)
     ap.add_argument("--h-q", type=int, default=128)
     ap.add_argument("--topk", type=int, default=2048)
     ap.add_argument("--s-k", type=int, default=32768)
-    args = ap.parse_args()
 
+
+def run_case(args, calls):
+    """Builds the benchmark's inputs for `args` and calls the sparse decode `calls` times, then synchronises."""
     import torch
 
     import bench_sparse_decode as bsd
@@ -29,10 +31,17 @@ def main():
 
     q, k_cache, indices, sink, _, _ = bsd.make_inputs(args.b, args.s_q, args.h_q, args.topk, args.s_k)
     meta, _ = openmla.get_mla_metadata()
-    for _ in range(2):
+    for _ in range(calls):
         openmla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices,
                                        attn_sink=sink)
     torch.cuda.synchronize()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_case_arguments(ap)
+    args = ap.parse_args()
+    run_case(args, calls=2)
     print("profiled: b=%d s_q=%d h_q=%d topk=%d" % (args.b, args.s_q, args.h_q, args.topk))
 
 

@@ -19,6 +19,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 CTAS, ROLES, ITERS, EVENTS = 2, 3, 256, 6  # kernel.cuh, struct Trace
 STEPS = {
@@ -67,28 +68,17 @@ def summarize(tr, cta, skip=4):
 
 
 def main():
+    from profile_sparse_decode import add_case_arguments, run_case
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--b", type=int, default=128)
-    ap.add_argument("--s-q", type=int, default=2)
-    ap.add_argument("--h-q", type=int, default=128)
-    ap.add_argument("--topk", type=int, default=2048)
-    ap.add_argument("--s-k", type=int, default=32768)
+    add_case_arguments(ap)
     args = ap.parse_args()
 
-    import torch
-
-    import bench_sparse_decode as bsd
-    import openmla
     from openmla import _openmla
 
     if not hasattr(_openmla, "_sparse_decode_trace"):
         sys.exit("this build has no trace: configure with -DOPENMLA_SPARSE_TRACE=ON")
-    q, k_cache, indices, sink, _, _ = bsd.make_inputs(args.b, args.s_q, args.h_q, args.topk, args.s_k)
-    meta, _ = openmla.get_mla_metadata()
-    for _ in range(3):
-        openmla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices,
-                                       attn_sink=sink)
-    torch.cuda.synchronize()
+    run_case(args, calls=3)
     tr = np.array(_openmla._sparse_decode_trace(CTAS * ROLES * ITERS * EVENTS), dtype=np.uint64)
     tr = tr.reshape(CTAS, ROLES, ITERS, EVENTS)
     print(f"trace: b={args.b} s_q={args.s_q} h_q={args.h_q} topk={args.topk}")
