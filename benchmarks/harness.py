@@ -168,6 +168,7 @@ class Harness:
     """What run.py hands to each benchmark module's run(case, harness).
 
     harness.time_cuda(fn, ...)  the timing helper, with this run's default warm-up and repetitions
+    harness.time_graph_and_eager(call)  (graph replay us, eager us) of a call that plans on first use
     harness.formulas            benchmarks/formulas.py (FLOP and byte counts)
     harness.ceilings            {"copy_gbps": ..., "matmul_tflops": ...} measured at the start
     harness.device              the device name
@@ -186,3 +187,15 @@ class Harness:
     def time_cuda(self, fn, *, warmup: int | None = None, reps: int | None = None, flush_l2: bool = True) -> Timing:
         return time_cuda(fn, warmup=self.warmup if warmup is None else warmup,
                          reps=self.reps if reps is None else reps, flush_l2=flush_l2)
+
+    def time_graph_and_eager(self, call) -> tuple[float, float]:
+        """(graph_us, eager_us): call() once (it plans what it plans on first use), captures one more call in a
+        CUDA graph and times its replay (the figure reported), then times the eager call (wrapper included)."""
+        torch = _torch()
+        call()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        torch.cuda.synchronize()
+        return self.time_cuda(graph.replay).median_us, self.time_cuda(call).median_us
