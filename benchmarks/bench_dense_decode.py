@@ -133,7 +133,7 @@ def run(case, harness):
         "num_sm_parts": int(meta.tile_scheduler_metadata.shape[0]),
         "total_splits": int(meta.num_splits[-1]),
     }
-    del graph, q, k_cache, block_table, seqlens, out, lse, meta
+    del q, k_cache, block_table, seqlens, out, lse, meta
     torch.cuda.empty_cache()
     return record
 

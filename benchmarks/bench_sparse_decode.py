@@ -222,7 +222,7 @@ def run(case, harness):
         record["num_sm_parts"] = int(tsm.shape[0])
     if splits is not None:
         record["total_splits"] = int(splits[-1])
-    del graph, q, k_cache, indices, attn_sink, sink, out, lse, meta
+    del q, k_cache, indices, attn_sink, sink, out, lse, meta
     torch.cuda.empty_cache()
     return record
 
