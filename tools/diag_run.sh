@@ -6,6 +6,10 @@
 #   trace       tools/trace_sparse_decode.py at h_q 128 (crossover) and 64            -> $OUT/trace.txt
 #   ncu-sparse  ncu source-level stall samples of the sparse kernel (b 128, h_q 128)  -> $OUT/ncu_sparse_*.txt
 #   ncu-dense   ncu speed-of-light + memory tables of dense decode (b 128, s_q 2, 32K) -> $OUT/ncu_dense.txt
+#   timeline    the whole-kernel per-CTA timeline (trace build) at b 2 and 64, h_q 128 -> $OUT/timeline.txt
+#   breakdown   tools/breakdown_decode.py: per-kernel durations and gaps of whole calls -> $OUT/breakdown.txt
+#               (cases: BREAKDOWN_ARGS, default the sparse b = 2 row and shorter top-k)
+# DIAG_TRACE=OFF builds build-diag/ without the trace stamps instead (for timings: the stamps cost a little).
 # ncu always runs with --clock-control none (clocks are never touched). Summaries print last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,10 +21,13 @@ py=$(command -v python3)
 export PYTHONPATH="$root/python:$root/.deps/py${PYTHONPATH:+:$PYTHONPATH}"
 t0=$(date +%s)
 
+trace=${DIAG_TRACE:-ON}
+bdir=build-trace
+[[ $trace == ON ]] || bdir=build-diag
 bash tools/setup_deps.sh --offline >"$out/build.log" 2>&1 || { echo "setup_deps failed"; tail -20 "$out/build.log"; exit 1; }
-if ! { cmake -S . -B build-trace -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
-         -DOPENMLA_SPARSE_TRACE=ON -DOPENMLA_BUILD_TESTS=OFF >>"$out/build.log" 2>&1 &&
-       cmake --build build-trace -j "$(nproc)" --target _openmla >>"$out/build.log" 2>&1; }; then
+if ! { cmake -S . -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
+         -DOPENMLA_SPARSE_TRACE="$trace" -DOPENMLA_BUILD_TESTS=OFF >>"$out/build.log" 2>&1 &&
+       cmake --build "$bdir" -j "$(nproc)" --target _openmla >>"$out/build.log" 2>&1; }; then
   echo "build failed"; grep -E "error|Error" "$out/build.log" | head -30; exit 1
 fi
 echo "built in $(( $(date +%s) - t0 )) s"
@@ -71,6 +78,13 @@ for d in $diag; do
         >"$out/ncu_sparse.log" 2>&1
       ncu -i "$out/ncu_sparse.ncu-rep" --print-details all >"$out/ncu_sparse_details.txt" 2>&1
       ncu_sass_top "$out/ncu_sparse.ncu-rep" "$out/ncu_sparse_sass.txt" ;;
+    timeline)
+      { timeout 60 "$py" tools/trace_sparse_decode.py --timeline-only --b 2 --h-q 128
+        timeout 60 "$py" tools/trace_sparse_decode.py --timeline-only --b 64 --h-q 128; } >"$out/timeline.txt" 2>&1 ;;
+    breakdown)
+      # shellcheck disable=SC2086
+      timeout 240 "$py" tools/breakdown_decode.py ${BREAKDOWN_ARGS:---sparse b=2 b=2,topk=64 b=2,topk=128 b=2,topk=192 b=2,s_q=1 b=64} \
+        >"$out/breakdown.txt" 2>&1 ;;
     ncu-dense)
       timeout 120 ncu --clock-control none -k regex:dense_decode_kernel --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
@@ -80,6 +94,6 @@ for d in $diag; do
 done
 rm -f "$out"/*.csv
 echo "total $(( $(date +%s) - t0 )) s"
-for f in trace.txt ncu_dense.txt ncu_sparse_sass.txt; do
+for f in breakdown.txt timeline.txt trace.txt ncu_dense.txt ncu_sparse_sass.txt; do
   [[ -f $out/$f ]] && { echo "===== $f"; head -c 9000 "$out/$f"; }
 done

@@ -22,8 +22,9 @@ def add_case_arguments(ap):
     ap.add_argument("--s-k", type=int, default=32768)
 
 
-def run_case(args, calls):
-    """Builds the benchmark's inputs for `args` and calls the sparse decode `calls` times, then synchronises."""
+def run_case(args, calls, flush_last=False):
+    """Builds the benchmark's inputs for `args` and calls the sparse decode `calls` times, then synchronises.
+    flush_last: the L2 is flushed before the last call (as the benchmark does before each timed call)."""
     import torch
 
     import bench_sparse_decode as bsd
@@ -31,7 +32,10 @@ def run_case(args, calls):
 
     q, k_cache, indices, sink, _, _ = bsd.make_inputs(args.b, args.s_q, args.h_q, args.topk, args.s_k)
     meta, _ = openmla.get_mla_metadata()
-    for _ in range(calls):
+    for i in range(calls):
+        if flush_last and i == calls - 1:
+            torch.cuda.synchronize()
+            torch.empty(256 << 20, dtype=torch.uint8, device="cuda").zero_()
         openmla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices,
                                        attn_sink=sink)
     torch.cuda.synchronize()

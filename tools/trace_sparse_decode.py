@@ -8,7 +8,8 @@ Needs the diagnostics build (the kernel stamps clock64 only when compiled with i
 Thread 0 of each warpgroup of CTAs x = 0, 1 (query position 0, schedule partition 0) stamps every step of its
 first 256 blocks (src/kernels/sparse_decode/kernel.cuh, struct Trace). This prints, per role, the median /
 10th / 90th percentile of each step's duration in cycles over the steady-state blocks, and the timeline of a few
-blocks. Inputs come from benchmarks/bench_sparse_decode.make_inputs (the benchmark's own generator).
+blocks. Before that it prints the whole-kernel timeline of every CTA (%globaltimer, ns: entry, init, first Q, first
+K block, last block, epilogue, exit) for the last of three calls, made after an L2 flush. Inputs come from benchmarks/bench_sparse_decode.make_inputs (the benchmark's own generator).
 """
 import argparse
 import os
@@ -22,6 +23,9 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 CTAS, ROLES, ITERS, EVENTS = 2, 3, 256, 6  # kernel.cuh, struct Trace
+TL_CTAS, TL_EVENTS = 1024, 8  # kernel.cuh, Trace::kTimelineCtas / kTimelineEvents, in TimelineEvent order
+TL_NAMES = ["entry", "init done", "Q ready", "first full", "last block done", "epilogue done", "producer done",
+            "exit"]
 STEPS = {
     0: ("WG0", ["wait full", "S = QK^T", "softmax + P out", "O_L += P V_L"]),
     1: ("WG1", ["wait P + full", "O_R += P V_R"]),
@@ -67,23 +71,53 @@ def summarize(tr, cta, skip=4):
             print(f"    block {it:3d} {name:9s} " + " ".join(f"{t[role, it, e] - base:7d}" for e in range(n)))
 
 
+def timeline(tl):
+    """Whole-kernel %globaltimer timeline (ns) of every CTA that ran (L2 flushed before the call)."""
+    t = tl.astype(np.int64)
+    ran = t[:, 0] != 0
+    if not ran.any():
+        print("timeline: empty")
+        return
+    t0 = t[ran, 0].min()
+    rel = np.where(t != 0, t - t0, -1)
+    worked = ran & (t[:, TL_NAMES.index("last block done")] != 0)
+    print(f"\nwhole-kernel timeline, ns from the first CTA's entry: {ran.sum()} CTAs ran, {worked.sum()} had work")
+    print(f"  {'event':18s} {'min':>8s} {'median':>8s} {'max':>8s}   (over the CTAs with work)")
+    for e, name in enumerate(TL_NAMES):
+        v = rel[worked, e]
+        v = v[v >= 0]
+        if len(v):
+            print(f"  {name:18s} {v.min():8d} {int(np.median(v)):8d} {v.max():8d}")
+    idle = ran & ~worked
+    if idle.any():
+        print(f"  CTAs without work: entry median {int(np.median(rel[idle, 0]))} ns")
+    last = np.argsort(-rel[:, TL_NAMES.index("exit")])[:3]
+    for c in last:
+        print(f"  latest exit, CTA {c}: " + " ".join(f"{rel[c, e]:7d}" for e in range(TL_EVENTS)))
+
+
 def main():
     from profile_sparse_decode import add_case_arguments, run_case
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_arguments(ap)
+    ap.add_argument("--timeline-only", action="store_true", help="print the whole-kernel timeline only")
     args = ap.parse_args()
 
     from openmla import _openmla
 
     if not hasattr(_openmla, "_sparse_decode_trace"):
         sys.exit("this build has no trace: configure with -DOPENMLA_SPARSE_TRACE=ON")
-    run_case(args, calls=3)
-    tr = np.array(_openmla._sparse_decode_trace(CTAS * ROLES * ITERS * EVENTS), dtype=np.uint64)
-    tr = tr.reshape(CTAS, ROLES, ITERS, EVENTS)
+    _openmla._sparse_decode_timeline_clear()
+    run_case(args, calls=3, flush_last=True)
+    steps = CTAS * ROLES * ITERS * EVENTS
+    flat = np.array(_openmla._sparse_decode_trace(steps + TL_CTAS * TL_EVENTS), dtype=np.uint64)
+    tr = flat[:steps].reshape(CTAS, ROLES, ITERS, EVENTS)
     print(f"trace: b={args.b} s_q={args.s_q} h_q={args.h_q} topk={args.topk}")
-    for cta in range(CTAS if args.h_q > 64 else 1):
-        summarize(tr, cta)
+    timeline(flat[steps:].reshape(TL_CTAS, TL_EVENTS))
+    if not args.timeline_only:
+        for cta in range(CTAS if args.h_q > 64 else 1):
+            summarize(tr, cta)
 
 
 if __name__ == "__main__":

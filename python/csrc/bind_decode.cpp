@@ -15,6 +15,7 @@
 #include <nanobind/stl/vector.h>
 namespace openmla::kernels {
 Status copy_sparse_decode_trace(unsigned long long* host, size_t count);
+Status clear_sparse_decode_timeline();
 }
 #endif
 
@@ -238,12 +239,14 @@ void bind_decode(nb::module_& m) {
 
 #if defined(OPENMLA_SPARSE_TRACE)
   // Diagnostics build only (CMake -DOPENMLA_SPARSE_TRACE=ON): the clock64 trace of the last sparse launch,
-  // flat, in kernel.cuh's Trace order (cta, role, block, event). tools/trace_sparse_decode.py reads it.
+  // flat, in kernel.cuh's Trace order (cta, role, block, event), then the per-CTA %globaltimer timeline.
+  // tools/trace_sparse_decode.py reads it.
   m.def("_sparse_decode_trace", [](size_t count) {
     std::vector<unsigned long long> v(count);
     throw_if_error(kernels::copy_sparse_decode_trace(v.data(), v.size()));
     return v;
   }, nb::arg("count"));
+  m.def("_sparse_decode_timeline_clear", [] { throw_if_error(kernels::clear_sparse_decode_timeline()); });
 #endif
 }
 

@@ -33,16 +33,39 @@ struct Trace {
   static constexpr int kCtas = 2, kRoles = 3, kIters = 256, kEvents = 6;
   // Events. Producer (role 2): step start, V_L half free, all stores issued (after the V_R half free), full arrived.
   // WG0: before full wait, full, S = QK^T done, P handed over, O_L done. WG1: before waits, P + full, O_R done.
+  // Whole-kernel timeline: %globaltimer (ns, one clock for all SMs) of every CTA (linear id < kTimelineCtas).
+  static constexpr int kTimelineCtas = 1024, kTimelineEvents = 8;
+  enum TimelineEvent {
+    kEntry = 0,         // thread 0 at kernel entry
+    kInitDone = 1,      // thread 0 after barrier init + cluster sync
+    kQReady = 2,        // WG0 thread 0: first Q tile landed
+    kFirstFull = 3,     // WG0 thread 0: first K block full
+    kLastBlockDone = 4, // WG0 thread 0: O_L of the partition's last block done
+    kEpilogueDone = 5,  // WG0 thread 0: last output stores issued
+    kProducerDone = 6,  // producer thread 0: last block handed over
+    kExit = 7,          // WG0 thread 0: after the closing cluster sync
+  };
 };
 #if defined(OPENMLA_SPARSE_TRACE)
 __device__ unsigned long long g_sparse_trace[Trace::kCtas][Trace::kRoles][Trace::kIters][Trace::kEvents];
+__device__ unsigned long long g_sparse_timeline[Trace::kTimelineCtas][Trace::kTimelineEvents];
 __device__ __forceinline__ void trace_stamp(int role, uint32_t it, int ev) {
   if (blockIdx.y == 0 && blockIdx.z == 0 && blockIdx.x < Trace::kCtas && it < Trace::kIters && threadIdx.x % 128 == 0)
     g_sparse_trace[blockIdx.x][role][it][ev] = clock64();
 }
+__device__ __forceinline__ void timeline_stamp(int ev) {
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (cta < Trace::kTimelineCtas && threadIdx.x % 128 == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    g_sparse_timeline[cta][ev] = t;
+  }
+}
 #define OPENMLA_TRACE(role, it, ev) ::openmla::kernels::sparse_decode::trace_stamp(role, it, ev)
+#define OPENMLA_TIMELINE(ev) ::openmla::kernels::sparse_decode::timeline_stamp(Trace::ev)
 #else
 #define OPENMLA_TRACE(role, it, ev) ((void)0)
+#define OPENMLA_TIMELINE(ev) ((void)0)
 #endif
 
 // ---------------------------------------------------------------------------------------------------
@@ -414,6 +437,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     ptx::cp_async_wait_all();
     ptx::fence_proxy_async_shared();
     consumer_barrier();
+    if (wg == 0 && req == rec.begin_req) OPENMLA_TIMELINE(kQReady);
 
     float o[128];
 #pragma unroll
@@ -431,6 +455,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         OPENMLA_TRACE(0, it, 0);
         ptx::mbarrier_wait_parity(&smem.full[buf], phase);
         OPENMLA_TRACE(0, it, 1);
+        if (it == 0) OPENMLA_TIMELINE(kFirstFull);
         float s[32];
         const uint64_t q_desc = launder(desc_k_major(smem.q[0]));
         const uint64_t k_desc = launder(desc_k_group(smem.k[buf]));
@@ -523,6 +548,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       }
     }
 
+    if (wg == 0 && req == rec.end_req) OPENMLA_TIMELINE(kLastBlockDone);
     // Every warpgroup takes the same decision: a request with at least one block ends with WG0's last Q K^T done.
     q_loaded = req < rec.end_req && w.blk_end > w.blk_begin;
     if (wg == 0 && q_loaded) load_q(req + 1, launder32(tid), T::kWarpgroupThreads);
@@ -587,6 +613,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       }
     }
   }
+  if (wg == 0) OPENMLA_TIMELINE(kEpilogueDone);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -604,6 +631,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
   const int wg_tid = tid % T::kWarpgroupThreads;
   const int s_idx = blockIdx.y;
   constexpr int kCtas = kCrossover ? 2 : 1;
+  if (tid == 0) OPENMLA_TIMELINE(kEntry);
 
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) {
@@ -616,6 +644,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
   }
   // The peer arrives on our barriers and writes our buffers: both CTAs must be initialised first.
   if constexpr (kCrossover) ptx::cluster_sync(); else __syncthreads();
+  if (tid == 0) OPENMLA_TIMELINE(kInitDone);
 
   DecodeScheduleRecord rec = p.schedule[blockIdx.z];
   rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
@@ -762,12 +791,14 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     }
     // Nobody leaves while the peer may still write our shared memory or arrive on our barriers. Each role
     // ends in its own exit so ptxas keeps the three register budgets apart (no merge after setmaxnreg).
+    OPENMLA_TIMELINE(kProducerDone);
     if constexpr (kCrossover) ptx::cluster_sync();
     return;
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<T::kRegsWg0>();
     consume<L, kCrossover, 0>(p, smem, rec, tid);
     if constexpr (kCrossover) ptx::cluster_sync();
+    OPENMLA_TIMELINE(kExit);
     return;
   } else {
     if constexpr (T::kRegsWg1 > T::kLaunchRegs) ptx::setmaxnreg_inc<T::kRegsWg1>();

@@ -41,13 +41,27 @@ Status launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream) {
 }
 
 #if defined(OPENMLA_SPARSE_TRACE)
-// Copies the clock64 trace of the last sparse-decode launch (kernel.cuh, struct Trace) to `host`.
+// Copies the trace of the last sparse-decode launch (kernel.cuh, struct Trace) to `host`: the clock64 block
+// trace, then the %globaltimer per-CTA timeline.
 Status copy_sparse_decode_trace(unsigned long long* host, size_t count) {
-  const size_t total = sizeof(sparse_decode::g_sparse_trace) / sizeof(unsigned long long);
-  if (count < total) return Status::invalid_argument("argument 'count': the trace holds more values");
+  const size_t steps = sizeof(sparse_decode::g_sparse_trace) / sizeof(unsigned long long);
+  const size_t timeline = sizeof(sparse_decode::g_sparse_timeline) / sizeof(unsigned long long);
+  if (count < steps + timeline) return Status::invalid_argument("argument 'count': the trace holds more values");
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "sparse decode trace: synchronising");
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(host, sparse_decode::g_sparse_trace, total * sizeof(unsigned long long)),
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(host, sparse_decode::g_sparse_trace, steps * sizeof(unsigned long long)),
                                "sparse decode trace: copying");
+  OPENMLA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyFromSymbol(host + steps, sparse_decode::g_sparse_timeline, timeline * sizeof(unsigned long long)),
+      "sparse decode trace: copying the timeline");
+  return Status::ok();
+}
+// Clears the per-CTA timeline (CTAs that exit early stamp only some events).
+Status clear_sparse_decode_timeline() {
+  void* timeline = nullptr;
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaGetSymbolAddress(&timeline, sparse_decode::g_sparse_timeline),
+                               "sparse decode trace: locating the timeline");
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemset(timeline, 0, sizeof(sparse_decode::g_sparse_timeline)),
+                               "sparse decode trace: clearing the timeline");
   return Status::ok();
 }
 #endif
