@@ -80,6 +80,7 @@ for d in $diag; do
       ncu_sass_top "$out/ncu_sparse.ncu-rep" "$out/ncu_sparse_sass.txt" ;;
     timeline)
       { timeout 60 "$py" tools/trace_sparse_decode.py --timeline-only --b 2 --h-q 128
+        timeout 60 "$py" tools/trace_sparse_decode.py --timeline-only --b 2 --h-q 128 --no-flush
         timeout 60 "$py" tools/trace_sparse_decode.py --timeline-only --b 64 --h-q 128; } >"$out/timeline.txt" 2>&1 ;;
     breakdown)
       # shellcheck disable=SC2086

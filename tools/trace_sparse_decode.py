@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 CTAS, ROLES, ITERS, EVENTS = 2, 3, 256, 6  # kernel.cuh, struct Trace
-TL_CTAS, TL_EVENTS = 1024, 8  # kernel.cuh, Trace::kTimelineCtas / kTimelineEvents, in TimelineEvent order
+TL_CTAS, TL_EVENTS = 1024, 12  # kernel.cuh, Trace::kTimelineCtas / kTimelineEvents, in TimelineEvent order
 TL_NAMES = ["entry", "init done", "Q ready", "first full", "last block done", "epilogue done", "producer done",
-            "exit"]
+            "exit", "P: work known", "P: index landed", "P: token landed", "P: first V_L sent"]
 STEPS = {
     0: ("WG0", ["wait full", "S = QK^T", "softmax + P out", "O_L += P V_L"]),
     1: ("WG1", ["wait P + full", "O_R += P V_R"]),
@@ -102,6 +102,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_arguments(ap)
     ap.add_argument("--timeline-only", action="store_true", help="print the whole-kernel timeline only")
+    ap.add_argument("--no-flush", action="store_true", help="keep the L2 warm before the traced call")
     args = ap.parse_args()
 
     from openmla import _openmla
@@ -109,11 +110,11 @@ def main():
     if not hasattr(_openmla, "_sparse_decode_trace"):
         sys.exit("this build has no trace: configure with -DOPENMLA_SPARSE_TRACE=ON")
     _openmla._sparse_decode_timeline_clear()
-    run_case(args, calls=3, flush_last=True)
+    run_case(args, calls=3, flush_last=not args.no_flush)
     steps = CTAS * ROLES * ITERS * EVENTS
     flat = np.array(_openmla._sparse_decode_trace(steps + TL_CTAS * TL_EVENTS), dtype=np.uint64)
     tr = flat[:steps].reshape(CTAS, ROLES, ITERS, EVENTS)
-    print(f"trace: b={args.b} s_q={args.s_q} h_q={args.h_q} topk={args.topk}")
+    print(f"trace: b={args.b} s_q={args.s_q} h_q={args.h_q} topk={args.topk} L2 {'warm' if args.no_flush else 'flushed'}")
     timeline(flat[steps:].reshape(TL_CTAS, TL_EVENTS))
     if not args.timeline_only:
         for cta in range(CTAS if args.h_q > 64 else 1):

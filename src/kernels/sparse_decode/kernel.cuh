@@ -34,7 +34,7 @@ struct Trace {
   // Events. Producer (role 2): step start, V_L half free, all stores issued (after the V_R half free), full arrived.
   // WG0: before full wait, full, S = QK^T done, P handed over, O_L done. WG1: before waits, P + full, O_R done.
   // Whole-kernel timeline: %globaltimer (ns, one clock for all SMs) of every CTA (linear id < kTimelineCtas).
-  static constexpr int kTimelineCtas = 1024, kTimelineEvents = 8;
+  static constexpr int kTimelineCtas = 1024, kTimelineEvents = 12;
   enum TimelineEvent {
     kEntry = 0,         // thread 0 at kernel entry
     kInitDone = 1,      // thread 0 after barrier init + cluster sync
@@ -44,6 +44,12 @@ struct Trace {
     kEpilogueDone = 5,  // WG0 thread 0: last output stores issued
     kProducerDone = 6,  // producer thread 0: last block handed over
     kExit = 7,          // WG0 thread 0: after the closing cluster sync
+    // Producer thread 0, head of the kernel; each waits for the value it names (the stamp forces the wait, so
+    // these measure the dependent-load chain of the first block).
+    kProdCursor = 8,    // first request's work (topk length) known
+    kProdIndex = 9,     // first index landed
+    kProdToken = 10,    // first token's bytes landed
+    kProdFirstSent = 11,  // first block: V_L half stored and sent
   };
 };
 #if defined(OPENMLA_SPARSE_TRACE)
@@ -61,11 +67,22 @@ __device__ __forceinline__ void timeline_stamp(int ev) {
     g_sparse_timeline[cta][ev] = t;
   }
 }
+__device__ uint32_t g_sparse_timeline_dep[Trace::kTimelineCtas];
+// Stamps once `dep` has landed: the store needs the register, and the warp issues in order.
+__device__ __forceinline__ void timeline_stamp_after(int ev, uint32_t dep) {
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (cta < Trace::kTimelineCtas && threadIdx.x % 128 == 0) {
+    *reinterpret_cast<volatile uint32_t*>(&g_sparse_timeline_dep[cta]) = dep;
+    timeline_stamp(ev);
+  }
+}
 #define OPENMLA_TRACE(role, it, ev) ::openmla::kernels::sparse_decode::trace_stamp(role, it, ev)
 #define OPENMLA_TIMELINE(ev) ::openmla::kernels::sparse_decode::timeline_stamp(Trace::ev)
+#define OPENMLA_TIMELINE_AFTER(ev, dep) ::openmla::kernels::sparse_decode::timeline_stamp_after(Trace::ev, dep)
 #else
 #define OPENMLA_TRACE(role, it, ev) ((void)0)
 #define OPENMLA_TIMELINE(ev) ((void)0)
+#define OPENMLA_TIMELINE_AFTER(ev, dep) ((void)0)
 #endif
 
 // ---------------------------------------------------------------------------------------------------
@@ -381,9 +398,9 @@ __device__ __forceinline__ const SparseCacheView& cursor_cache(const SparseDecod
 // Consumers: kWg = 0 (S = Q K^T, softmax, O_L) or 1 (O_R). Separate instantiations so that ptxas sees
 // one register budget (setmaxnreg) per warpgroup role.
 // ---------------------------------------------------------------------------------------------------
-template <Layout L, bool kCrossover, int kWg>
+template <Layout L, bool kCrossover, int kWg, typename InitSync>
 __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStorage<L>& smem,
-                                        const DecodeScheduleRecord& rec, int tid) {
+                                        const DecodeScheduleRecord& rec, int tid, InitSync&& init_sync) {
   using T = Traits<L>;
   constexpr int wg = kWg;
   const int lane = tid % 32;
@@ -425,14 +442,19 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     }
     ptx::cp_async_commit();
   };
+  // The first Q tile is requested before the barrier setup (it does not need the barriers; perf-notes v12).
+  load_q(rec.begin_req, tid, 2 * T::kWarpgroupThreads);
+  init_sync();
   uint32_t it = 0;
-  bool q_loaded = false;  // Q of `req` already requested by WG0 during the previous request's epilogue
+  bool q_loaded = true;  // Q of `req` already requested (the first one above; later ones by WG0 during the
+                         // previous request's epilogue)
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
     RequestWork w = request_work(p, rec, req);
     w.split_slot = p.num_splits[req] + (req == rec.begin_req ? rec.begin_split : 0);
 
-    // ---- Q tile: both consumer warpgroups load the first one; later ones were issued by WG0 as soon as the
-    // previous request's last Q K^T was done (only WG0 reads Q), so they land during that request's epilogue.
+    // ---- Q tile: both consumer warpgroups requested the first one at kernel entry; later ones were issued by WG0
+    // as soon as the previous request's last Q K^T was done (only WG0 reads Q), so they land during that
+    // request's epilogue (or here, after a request without blocks).
     if (!q_loaded) load_q(req, tid, 2 * T::kWarpgroupThreads);
     ptx::cp_async_wait_all();
     ptx::fence_proxy_async_shared();
@@ -631,31 +653,37 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
   const int wg_tid = tid % T::kWarpgroupThreads;
   const int s_idx = blockIdx.y;
   constexpr int kCtas = kCrossover ? 2 : 1;
+  constexpr int kInitBarrier = 3;  // named barriers: 1 the consumers, 2 the producer warpgroup, 3 the whole CTA
   if (tid == 0) OPENMLA_TIMELINE(kEntry);
 
-  if (tid == 0) {
-    for (int b = 0; b < 2; ++b) {
-      ptx::mbarrier_init(&smem.full[b], T::kWarpgroupThreads);  // every local producer thread (+ peer bytes)
-      ptx::mbarrier_init(&smem.free_[b][0], 4 * kCtas);                 // every WG0 warp of each CTA
-      ptx::mbarrier_init(&smem.free_[b][1], 8 * kCtas);                 // every consumer warp of each CTA
-      ptx::mbarrier_init(&smem.p_ready[b], T::kWarpgroupThreads);       // every WG0 thread
-    }
-    ptx::fence_mbarrier_init();
-  }
-  // The peer arrives on our barriers and writes our buffers: both CTAs must be initialised first.
-  if constexpr (kCrossover) ptx::cluster_sync(); else __syncthreads();
-  if (tid == 0) OPENMLA_TIMELINE(kInitDone);
-
+  // The kernel head is a chain of dependent loads (schedule record, indices, tokens; perf-notes session 4), so
+  // the record is read first and each role issues its first loads (producer: indices and first tokens;
+  // consumers: the first Q tile) before it calls init_sync(), which sets the barriers up (perf-notes v12).
   DecodeScheduleRecord rec = p.schedule[blockIdx.z];
   rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
   rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);
   rec.begin_block = __shfl_sync(0xffffffff, rec.begin_block, 0);
   rec.end_block = __shfl_sync(0xffffffff, rec.end_block, 0);
   if (rec.begin_req >= p.batch) {
-    // Both CTAs of a cluster share the record, so both leave here and no remote access is pending.
+    // Both CTAs of a cluster share the record, so both leave here, before any remote access.
     ptx::griddep_launch_dependents();
     return;
   }
+  // Called once by every thread, from its role's code (the barrier instructions are per-warp aligned only).
+  auto init_sync = [&] {
+    if (tid == 0) {
+      for (int b = 0; b < 2; ++b) {
+        ptx::mbarrier_init(&smem.full[b], T::kWarpgroupThreads);  // every local producer thread (+ peer bytes)
+        ptx::mbarrier_init(&smem.free_[b][0], 4 * kCtas);           // every WG0 warp of each CTA
+        ptx::mbarrier_init(&smem.free_[b][1], 8 * kCtas);           // every consumer warp of each CTA
+        ptx::mbarrier_init(&smem.p_ready[b], T::kWarpgroupThreads); // every WG0 thread
+      }
+      ptx::fence_mbarrier_init();
+    }
+    // The peer arrives on our barriers and writes our buffers: both CTAs must be initialised first.
+    if constexpr (kCrossover) ptx::cluster_sync(); else ptx::named_barrier_sync_unaligned(kInitBarrier, T::kThreads);
+    if (tid == 0) OPENMLA_TIMELINE(kInitDone);
+  };
 
   if (wg == 2) {
     // =================================================================== producer
@@ -686,14 +714,18 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     Cursor n1 = cursor_next(p, rec, cur);
     Cursor n2 = cursor_next(p, rec, n1);
     int idx_cur[kRounds], idx_n1[kRounds], idx_n2[kRounds];
+    OPENMLA_TIMELINE_AFTER(kProdCursor, static_cast<uint32_t>(cur.w.main_len));
     load_indices<kRounds>(p, rec, cur, tok0, s_idx, idx_cur);
     load_indices<kRounds>(p, rec, n1, tok0, s_idx, idx_n1);
     load_indices<kRounds>(p, rec, n2, tok0, s_idx, idx_n2);
+    OPENMLA_TIMELINE_AFTER(kProdIndex, static_cast<uint32_t>(idx_cur[0]));
     TokenData<L> d0, d1;  // d0: round 0 of the current block; d1: the unit after it
     {
       const SparseCacheView& c = cursor_cache(p, cur);
       load_token<L>(c, idx_cur[0], usable(c, idx_cur[0]), lane4, d0);
     }
+    init_sync();
+    OPENMLA_TIMELINE_AFTER(kProdToken, d0.nope[0].x);
     // One block. da holds this block's round 0; db receives the next unit (kRounds == 1: the next block, so
     // the two register sets swap roles every block; kRounds == 2: this block's round 1). No register copies:
     // a copy would wait for the in-flight gathers right away (measured: v4 gained nothing because of it).
@@ -750,6 +782,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
         // V_L half as soon as both CTAs' WG0 are done; the V_R half (+ RoPE / P tile, validity) after both WG1.
         store_tiles<L, kCrossover, 0, Co::kHalfTiles>(da, tok0, lane4, wr);
         send_half(0);
+        if (it == 0) OPENMLA_TIMELINE(kProdFirstSent);
         ptx::mbarrier_wait_parity(&smem.free_[buf][1], phase ^ 1);
         store_tiles<L, kCrossover, Co::kHalfTiles, T::kNopeTiles>(da, tok0, lane4, wr);
       } else {
@@ -796,13 +829,13 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     return;
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<T::kRegsWg0>();
-    consume<L, kCrossover, 0>(p, smem, rec, tid);
+    consume<L, kCrossover, 0>(p, smem, rec, tid, init_sync);
     if constexpr (kCrossover) ptx::cluster_sync();
     OPENMLA_TIMELINE(kExit);
     return;
   } else {
     if constexpr (T::kRegsWg1 > T::kLaunchRegs) ptx::setmaxnreg_inc<T::kRegsWg1>();
-    consume<L, kCrossover, 1>(p, smem, rec, tid);
+    consume<L, kCrossover, 1>(p, smem, rec, tid, init_sync);
     if constexpr (kCrossover) ptx::cluster_sync();
     return;
   }
