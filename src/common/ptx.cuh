@@ -116,6 +116,11 @@ __device__ __forceinline__ void bulk_copy_to_peer(uint32_t remote_dst, uint32_t 
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// The same barrier for a thread with nothing to publish: its arrival does not wait for its own outstanding
+// memory operations (a release arrival waits for earlier loads still in flight).
+__device__ __forceinline__ void cluster_sync_relaxed_arrive() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 
 // Orders this thread's generic-proxy writes to shared memory (own CTA and peers) before later async-proxy
 // (wgmma) reads of them by whoever synchronises with this thread afterwards.

@@ -442,9 +442,12 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     }
     ptx::cp_async_commit();
   };
-  // The first Q tile is requested before the barrier setup (it does not need the barriers; perf-notes v12).
-  load_q(rec.begin_req, tid, 2 * T::kWarpgroupThreads);
-  init_sync();
+  // The first Q tile. Plain path: requested before the barrier setup (perf-notes v12). Crossover: after it, so
+  // that 72 KB per CTA do not queue in front of the producers' dependent index and token loads, which are
+  // issued before the setup and let the producers arrive at it without waiting for them (perf-notes v13).
+  if constexpr (!kCrossover) load_q(rec.begin_req, tid, 2 * T::kWarpgroupThreads);
+  init_sync(true);
+  if constexpr (kCrossover) load_q(rec.begin_req, tid, 2 * T::kWarpgroupThreads);
   uint32_t it = 0;
   bool q_loaded = true;  // Q of `req` already requested (the first one above; later ones by WG0 during the
                          // previous request's epilogue)
@@ -670,7 +673,9 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     return;
   }
   // Called once by every thread, from its role's code (the barrier instructions are per-warp aligned only).
-  auto init_sync = [&] {
+  // publish = false: the thread has written nothing the others read (the crossover producers), so its cluster
+  // arrival is relaxed and does not wait for its gathers in flight.
+  auto init_sync = [&](bool publish) {
     if (tid == 0) {
       for (int b = 0; b < 2; ++b) {
         ptx::mbarrier_init(&smem.full[b], T::kWarpgroupThreads);  // every local producer thread (+ peer bytes)
@@ -681,7 +686,11 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       ptx::fence_mbarrier_init();
     }
     // The peer arrives on our barriers and writes our buffers: both CTAs must be initialised first.
-    if constexpr (kCrossover) ptx::cluster_sync(); else ptx::named_barrier_sync_unaligned(kInitBarrier, T::kThreads);
+    if constexpr (kCrossover) {
+      if (publish) ptx::cluster_sync(); else ptx::cluster_sync_relaxed_arrive();
+    } else {
+      ptx::named_barrier_sync_unaligned(kInitBarrier, T::kThreads);
+    }
     if (tid == 0) OPENMLA_TIMELINE(kInitDone);
   };
 
@@ -724,7 +733,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       const SparseCacheView& c = cursor_cache(p, cur);
       load_token<L>(c, idx_cur[0], usable(c, idx_cur[0]), lane4, d0);
     }
-    init_sync();
+    init_sync(false);
     OPENMLA_TIMELINE_AFTER(kProdToken, d0.nope[0].x);
     // One block. da holds this block's round 0; db receives the next unit (kRounds == 1: the next block, so
     // the two register sets swap roles every block; kRounds == 2: this block's round 1). No register copies:
