@@ -24,6 +24,8 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 CTAS, ROLES, ITERS, EVENTS = 2, 3, 256, 6  # kernel.cuh, struct Trace
 TL_CTAS, TL_EVENTS = 1024, 12  # kernel.cuh, Trace::kTimelineCtas / kTimelineEvents, in TimelineEvent order
+SW_COUNT, SW_EVENTS = 16, 6  # kernel.cuh, Trace::kSwitches / kSwitchEvents
+SW_STEPS = ["release Q", "epilogue barrier", "output stores", "next Q landed", "Q barrier"]
 TL_NAMES = ["entry", "init done", "Q ready", "first full", "last block done", "epilogue done", "producer done",
             "exit", "P: work known", "P: index landed", "P: token landed", "P: first V_L sent"]
 STEPS = {
@@ -61,6 +63,19 @@ def summarize(tr, cta, skip=4):
     for k, v in rel.items():
         v = np.array(v)
         print(f"  {k:45s} median {np.median(v):7.0f}  p10 {np.percentile(v, 10):7.0f}  p90 {np.percentile(v, 90):7.0f}")
+    # The partition as a whole: WG0's periods over every traced block, and the longest ones (request switches:
+    # epilogue + next Q; slow gathers), each split into WG0's steps.
+    per_all = [(t[0, it + 1, 0] - t[0, it, 0], it) for it in used[:-1] if t[0, it + 1, 0] != 0]
+    if per_all:
+        med = np.median([d for d, _ in per_all])
+        total = sum(d for d, _ in per_all)
+        excess = sum(d - med for d, _ in per_all if d > med)
+        print(f"  WG0 over blocks {used[0]}..{used[-1]}: {total} cycles = {len(per_all)} x median {med:.0f} "
+              f"+ {100 * (total - len(per_all) * med) / total:.1f} % ; above-median excess {excess:.0f} cycles")
+        for d, it in sorted(per_all, reverse=True)[:6]:
+            steps = " ".join(f"{t[0, it, e + 1] - t[0, it, e]:6d}" for e in range(4))
+            print(f"    block {it:3d}: period {d:6d}  (wait full, QK, softmax, PV_L: {steps}; "
+                  f"after O_L {t[0, it + 1, 0] - t[0, it, 4]:6d})")
     # A few blocks as a timeline relative to WG0's "before full wait" of the first one.
     it0 = steady[len(steady) // 2]
     base = t[0, it0, 0]
@@ -96,6 +111,17 @@ def timeline(tl):
         print(f"  latest exit, CTA {c}: " + " ".join(f"{rel[c, e]:7d}" for e in range(TL_EVENTS)))
 
 
+def switches(sw):
+    """WG0's request switches (cycles): from the last block's O_L through the epilogue to the next Q barrier."""
+    rows = [k for k in range(SW_COUNT - 1) if sw[k, 0] != 0 and sw[k, 5] != 0]
+    if not rows:
+        return
+    print("  request switches (WG0 thread 0, cycles per step: " + ", ".join(SW_STEPS) + "; total)")
+    for k in rows:
+        d = [sw[k, e + 1] - sw[k, e] for e in range(3)] + [sw[k, 4] - sw[k, 3], sw[k, 5] - sw[k, 4]]
+        print(f"    request {k} -> {k + 1}: " + " ".join(f"{x:7d}" for x in d) + f"   total {sw[k, 5] - sw[k, 0]:7d}")
+
+
 def main():
     from profile_sparse_decode import add_case_arguments, run_case
 
@@ -112,13 +138,16 @@ def main():
     _openmla._sparse_decode_timeline_clear()
     run_case(args, calls=3, flush_last=not args.no_flush)
     steps = CTAS * ROLES * ITERS * EVENTS
-    flat = np.array(_openmla._sparse_decode_trace(steps + TL_CTAS * TL_EVENTS), dtype=np.uint64)
+    tl = TL_CTAS * TL_EVENTS
+    flat = np.array(_openmla._sparse_decode_trace(steps + tl + CTAS * SW_COUNT * SW_EVENTS), dtype=np.uint64)
     tr = flat[:steps].reshape(CTAS, ROLES, ITERS, EVENTS)
+    sw = flat[steps + tl:].reshape(CTAS, SW_COUNT, SW_EVENTS).astype(np.int64)
     print(f"trace: b={args.b} s_q={args.s_q} h_q={args.h_q} topk={args.topk} L2 {'warm' if args.no_flush else 'flushed'}")
-    timeline(flat[steps:].reshape(TL_CTAS, TL_EVENTS))
+    timeline(flat[steps:steps + tl].reshape(TL_CTAS, TL_EVENTS))
     if not args.timeline_only:
         for cta in range(CTAS if args.h_q > 64 else 1):
             summarize(tr, cta)
+            switches(sw[cta])
 
 
 if __name__ == "__main__":

@@ -102,6 +102,8 @@ struct alignas(1024) SharedStorage {
   uint64_t free_[2][2];            // [buf][half] consumer warps (local + peer) -> producers: V_L tiles (WG0),
                                    // V_R tiles + RoPE/P tile + validity (WG0 and WG1)
   uint64_t p_ready[2];             // WG0 -> WG1: P and a of the block are in shared memory
+  uint64_t q_full;                 // producer -> WG0: a later request's Q tile landed (cp.async arrive)
+  uint64_t q_free;                 // WG0 -> producer: the current Q tile is no longer read
 };
 
 static_assert(sizeof(SharedStorage<Layout::kV32>) + 1024 <= 232448, "V3.2 smem plan exceeds 227 KB");

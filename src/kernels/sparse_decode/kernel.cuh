@@ -35,6 +35,10 @@ struct Trace {
   // WG0: before full wait, full, S = QK^T done, P handed over, O_L done. WG1: before waits, P + full, O_R done.
   // Whole-kernel timeline: %globaltimer (ns, one clock for all SMs) of every CTA (linear id < kTimelineCtas).
   static constexpr int kTimelineCtas = 1024, kTimelineEvents = 12;
+  // Request switches of CTAs x < kCtas (y = z = 0), clock64 of WG0 thread 0 per request of the partition:
+  // 0 last block done, 1 Q released (q_free), 2 epilogue barrier passed, 3 output stores issued, 4 next request:
+  // Q landed (cp.async wait), 5 Q barrier passed.
+  static constexpr int kSwitches = 16, kSwitchEvents = 6;
   enum TimelineEvent {
     kEntry = 0,         // thread 0 at kernel entry
     kInitDone = 1,      // thread 0 after barrier init + cluster sync
@@ -68,6 +72,12 @@ __device__ __forceinline__ void timeline_stamp(int ev) {
   }
 }
 __device__ uint32_t g_sparse_timeline_dep[Trace::kTimelineCtas];
+__device__ unsigned long long g_sparse_switch[Trace::kCtas][Trace::kSwitches][Trace::kSwitchEvents];
+__device__ __forceinline__ void switch_stamp(int k, int ev) {
+  if (blockIdx.y == 0 && blockIdx.z == 0 && blockIdx.x < Trace::kCtas && k >= 0 && k < Trace::kSwitches &&
+      threadIdx.x == 0)
+    g_sparse_switch[blockIdx.x][k][ev] = clock64();
+}
 // Stamps once `dep` has landed: the store needs the register, and the warp issues in order.
 __device__ __forceinline__ void timeline_stamp_after(int ev, uint32_t dep) {
   const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
@@ -79,10 +89,12 @@ __device__ __forceinline__ void timeline_stamp_after(int ev, uint32_t dep) {
 #define OPENMLA_TRACE(role, it, ev) ::openmla::kernels::sparse_decode::trace_stamp(role, it, ev)
 #define OPENMLA_TIMELINE(ev) ::openmla::kernels::sparse_decode::timeline_stamp(Trace::ev)
 #define OPENMLA_TIMELINE_AFTER(ev, dep) ::openmla::kernels::sparse_decode::timeline_stamp_after(Trace::ev, dep)
+#define OPENMLA_SWITCH(k, ev) ::openmla::kernels::sparse_decode::switch_stamp(k, ev)
 #else
 #define OPENMLA_TRACE(role, it, ev) ((void)0)
 #define OPENMLA_TIMELINE(ev) ((void)0)
 #define OPENMLA_TIMELINE_AFTER(ev, dep) ((void)0)
+#define OPENMLA_SWITCH(k, ev) ((void)0)
 #endif
 
 // ---------------------------------------------------------------------------------------------------
@@ -394,6 +406,28 @@ __device__ __forceinline__ const SparseCacheView& cursor_cache(const SparseDecod
   return c.blk >= c.w.main_blocks ? p.extra : p.main;
 }
 
+// Q tile of request `req` (64 heads x d_qk, zero rows past h_q) by cp.async: threads first, first + stride, ...
+// (no commit: the consumers commit and wait, the producer signals q_full through its mbarrier arrive).
+template <Layout L>
+__device__ __forceinline__ void load_q_tile(const SparseDecodeParams& p, SharedStorage<L>& smem, int req, int first,
+                                            int stride) {
+  using T = Traits<L>;
+  const int head0 = blockIdx.x * T::kBlockM;
+  const auto* q = static_cast<const uint8_t*>(p.q);
+  const uint8_t* q_req = q + 2 * (static_cast<int64_t>(req) * p.q_stride_b + static_cast<int64_t>(blockIdx.y) * p.q_stride_s);
+  constexpr int kChunksPerRow = T::kHeadDimQK / 8;
+#pragma unroll 1
+  for (int i = launder32(first); i < T::kBlockM * kChunksPerRow; i += stride) {
+    const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+    const int head = head0 + row;
+    uint8_t* dst = smem.q[chunk / 8] + swizzled_chunk(row, chunk % 8);
+    if (head < p.h_q)
+      ptx::cp_async_16(dst, q_req + 2 * (static_cast<int64_t>(head) * p.q_stride_h + chunk * 8), 16);
+    else
+      ptx::cp_async_16(dst, q, 0);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Consumers: kWg = 0 (S = Q K^T, softmax, O_L) or 1 (O_R). Separate instantiations so that ptxas sees
 // one register budget (setmaxnreg) per warpgroup role.
@@ -424,44 +458,39 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       }
     }
   };
-  // Q tile of request `req` (64 heads x d_qk, zero rows past h_q) by cp.async: threads first, first + stride, ...
-  auto load_q = [&](int req, int first, int stride) {
-    const auto* q = static_cast<const uint8_t*>(p.q);
-    constexpr int kChunksPerRow = T::kHeadDimQK / 8;
-    for (int i = launder32(first); i < T::kBlockM * kChunksPerRow; i += stride) {
-      const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
-      const int head = head0 + row;
-      uint8_t* dst = smem.q[chunk / 8] + swizzled_chunk(row, chunk % 8);
-      if (head < p.h_q) {
-        const int64_t elem = static_cast<int64_t>(req) * p.q_stride_b + static_cast<int64_t>(s_idx) * p.q_stride_s +
-                             static_cast<int64_t>(head) * p.q_stride_h + chunk * 8;
-        ptx::cp_async_16(dst, q + elem * 2, 16);
-      } else {
-        ptx::cp_async_16(dst, q, 0);
-      }
-    }
+  // Q tiles (perf-notes v14): the consumers load the partition's first one themselves; every later request with
+  // blocks gets its Q from the producer (generation g = 1, 2, ...: q_full completion g - 1), which issues it once
+  // WG0 released the previous generation (q_free) after its last Q K^T, so WG0's request switch no longer issues
+  // 4608 16-byte copies and the load overlaps the epilogue.
+  auto load_first_q = [&] {
+    load_q_tile<L>(p, smem, rec.begin_req, tid, 2 * T::kWarpgroupThreads);
     ptx::cp_async_commit();
   };
   // The first Q tile. Plain path: requested before the barrier setup (perf-notes v12). Crossover: after it, so
   // that 72 KB per CTA do not queue in front of the producers' dependent index and token loads, which are
   // issued before the setup and let the producers arrive at it without waiting for them (perf-notes v13).
-  if constexpr (!kCrossover) load_q(rec.begin_req, tid, 2 * T::kWarpgroupThreads);
+  if constexpr (!kCrossover) load_first_q();
   init_sync(true);
-  if constexpr (kCrossover) load_q(rec.begin_req, tid, 2 * T::kWarpgroupThreads);
+  if constexpr (kCrossover) load_first_q();
   uint32_t it = 0;
-  bool q_loaded = true;  // Q of `req` already requested (the first one above; later ones by WG0 during the
-                         // previous request's epilogue)
+  uint32_t q_gen = 0;  // Q generation of the current request (0: the first, loaded above)
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
     RequestWork w = request_work(p, rec, req);
     w.split_slot = p.num_splits[req] + (req == rec.begin_req ? rec.begin_split : 0);
+    const bool has_blocks = w.blk_end > w.blk_begin;
 
-    // ---- Q tile: both consumer warpgroups requested the first one at kernel entry; later ones were issued by WG0
-    // as soon as the previous request's last Q K^T was done (only WG0 reads Q), so they land during that
-    // request's epilogue (or here, after a request without blocks).
-    if (!q_loaded) load_q(req, tid, 2 * T::kWarpgroupThreads);
-    ptx::cp_async_wait_all();
+    // ---- Q tile: the first was requested by both consumer warpgroups above; later ones come from the producer
+    // (only WG0 reads Q). The barrier also keeps WG0's next out_scale write behind WG1's read of the last one.
+    if (req == rec.begin_req) {
+      ptx::cp_async_wait_all();
+    } else if (wg == 0 && has_blocks) {
+      ++q_gen;
+      ptx::mbarrier_wait_parity(&smem.q_full, (q_gen - 1) & 1);
+    }
+    OPENMLA_SWITCH(req - rec.begin_req - 1, 4);
     ptx::fence_proxy_async_shared();
     consumer_barrier();
+    OPENMLA_SWITCH(req - rec.begin_req - 1, 5);
     if (wg == 0 && req == rec.begin_req) OPENMLA_TIMELINE(kQReady);
 
     float o[128];
@@ -575,8 +604,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
 
     if (wg == 0 && req == rec.end_req) OPENMLA_TIMELINE(kLastBlockDone);
     // Every warpgroup takes the same decision: a request with at least one block ends with WG0's last Q K^T done.
-    q_loaded = req < rec.end_req && w.blk_end > w.blk_begin;
-    if (wg == 0 && q_loaded) load_q(req + 1, launder32(tid), T::kWarpgroupThreads);
+    // WG0's last Q K^T of the request is done: its Q generation may be overwritten by the producer.
+    OPENMLA_SWITCH(req - rec.begin_req, 0);
+    if (wg == 0 && (req == rec.begin_req || has_blocks)) {
+      __syncwarp();
+      if (lane == 0) ptx::mbarrier_arrive(&smem.q_free);
+    }
+    OPENMLA_SWITCH(req - rec.begin_req, 1);
 
     // ---- epilogue: WG0 owns the softmax statistics and hands the output scale to WG1.
     if (req == rec.end_req) ptx::griddep_launch_dependents();
@@ -599,6 +633,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       }
     }
     consumer_barrier();
+    OPENMLA_SWITCH(req - rec.begin_req, 2);
     const float inv0 = smem.out_scale[frag.row[0]], inv1 = smem.out_scale[frag.row[1]];
     scale_rows(o, inv0, inv1);
     const int col_base = wg * (T::kHeadDimV / 2);
@@ -637,6 +672,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         }
       }
     }
+    OPENMLA_SWITCH(req - rec.begin_req, 3);
   }
   if (wg == 0) OPENMLA_TIMELINE(kEpilogueDone);
 }
@@ -683,6 +719,8 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
         ptx::mbarrier_init(&smem.free_[b][1], 8 * kCtas);           // every consumer warp of each CTA
         ptx::mbarrier_init(&smem.p_ready[b], T::kWarpgroupThreads); // every WG0 thread
       }
+      ptx::mbarrier_init(&smem.q_full, T::kWarpgroupThreads);  // every producer thread's Q copies
+      ptx::mbarrier_init(&smem.q_free, 4);                      // every WG0 warp
       ptx::fence_mbarrier_init();
     }
     // The peer arrives on our barriers and writes our buffers: both CTAs must be initialised first.
@@ -719,6 +757,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     // next block, or this block's second round) are in flight in registers while this unit is dequantised.
     const int tok0 = tok_base + tok_in_round;  // this thread's token of round 0
     auto usable = [](const SparseCacheView& c, int idx) { return idx >= 0 && idx < c.capacity; };
+    uint32_t q_gen = 0;  // Q tiles loaded for the consumers so far (the first request's is theirs)
     Cursor cur = cursor_begin(p, rec);
     Cursor n1 = cursor_next(p, rec, cur);
     Cursor n2 = cursor_next(p, rec, n1);
@@ -816,6 +855,13 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
         ptx::mbarrier_arrive(&smem.full[buf]);
       }
       OPENMLA_TRACE(2, it, 3);
+      // A later request's first block is handed over: its Q tile, once WG0 is done with the previous one.
+      if (cur.req != rec.begin_req && cur.blk == cur.w.blk_begin) {
+        ++q_gen;
+        ptx::mbarrier_wait_parity(&smem.q_free, (q_gen - 1) & 1);
+        load_q_tile<L>(p, smem, cur.req, wg_tid, T::kWarpgroupThreads);
+        ptx::cp_async_mbarrier_arrive_noinc(&smem.q_full);
+      }
 
       cur = n1;
       n1 = n2;

@@ -42,7 +42,7 @@ Status launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream) {
 
 #if defined(OPENMLA_SPARSE_TRACE)
 // Copies the trace of the last sparse-decode launch (kernel.cuh, struct Trace) to `host`: the clock64 block
-// trace, then the %globaltimer per-CTA timeline.
+// trace, then the %globaltimer per-CTA timeline, then the request-switch stamps.
 Status copy_sparse_decode_trace(unsigned long long* host, size_t count) {
   const size_t steps = sizeof(sparse_decode::g_sparse_trace) / sizeof(unsigned long long);
   const size_t timeline = sizeof(sparse_decode::g_sparse_timeline) / sizeof(unsigned long long);
@@ -50,9 +50,14 @@ Status copy_sparse_decode_trace(unsigned long long* host, size_t count) {
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "sparse decode trace: synchronising");
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(host, sparse_decode::g_sparse_trace, steps * sizeof(unsigned long long)),
                                "sparse decode trace: copying");
+  const size_t switches = sizeof(sparse_decode::g_sparse_switch) / sizeof(unsigned long long);
+  if (count < steps + timeline + switches) return Status::invalid_argument("argument 'count': the trace holds more values");
   OPENMLA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyFromSymbol(host + steps, sparse_decode::g_sparse_timeline, timeline * sizeof(unsigned long long)),
       "sparse decode trace: copying the timeline");
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(host + steps + timeline, sparse_decode::g_sparse_switch,
+                                                    switches * sizeof(unsigned long long)),
+                               "sparse decode trace: copying the request switches");
   return Status::ok();
 }
 // Clears the per-CTA timeline (CTAs that exit early stamp only some events).
