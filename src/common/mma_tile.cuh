@@ -55,6 +55,19 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffff, v, 2);
 }
 
+// 4 x 4 transpose across the quad (lanes 4g..4g+3): on entry lane q holds v[k] = M[q][k], on return
+// v[k] = M[k][q]. Two butterfly rounds of two shuffles; every lane of the warp must take part.
+__device__ __forceinline__ void quad_transpose4(uint32_t (&v)[4], int q) {
+  const bool hi2 = (q & 2) != 0;  // round 1: swap the off-diagonal 2 x 2 blocks with lane q ^ 2
+  uint32_t r0 = __shfl_xor_sync(0xffffffff, hi2 ? v[0] : v[2], 2);
+  uint32_t r1 = __shfl_xor_sync(0xffffffff, hi2 ? v[1] : v[3], 2);
+  if (hi2) { v[0] = r0; v[1] = r1; } else { v[2] = r0; v[3] = r1; }
+  const bool hi1 = (q & 1) != 0;  // round 2: swap inside the 2 x 2 blocks with lane q ^ 1
+  r0 = __shfl_xor_sync(0xffffffff, hi1 ? v[0] : v[1], 1);
+  r1 = __shfl_xor_sync(0xffffffff, hi1 ? v[2] : v[3], 1);
+  if (hi1) { v[0] = r0; v[2] = r1; } else { v[1] = r0; v[3] = r1; }
+}
+
 // Row maxima of a 64 x 64 S fragment (both rows of this thread), reduced over the quad.
 __device__ __forceinline__ void row_max(const float (&s)[32], float (&mx)[2]) {
   mx[0] = mx[1] = -INFINITY;

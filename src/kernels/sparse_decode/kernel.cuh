@@ -637,29 +637,41 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     const float inv0 = smem.out_scale[frag.row[0]], inv1 = smem.out_scale[frag.row[1]];
     scale_rows(o, inv0, inv1);
     const int col_base = wg * (T::kHeadDimV / 2);
+    // bf16 outputs by 16-byte stores (perf-notes v15): the quad's fragments are exchanged by shuffles first (every
+    // lane takes part; rows past h_q only skip the stores), so a warp instruction writes 8 rows x 64 contiguous
+    // bytes. The fp32 partials keep 8-byte stores (8 rows x 32 bytes; the same exchange for them made ptxas
+    // spill hundreds of bytes).
+    const int q4 = lane % 4;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int head = head0 + frag.row[i];
-      if (head >= p.h_q) continue;
+      const bool live = head < p.h_q;  // the same for the whole quad
       if (!w.is_split) {
+        // bf16: a 4 x 4 word transpose over 4 column groups j = 4m..4m+3; lane q then holds group 4m + q's 8
+        // columns (out's rows are 16-byte aligned: checked on the host).
         auto* out = static_cast<uint8_t*>(p.out) +
                     2 * (static_cast<int64_t>(req) * p.out_stride_b + static_cast<int64_t>(s_idx) * p.out_stride_s +
                          static_cast<int64_t>(head) * p.out_stride_h);
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const int col = col_base + j * 8 + frag.col;
-          *reinterpret_cast<uint32_t*>(out + col * 2) = pack_bf16(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
+        for (int m = 0; m < 8; ++m) {
+          uint32_t v[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) v[k] = pack_bf16(o[(4 * m + k) * 4 + 2 * i], o[(4 * m + k) * 4 + 2 * i + 1]);
+          tile::quad_transpose4(v, q4);
+          if (live)
+            *reinterpret_cast<uint4*>(out + (col_base + (4 * m + q4) * 8) * 2) = make_uint4(v[0], v[1], v[2], v[3]);
         }
       } else {
-        const int64_t prow =
-            (static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head;
+        // fp32 partials: 8-byte stores straight from the fragment.
+        const int64_t prow = (static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head;
         float* po = p.partial_o + prow * T::kHeadDimV;
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
           const int col = col_base + j * 8 + frag.col;
-          *reinterpret_cast<float2*>(po + col) = make_float2(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
+          if (live) *reinterpret_cast<float2*>(po + col) = make_float2(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
         }
       }
+      if (!live) continue;
       if (wg == 0 && lane % 4 == 0) {
         const bool empty = !(total[i] > 0.f);
         const float log2_sum = empty ? 0.f : m_run[i] + log2f(total[i]);
