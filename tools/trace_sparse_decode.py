@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 CTAS, ROLES, ITERS, EVENTS = 2, 3, 256, 6  # kernel.cuh, struct Trace
 TL_CTAS, TL_EVENTS = 1024, 12  # kernel.cuh, Trace::kTimelineCtas / kTimelineEvents, in TimelineEvent order
 SW_COUNT, SW_EVENTS = 16, 6  # kernel.cuh, Trace::kSwitches / kSwitchEvents
-SW_STEPS = ["release Q", "epilogue barrier", "output stores", "next Q landed", "Q barrier"]
+SW_STEPS = ["loop exit", "epilogue barrier", "output stores", "next Q landed", "Q barrier"]
 TL_NAMES = ["entry", "init done", "Q ready", "first full", "last block done", "epilogue done", "producer done",
             "exit", "P: work known", "P: index landed", "P: token landed", "P: first V_L sent"]
 STEPS = {

@@ -529,6 +529,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         ptx::wgmma_wait<0>();
         ptx::fence_registers(s);
         OPENMLA_TRACE(0, it, 2);
+        if (blk == w.blk_end - 1) {  // the request's last Q K^T: its Q tile may be overwritten (perf-notes v16)
+          __syncwarp();
+          if (lane == 0) ptx::mbarrier_arrive(&smem.q_free);
+        }
         // Skipped slots: -inf (overwrite, never add: their K rows are zeros, but keep the rule).
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -604,9 +608,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
 
     if (wg == 0 && req == rec.end_req) OPENMLA_TIMELINE(kLastBlockDone);
     // Every warpgroup takes the same decision: a request with at least one block ends with WG0's last Q K^T done.
-    // WG0's last Q K^T of the request is done: its Q generation may be overwritten by the producer.
+    // WG0 released this request's Q generation after its last Q K^T; the partition's first Q is released here
+    // when its request has no blocks (the scheduler never makes one; kept exact).
     OPENMLA_SWITCH(req - rec.begin_req, 0);
-    if (wg == 0 && (req == rec.begin_req || has_blocks)) {
+    if (wg == 0 && req == rec.begin_req && !has_blocks) {
       __syncwarp();
       if (lane == 0) ptx::mbarrier_arrive(&smem.q_free);
     }
@@ -814,6 +819,14 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       int idx_n3[kRounds];
       load_indices<kRounds>(p, rec, n3, tok0, s_idx, idx_n3);
 
+      // A later request's first block: first its Q tile, once WG0 is done with the previous one (its last Q K^T
+      // comes about when this buffer frees up, and the copies' latency then overlaps this block's fill).
+      if (cur.req != rec.begin_req && cur.blk == cur.w.blk_begin) {
+        ++q_gen;
+        ptx::mbarrier_wait_parity(&smem.q_free, (q_gen - 1) & 1);
+        load_q_tile<L>(p, smem, cur.req, wg_tid, T::kWarpgroupThreads);
+        ptx::cp_async_mbarrier_arrive_noinc(&smem.q_full);
+      }
       // Both CTAs' consumers must be done with (this half of) the buffer: we write the peer's copy too.
       ptx::mbarrier_wait_parity(&smem.free_[buf][0], phase ^ 1);
       if constexpr (!kCrossover) ptx::mbarrier_wait_parity(&smem.free_[buf][1], phase ^ 1);
@@ -867,13 +880,6 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
         ptx::mbarrier_arrive(&smem.full[buf]);
       }
       OPENMLA_TRACE(2, it, 3);
-      // A later request's first block is handed over: its Q tile, once WG0 is done with the previous one.
-      if (cur.req != rec.begin_req && cur.blk == cur.w.blk_begin) {
-        ++q_gen;
-        ptx::mbarrier_wait_parity(&smem.q_free, (q_gen - 1) & 1);
-        load_q_tile<L>(p, smem, cur.req, wg_tid, T::kWarpgroupThreads);
-        ptx::cp_async_mbarrier_arrive_noinc(&smem.q_full);
-      }
 
       cur = n1;
       n1 = n2;
