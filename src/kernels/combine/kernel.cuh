@@ -1,9 +1,11 @@
 // Split-KV combine: merges the fp32 partials of every split request into the final out / lse.
 //
-// One warp per (request, partial row, column quarter z = blockIdx.z); lane l owns columns 128z + 4l .. + 3 (one
-// float4, so a warp reads its quarter of each 2 KiB partial row with one fully coalesced 512-byte load). The
-// splits are read kBatch at a time, all loads of a batch issued before any is used: with few requests the
-// combine is latency-bound (perf-notes sparse v16: b = 2, 11 splits per row, was one split in flight).
+// One warp per (request, partial row); lane l owns columns 4l + 128j, j = 0..3 (four float4, so a warp
+// reads each 2 KiB partial row with four fully coalesced 512-byte loads). The splits are read kBatch at a
+// time, all loads of a batch issued before any is used: with few requests the combine is latency-bound
+// (perf-notes sparse v16/v17: b = 2 has 11 splits per row; one split in flight left it 5.4 us behind the
+// main kernel). A warp per column quarter instead (4x the CTAs, the lse pass repeated) cost the dense rows
+// 3-9 %.
 //
 // Math (base 2, as the main kernel stores partial lse), for chunk lse values l_i and rows O_i:
 //   M = max_i l_i (0 if every chunk is empty),  S = sum_i 2^(l_i - M),  G = log2(S) + M  (+inf if S == 0)
@@ -26,9 +28,11 @@ namespace openmla::kernels::combine {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
-inline constexpr int kQuarterColumns = kCombineHeadDim / kCombineQuarters;  // 128
-inline constexpr int kBatch = 8;                                             // splits in flight per warp
-static_assert(kQuarterColumns == 32 * 4, "one float4 per lane covers the quarter");
+inline constexpr int kColumnsPerLane = kCombineHeadDim / 32;   // 16 floats
+inline constexpr int kVectorsPerLane = kColumnsPerLane / 4;     // 4 float4
+inline constexpr int kVectorStride = 32 * 4;                   // columns between a lane's float4s
+inline constexpr int kBatch = 4;                               // split rows in flight per warp
+static_assert(kCombineHeadDim % 128 == 0, "four float4 per lane cover the row");
 
 // Waits until the preceding kernel on the stream (launched before us; we are its programmatic
 // dependent) has completed and its memory is visible. No-op when launched without PDL.
@@ -92,9 +96,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   const int64_t lse_slot_stride = rows;
   const int64_t o_slot_stride = static_cast<int64_t>(rows) * kCombineHeadDim;
   const float* lse_row = p.partial_lse + static_cast<int64_t>(first_slot) * lse_slot_stride + row;
-  const int col = blockIdx.z * kQuarterColumns + lane * 4;
   const float* o_row = p.partial_o + static_cast<int64_t>(first_slot) * o_slot_stride +
-                       static_cast<int64_t>(row) * kCombineHeadDim + col;
+                       static_cast<int64_t>(row) * kCombineHeadDim + lane * 4;
 
   wait_for_main_kernel();
 
@@ -108,22 +111,26 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   s = warp_sum(s);
   const float g = merged_lse_log2(s, m_safe);
 
-  if (lane == 0 && blockIdx.z == 0) {
+  if (lane == 0) {
     p.lse[req * p.lse_stride_b + head * p.lse_stride_h + s_idx * p.lse_stride_s] = g * kLn2;
   }
 
   // ---- Weighted sum of the chunk rows ----------------------------------------------------------------
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float acc[kColumnsPerLane];
+#pragma unroll
+  for (int c = 0; c < kColumnsPerLane; ++c) acc[c] = 0.f;
   if (g != INFINITY) {
     const float g_sink = add_sink_log2(g, sink_log2);
     if (g_sink != INFINITY) {  // +inf sink: the output is exactly 0
       for (int i0 = 0; i0 < num_slots; i0 += kBatch) {
-        float4 v[kBatch];
+        float4 v[kBatch][kVectorsPerLane];
         float l[kBatch];
 #pragma unroll
         for (int k = 0; k < kBatch; ++k) {
           if (i0 + k < num_slots) {
-            v[k] = *reinterpret_cast<const float4*>(o_row + (i0 + k) * o_slot_stride);
+#pragma unroll
+            for (int j = 0; j < kVectorsPerLane; ++j)
+              v[k][j] = *reinterpret_cast<const float4*>(o_row + (i0 + k) * o_slot_stride + j * kVectorStride);
             l[k] = lse_row[(i0 + k) * lse_slot_stride];
           }
         }
@@ -134,10 +141,13 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
           // An empty chunk (lse -inf) has weight 0; skipping it (warp-uniform) keeps any non-finite
           // filler in its row out of the result.
           if (w != 0.f) {
-            acc.x = fmaf(w, v[k].x, acc.x);
-            acc.y = fmaf(w, v[k].y, acc.y);
-            acc.z = fmaf(w, v[k].z, acc.z);
-            acc.w = fmaf(w, v[k].w, acc.w);
+#pragma unroll
+            for (int j = 0; j < kVectorsPerLane; ++j) {
+              acc[4 * j + 0] = fmaf(w, v[k][j].x, acc[4 * j + 0]);
+              acc[4 * j + 1] = fmaf(w, v[k][j].y, acc[4 * j + 1]);
+              acc[4 * j + 2] = fmaf(w, v[k][j].z, acc[4 * j + 2]);
+              acc[4 * j + 3] = fmaf(w, v[k][j].w, acc[4 * j + 3]);
+            }
           }
         }
       }
@@ -146,8 +156,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
 
   // ---- Store -------------------------------------------------------------------------------------------
   Element* out = static_cast<Element*>(p.out) + req * p.out_stride_b + s_idx * p.out_stride_s +
-                 head * p.out_stride_h + col;
-  *reinterpret_cast<uint2*>(out) = pack4<Element>(acc.x, acc.y, acc.z, acc.w);
+                 head * p.out_stride_h + lane * 4;
+#pragma unroll
+  for (int j = 0; j < kVectorsPerLane; ++j) {
+    *reinterpret_cast<uint2*>(out + j * kVectorStride) =
+        pack4<Element>(acc[4 * j + 0], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+  }
 }
 
 }  // namespace openmla::kernels::combine

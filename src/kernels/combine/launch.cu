@@ -11,8 +11,7 @@ template <typename Element>
 Status launch_combine_typed(const CombineParams& params, cudaStream_t stream) {
   const int rows = params.s_q * params.h_q;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(params.batch), static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps),
-                           static_cast<unsigned>(kCombineQuarters));
+  config.gridDim = dim3(static_cast<unsigned>(params.batch), static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps), 1);
   config.blockDim = dim3(kCombineWarps * 32, 1, 1);
   config.dynamicSmemBytes = 0;
   config.stream = stream;

@@ -38,13 +38,12 @@ struct CombineParams {
   int64_t lse_stride_b, lse_stride_h, lse_stride_s;
 };
 
-inline constexpr int kCombineWarps = 8;     // rows per CTA: one warp per (request, query row, column quarter)
+inline constexpr int kCombineWarps = 8;  // rows per CTA: one warp per (request, query row)
 inline constexpr int kCombineHeadDim = 512;
-inline constexpr int kCombineQuarters = 4;  // grid z: a warp covers 128 of the 512 columns (a float4 per lane)
 
 // Launches the combine kernel on `stream` with programmatic dependent launch: its prologue overlaps the
 // tail of the main kernel launched just before on the same stream, and it waits on the grid dependency
-// (griddepcontrol.wait) before reading partials. Grid (b, ceil(s_q * h_q / kCombineWarps), kCombineQuarters).
+// (griddepcontrol.wait) before reading partials. Grid (b, ceil(s_q * h_q / kCombineWarps)).
 Status launch_combine(const CombineParams& params, cudaStream_t stream);
 
 }  // namespace openmla::kernels
