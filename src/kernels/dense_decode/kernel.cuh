@@ -199,29 +199,6 @@ __device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtenso
   }
 }
 
-// L2 prefetch of KV page `page` (every tile group, as load_kv_tiles would read it).
-__device__ __forceinline__ void prefetch_kv_page_l2(const CUtensorMap* map4, const CUtensorMap* map1, int page,
-                                                    int kv_head) {
-  for (int t = 0; t < C::kNumTiles;) {
-    const int g = tile_group(t);
-    ptx::tma_prefetch_l2_5d(g == 2 ? map1 : map4, 0, 0, t, kv_head, page);
-    t += g == 2 ? 1 : C::kVTilesPerHalf;
-  }
-}
-
-// L2 prefetch of this CTA's Q rows of request `req` (rows past R are not read): 64 rows x 1152 bytes.
-__device__ __forceinline__ void prefetch_q_l2(const DenseDecodeParams& p, int req, int kv_head, int row_base, int tid) {
-  constexpr int kLinesPerRow = (C::kHeadDimQK * 2 + 127) / 128 + 1;  // 10: a row need not start on a line
-  const auto* q = static_cast<const uint8_t*>(p.q);
-  for (int i = tid; i < C::kBlockM * kLinesPerRow; i += C::kThreads) {
-    const int r = row_base + i / kLinesPerRow, line = i % kLinesPerRow;
-    if (r >= p.rows_per_kv_head) continue;
-    const int s_idx = r / p.q_per_kv, head = kv_head * p.q_per_kv + r % p.q_per_kv;
-    const int64_t elem = static_cast<int64_t>(req) * p.q_stride_b + s_idx * p.q_stride_s + head * p.q_stride_h;
-    ptx::prefetch_l2(q + elem * 2 + min(line * 128, C::kHeadDimQK * 2 - 1));
-  }
-}
-
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
@@ -337,24 +314,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     float m_run[2] = {C::kMaxInit, C::kMaxInit};  // running max, base-2 scaled units
     float l_run[2] = {0.f, 0.f};                   // this thread's partial row sums, relative to m_run
 
-    // Next request of the partition (perf-notes dense v10): its length and first two page ids are read by
-    // thread 0 at the top of the last block pair (used only after the pair, so nobody waits on them), and its
-    // Q rows are prefetched into L2 then; its first two KV pages are prefetched into L2 at the epilogue.
-    int next_len = 0, next_page[2] = {0, 0};
-
     // ---------------------------------------------------------------- main loop over block pairs
     for (int blk0 = blk_begin; blk0 < blk_end; blk0 += 2) {
       const int blk1 = blk0 + 1;
       const bool has_k1 = blk1 < blk_end;
       const bool has_next = blk0 + 2 < blk_end;
-      if (!has_next && req < rec.end_req) {
-        prefetch_q_l2(params, req + 1, kv_head, row_base, tid);
-        if (tid == 0) {
-          next_len = params.cache_seqlens[req + 1];
-          next_page[0] = page_of(params, req + 1, 0);
-          if (params.max_blocks_per_seq > 1) next_page[1] = page_of(params, req + 1, 1);
-        }
-      }
       const bool next_has_k1 = blk0 + 3 < blk_end;
       const int tok0 = blk0 * C::kBlockN, tok1 = blk1 * C::kBlockN;
       const bool k0_partial = tok0 + C::kBlockN > seqlen;
@@ -482,11 +446,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
     // ---------------------------------------------------------------- epilogue
     if (req == rec.end_req) ptx::griddep_launch_dependents();
-    if (tid == 0 && req < rec.end_req && has_work) {  // only pages inside the next sequence are touched
-      const int len = min(max(next_len, 0), params.max_blocks_per_seq * C::kBlockN);
-      for (int b = 0; b < 2; ++b)
-        if (len > b * C::kBlockN) prefetch_kv_page_l2(&k_map, &k_map_rope, next_page[b], kv_head);
-    }
     float total[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
