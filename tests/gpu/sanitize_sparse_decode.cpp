@@ -370,6 +370,18 @@ int run_sparse_decode_sanitize_cases() {
     c.num_sms = 1;
     cases.push_back(c);
   }
+  // The same with crossover clusters (h_q = 128) and MODEL1: the request switches inside a partition, where
+  // the producer loads each later request's Q (q_free / q_full) while the consumers write the last outputs.
+  {
+    Case c{"v32 h_q=128 one partition", v32, 3, 2, 128, 128, 64, {200, 64, 129}, true, {}};
+    c.num_sms = 1;
+    cases.push_back(c);
+  }
+  {
+    Case c{"model1 h_q=128 one partition", model1, 3, 1, 128, 192, 64, {300, 90, 0}, false, {}};
+    c.num_sms = 1;
+    cases.push_back(c);
+  }
   int failed = 0;
   for (const Case& c : cases) failed += run_case(c) ? 0 : 1;
   return failed;
