@@ -104,6 +104,7 @@ struct alignas(1024) SharedStorage {
   uint64_t p_ready[2];             // WG0 -> WG1: P and a of the block are in shared memory
   uint64_t q_full;                 // producer -> WG0: a later request's Q tile landed (cp.async arrive)
   uint64_t q_free;                 // WG0 -> producer: the current Q tile is no longer read
+  uint64_t scale_free[2];          // WG1 -> WG0: scale[buf] of the block has been read
 };
 
 static_assert(sizeof(SharedStorage<Layout::kV32>) + 1024 <= 232448, "V3.2 smem plan exceeds 227 KB");

@@ -565,6 +565,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
           *reinterpret_cast<uint32_t*>(p_tile + swizzled_chunk(frag.row[0], col >> 3) + (col & 7) * 2) = lo;
           *reinterpret_cast<uint32_t*>(p_tile + swizzled_chunk(frag.row[1], col >> 3) + (col & 7) * 2) = hi;
         }
+        // WG1 has read scale[buf] of block it - 2 (already implied by full[buf] through the producer's free
+        // wait, but that chain crosses the cluster; this local barrier states it directly, and costs nothing in
+        // steady state: WG1 read it two blocks ago).
+        ptx::mbarrier_wait_parity(&smem.scale_free[buf], phase ^ 1);
         if (lane % 4 == 0) {
           smem.scale[buf][frag.row[0]] = a[0];
           smem.scale[buf][frag.row[1]] = a[1];
@@ -590,6 +594,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         ptx::mbarrier_wait_parity(&smem.full[buf], phase);
         OPENMLA_TRACE(1, it, 1);
         scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(&smem.scale_free[buf]);
         const uint64_t p_desc = launder(desc_k_major(p_tile));
         static_assert(T::kVTilesPerHalf == Co::kHalfTiles, "V_R is the second half of the group-major tiles");
         const uint64_t v_desc = launder(desc_v_group(smem.k[buf] + Co::kHalfBytes));
@@ -738,6 +744,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       }
       ptx::mbarrier_init(&smem.q_full, T::kWarpgroupThreads);  // every producer thread's Q copies
       ptx::mbarrier_init(&smem.q_free, 4);                      // every WG0 warp
+      for (int b = 0; b < 2; ++b) ptx::mbarrier_init(&smem.scale_free[b], 4);  // every WG1 warp
       ptx::fence_mbarrier_init();
     }
     // The peer arrives on our barriers and writes our buffers: both CTAs must be initialised first.
