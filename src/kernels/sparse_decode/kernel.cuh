@@ -594,8 +594,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         ptx::mbarrier_wait_parity(&smem.full[buf], phase);
         OPENMLA_TRACE(1, it, 1);
         scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
-        __syncwarp();
-        if (lane == 0) ptx::mbarrier_arrive(&smem.scale_free[buf]);
+        ptx::mbarrier_arrive(&smem.scale_free[buf]);  // every WG1 thread (each read its own rows)
         const uint64_t p_desc = launder(desc_k_major(p_tile));
         static_assert(T::kVTilesPerHalf == Co::kHalfTiles, "V_R is the second half of the group-major tiles");
         const uint64_t v_desc = launder(desc_v_group(smem.k[buf] + Co::kHalfBytes));
@@ -744,7 +743,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       }
       ptx::mbarrier_init(&smem.q_full, T::kWarpgroupThreads);  // every producer thread's Q copies
       ptx::mbarrier_init(&smem.q_free, 4);                      // every WG0 warp
-      for (int b = 0; b < 2; ++b) ptx::mbarrier_init(&smem.scale_free[b], 4);  // every WG1 warp
+      for (int b = 0; b < 2; ++b) ptx::mbarrier_init(&smem.scale_free[b], T::kWarpgroupThreads);  // every WG1 thread
       ptx::fence_mbarrier_init();
     }
     // The peer arrives on our barriers and writes our buffers: both CTAs must be initialised first.
