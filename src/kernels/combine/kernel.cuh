@@ -1,11 +1,11 @@
 // Split-KV combine: merges the fp32 partials of every split request into the final out / lse.
 //
-// One warp per (request, partial row); lane l owns columns 4l + 128j, j = 0..3 (four float4, so a warp
-// reads each 2 KiB partial row with four fully coalesced 512-byte loads). The splits are read kBatch at a
-// time, all loads of a batch issued before any is used: with few requests the combine is latency-bound
-// (perf-notes sparse v16/v17: b = 2 has 11 splits per row; one split in flight left it 5.4 us behind the
-// main kernel). A warp per column quarter instead (4x the CTAs, the lse pass repeated) cost the dense rows
-// 3-9 %.
+// One warp per (request, partial row, column slice). kSlices = 1: lane l owns columns 4l + 128j, j = 0..3
+// (four float4: a warp reads each 2 KiB partial row with four fully coalesced 512-byte loads). kSlices = 4
+// (small grids only, launch.cu): grid z picks a 128-column slice and a lane owns one float4 of it. The
+// splits are read kBatch at a time, all loads of a batch issued before any is used: with few requests the
+// combine is latency-bound (perf-notes sparse v16-v18: b = 2 has 11 splits per row). Slicing every grid
+// (4x the CTAs, the lse pass repeated) cost the dense rows 3-9 %, hence only below a grid size.
 //
 // Math (base 2, as the main kernel stores partial lse), for chunk lse values l_i and rows O_i:
 //   M = max_i l_i (0 if every chunk is empty),  S = sum_i 2^(l_i - M),  G = log2(S) + M  (+inf if S == 0)
@@ -28,11 +28,8 @@ namespace openmla::kernels::combine {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
-inline constexpr int kColumnsPerLane = kCombineHeadDim / 32;   // 16 floats
-inline constexpr int kVectorsPerLane = kColumnsPerLane / 4;     // 4 float4
-inline constexpr int kVectorStride = 32 * 4;                   // columns between a lane's float4s
-inline constexpr int kBatch = 4;                               // split rows in flight per warp
-static_assert(kCombineHeadDim % 128 == 0, "four float4 per lane cover the row");
+inline constexpr int kVectorStride = 32 * 4;  // columns between a lane's float4s
+static_assert(kCombineHeadDim % (kCombineMaxSlices * kVectorStride) == 0, "whole float4 per lane per slice");
 
 // Waits until the preceding kernel on the stream (launched before us; we are its programmatic
 // dependent) has completed and its memory is visible. No-op when launched without PDL.
@@ -71,8 +68,11 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-template <typename Element>
+template <typename Element, int kSlices>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
+  constexpr int kVectorsPerLane = kCombineHeadDim / kSlices / kVectorStride;  // 4 or 1 float4
+  constexpr int kColumnsPerLane = 4 * kVectorsPerLane;
+  constexpr int kBatch = 4 * kSlices;  // split rows in flight per warp (the same registers either way)
   // ---- Prologue: runs while the main kernel drains (nothing here reads its output) -------------------
   const int req = blockIdx.x;
   const int warp = threadIdx.x / 32;
@@ -96,8 +96,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   const int64_t lse_slot_stride = rows;
   const int64_t o_slot_stride = static_cast<int64_t>(rows) * kCombineHeadDim;
   const float* lse_row = p.partial_lse + static_cast<int64_t>(first_slot) * lse_slot_stride + row;
+  const int col = static_cast<int>(blockIdx.z) * (kCombineHeadDim / kSlices) + lane * 4;
   const float* o_row = p.partial_o + static_cast<int64_t>(first_slot) * o_slot_stride +
-                       static_cast<int64_t>(row) * kCombineHeadDim + lane * 4;
+                       static_cast<int64_t>(row) * kCombineHeadDim + col;
 
   wait_for_main_kernel();
 
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   s = warp_sum(s);
   const float g = merged_lse_log2(s, m_safe);
 
-  if (lane == 0) {
+  if (lane == 0 && blockIdx.z == 0) {
     p.lse[req * p.lse_stride_b + head * p.lse_stride_h + s_idx * p.lse_stride_s] = g * kLn2;
   }
 
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
 
   // ---- Store -------------------------------------------------------------------------------------------
   Element* out = static_cast<Element*>(p.out) + req * p.out_stride_b + s_idx * p.out_stride_s +
-                 head * p.out_stride_h + lane * 4;
+                 head * p.out_stride_h + col;
 #pragma unroll
   for (int j = 0; j < kVectorsPerLane; ++j) {
     *reinterpret_cast<uint2*>(out + j * kVectorStride) =

@@ -7,11 +7,12 @@ namespace openmla::kernels {
 
 namespace {
 
-template <typename Element>
+template <typename Element, int kSlices>
 Status launch_combine_typed(const CombineParams& params, cudaStream_t stream) {
   const int rows = params.s_q * params.h_q;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(params.batch), static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps), 1);
+  config.gridDim = dim3(static_cast<unsigned>(params.batch), static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps),
+                        static_cast<unsigned>(kSlices));
   config.blockDim = dim3(kCombineWarps * 32, 1, 1);
   config.dynamicSmemBytes = 0;
   config.stream = stream;
@@ -22,9 +23,17 @@ Status launch_combine_typed(const CombineParams& params, cudaStream_t stream) {
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, combine::combine_kernel<Element>, params),
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, combine::combine_kernel<Element, kSlices>, params),
                                "combine kernel launch");
   return Status::ok();
+}
+
+template <typename Element>
+Status launch_combine_sliced(const CombineParams& params, cudaStream_t stream) {
+  const int64_t ctas = static_cast<int64_t>(params.batch) *
+                       ((static_cast<int64_t>(params.s_q) * params.h_q + kCombineWarps - 1) / kCombineWarps);
+  return ctas < kCombineSliceBelowCtas ? launch_combine_typed<Element, kCombineMaxSlices>(params, stream)
+                                       : launch_combine_typed<Element, 1>(params, stream);
 }
 
 }  // namespace
@@ -38,8 +47,8 @@ Status launch_combine(const CombineParams& params, cudaStream_t stream) {
   if (params.partial_o == nullptr || params.partial_lse == nullptr || params.num_splits == nullptr ||
       params.out == nullptr || params.lse == nullptr)
     return Status::internal("combine: a required pointer is null");
-  return params.is_fp16 ? launch_combine_typed<__half>(params, stream)
-                        : launch_combine_typed<__nv_bfloat16>(params, stream);
+  return params.is_fp16 ? launch_combine_sliced<__half>(params, stream)
+                        : launch_combine_sliced<__nv_bfloat16>(params, stream);
 }
 
 }  // namespace openmla::kernels
