@@ -213,7 +213,8 @@ def run_benchmarks(args) -> int:
     t0 = time.time()
     print(f"measuring ceilings on {device} ...", flush=True)
     ceilings = harness_mod.measure_ceilings()
-    print(f"  copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s", flush=True)
+    print(f"  copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s; "
+          f"L2 flush before each timed call: {harness_mod.flush_bytes_requested() / 1e9:.2f} GB requested", flush=True)
     h = harness_mod.Harness(ceilings, warmup=args.warmup, reps=args.reps, quick=args.quick)
 
     records, errors = [], list(import_errors)
@@ -252,6 +253,7 @@ def run_benchmarks(args) -> int:
         "git_commit": commit,
         "timestamp": stamp,
         "ceilings": ceilings,
+        "flush_bytes": harness_mod.flush_bytes_requested(),
         "suites": selected,
         "filter": args.filter,
         "records": records,

@@ -1,7 +1,7 @@
 """Per-kernel breakdown of one decode call, from the CUDA activity trace (torch.profiler / CUPTI).
 
-For each case the call runs eagerly `--reps` times with the L2 flushed before each call (as the benchmark
-does); the profiler records every kernel's start and end on the GPU. Printed per case, as medians over the
+For each case the call runs eagerly `--reps` times with the benchmark's L2 flush before each call; the
+profiler records every kernel's start and end on the GPU. Printed per case, as medians over the
 calls: each kernel's duration, the gap between consecutive kernels of the call, and the span from the
 first kernel's start to the last kernel's end (the part of the call the GPU sees; the benchmark's graph
 replay adds the launch of the first node).
@@ -49,12 +49,20 @@ def sparse_call(case):
     return call
 
 
-def dense_call(case):
+def dense_call(case, contiguous_pages=False):
+    import torch
+
     import bench_dense_decode as bdd
     import openmla
 
-    q, blocked_k, block_table, cache_seqlens, _ = bdd.make_inputs(case["b"], case["s_q"], case["h_q"], 1,
-                                                                  case["s_k"], varlen=True)
+    randperm = torch.randperm
+    if contiguous_pages:  # diagnostic: pages in order instead of the benchmark's random permutation
+        torch.randperm = lambda n, generator=None, **kw: torch.arange(n, **kw)
+    try:
+        q, blocked_k, block_table, cache_seqlens, _ = bdd.make_inputs(case["b"], case["s_q"], case["h_q"], 1,
+                                                                      case["s_k"], varlen=True)
+    finally:
+        torch.randperm = randperm
     meta, _ = openmla.get_mla_metadata()
 
     def call():
@@ -67,7 +75,9 @@ def profile(call, reps):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    import harness
+
+    flush = harness._flush_buffer(torch)  # the benchmark's flush (size and "chill time" included)
     for _ in range(3):  # warm-up, and the schedule is planned on first use
         call()
     torch.cuda.synchronize()
@@ -126,6 +136,8 @@ def main():
     ap.add_argument("--sparse", nargs="*", default=[], help="sparse FP8 (V3.2, sink on) cases")
     ap.add_argument("--dense", nargs="*", default=[], help="dense BF16 cases")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--contiguous-pages", action="store_true",
+                    help="dense: also time each case with its pages in order (not the benchmark's random permutation)")
     args = ap.parse_args()
     for text in args.sparse:
         case = parse_case(text, SPARSE_DEFAULTS)
@@ -133,6 +145,9 @@ def main():
     for text in args.dense:
         case = parse_case(text, DENSE_DEFAULTS)
         report("dense " + ",".join(f"{k}={v}" for k, v in case.items()), profile(dense_call(case), args.reps))
+        if args.contiguous_pages:
+            report("dense, pages in order, " + ",".join(f"{k}={v}" for k, v in case.items()),
+                   profile(dense_call(case, contiguous_pages=True), args.reps))
 
 
 if __name__ == "__main__":
