@@ -174,15 +174,6 @@ __device__ __forceinline__ void tma_load_5d(void* smem_dst, const CUtensorMap* m
       : "memory");
 }
 
-// Pulls the box at the given coordinates of a tensor map into L2 (no shared memory, no barrier). Coordinates
-// outside the tensor are ignored by the TMA unit.
-__device__ __forceinline__ void tma_prefetch_l2_5d(const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4) {
-  asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
-               : "memory");
-}
-
 // ---------------------------------------------------------------------------------------------------
 // Fences and barriers
 // ---------------------------------------------------------------------------------------------------
