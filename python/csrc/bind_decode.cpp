@@ -16,6 +16,8 @@
 namespace openmla::kernels {
 Status copy_sparse_decode_trace(unsigned long long* host, size_t count);
 Status clear_sparse_decode_timeline();
+Status copy_dense_decode_timeline(unsigned long long* host, size_t count);
+Status clear_dense_decode_timeline();
 }
 #endif
 
@@ -247,6 +249,13 @@ void bind_decode(nb::module_& m) {
     return v;
   }, nb::arg("count"));
   m.def("_sparse_decode_timeline_clear", [] { throw_if_error(kernels::clear_sparse_decode_timeline()); });
+  // The dense kernel's request timeline (kernel.cuh, struct Timeline); tools/trace_dense_decode.py reads it.
+  m.def("_dense_decode_timeline", [](size_t count) {
+    std::vector<unsigned long long> v(count);
+    throw_if_error(kernels::copy_dense_decode_timeline(v.data(), v.size()));
+    return v;
+  }, nb::arg("count"));
+  m.def("_dense_decode_timeline_clear", [] { throw_if_error(kernels::clear_dense_decode_timeline()); });
 #endif
 }
 

@@ -19,6 +19,41 @@
 
 namespace openmla::kernels::dense_decode {
 
+// ---------------------------------------------------------------------------------------------------
+// Optional request timeline (trace build: CMake -DOPENMLA_SPARSE_TRACE=ON; tools/trace_dense_decode.py reads
+// it): thread 0 of every CTA (linear id < kCtas) stamps %globaltimer (ns, one clock for all SMs) at each step of
+// its first kRequests requests. Compiled out otherwise, so the production kernel is unchanged.
+// ---------------------------------------------------------------------------------------------------
+struct Timeline {
+  static constexpr int kCtas = 1024, kRequests = 8, kEvents = 8;
+  enum Event {
+    kPrologueStart = 0,  // top of the request
+    kPrologueDone = 1,   // after the prologue's barrier (first KV loads issued, Q landed)
+    kFirstTiles = 2,     // WG0: the request's first K tiles landed (first Q K^T done)
+    kLoopDone = 3,       // after the last block pair
+    kStaged = 4,         // epilogue: output staged in shared memory
+    kStored = 5,         // epilogue: global stores issued
+    kDone = 6,           // after the epilogue's last barrier
+    kBlocks = 7,         // (value, not a time) blocks of the request in this partition
+  };
+};
+#if defined(OPENMLA_SPARSE_TRACE)
+__device__ unsigned long long g_dense_timeline[Timeline::kCtas][Timeline::kRequests][Timeline::kEvents];
+__device__ __forceinline__ void dense_stamp(int k, int ev, long long value = -1) {
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (cta < Timeline::kCtas && k >= 0 && k < Timeline::kRequests) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    g_dense_timeline[cta][k][ev] = value >= 0 ? static_cast<unsigned long long>(value) : t;
+  }
+}
+#define OPENMLA_DENSE_STAMP(k, ev) ::openmla::kernels::dense_decode::dense_stamp(k, Timeline::ev)
+#define OPENMLA_DENSE_VALUE(k, ev, v) ::openmla::kernels::dense_decode::dense_stamp(k, Timeline::ev, v)
+#else
+#define OPENMLA_DENSE_STAMP(k, ev) ((void)0)
+#define OPENMLA_DENSE_VALUE(k, ev, v) ((void)0)
+#endif
+
 using C = Config;
 
 // ---------------------------------------------------------------------------------------------------
@@ -253,6 +288,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto handoff_wait = [&](Handoff h) { ptx::mbarrier_wait_parity(&smem.handoff[static_cast<int>(h)], handoff_phase); };
 
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
+    if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kPrologueStart);
     // ---------------------------------------------------------------- request prologue
     // Negative lengths count as empty (as in the scheduler). A length beyond the block table's row is the
     // caller's error; clamping keeps it from ever reading another request's row.
@@ -307,6 +343,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       ptx::fence_proxy_async_shared();
     }
     __syncthreads();
+    if (tid == 0) {
+      OPENMLA_DENSE_STAMP(req - rec.begin_req, kPrologueDone);
+      OPENMLA_DENSE_VALUE(req - rec.begin_req, kBlocks, blk_end - blk_begin);
+    }
 
     float o[128];
 #pragma unroll
@@ -332,6 +372,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       if (wg == 0) {
         // Step 1: S0 = Q K0^T.
         gemm_qk<kIsFp16, 0>(s, smem, 0, phase[0]);
+        if (tid == 0 && blk0 == blk_begin) OPENMLA_DENSE_STAMP(req - rec.begin_req, kFirstTiles);
         mask_logits(s, frag, tok0, border);
         // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
         float mx[2], m0[2], a0[2], sum[2];
@@ -445,6 +486,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
 
     // ---------------------------------------------------------------- epilogue
+    if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kLoopDone);
     if (req == rec.end_req) ptx::griddep_launch_dependents();
     float total[2];
 #pragma unroll
@@ -505,6 +547,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
     }
     __syncthreads();
+    if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStaged);
     if (!is_split) {
       constexpr int kChunksPerRow = C::kHeadDimV * 2 / 16;  // 64
       auto* out = static_cast<uint8_t*>(params.out);
@@ -530,8 +573,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
             *reinterpret_cast<const float4*>(stage_f + row * C::kStageF32Pitch + chunk * 4);
       }
     }
+    if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStored);
     // The staging area is the K buffers and Q is reloaded: nobody may run ahead into the next request.
     __syncthreads();
+    if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kDone);
   }
 }
 
