@@ -234,6 +234,16 @@ __device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtenso
   }
 }
 
+// L2 prefetch of KV page `page` (every tile group, as load_kv_tiles would read it).
+__device__ __forceinline__ void prefetch_kv_page_l2(const CUtensorMap* map4, const CUtensorMap* map1, int page,
+                                                    int kv_head) {
+  for (int t = 0; t < C::kNumTiles;) {
+    const int g = tile_group(t);
+    ptx::tma_prefetch_l2_5d(g == 2 ? map1 : map4, 0, 0, t, kv_head, page);
+    t += g == 2 ? 1 : C::kVTilesPerHalf;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
@@ -287,6 +297,28 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto handoff_arrive = [&](Handoff h) { ptx::mbarrier_arrive(&smem.handoff[static_cast<int>(h)]); };
   auto handoff_wait = [&](Handoff h) { ptx::mbarrier_wait_parity(&smem.handoff[static_cast<int>(h)], handoff_phase); };
 
+  // Q tile of request `req_q`: rows of this (request, kv head), zero-filled past R; 16-byte chunks into the
+  // swizzled layout, by every thread, committed as one cp.async group.
+  auto issue_q = [&](int req_q) {
+    const auto* q = static_cast<const uint8_t*>(params.q);
+    constexpr int kChunksPerRow = C::kHeadDimQK / 8;
+    for (int i = tid; i < C::kBlockM * kChunksPerRow; i += C::kThreads) {
+      const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+      const int r = row_base + row;
+      uint8_t* dst = smem.q[chunk / 8] + row * C::kRowBytes + (((chunk % 8) ^ (row & 7)) << 4);
+      if (r < R) {
+        const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
+        const int64_t elem = static_cast<int64_t>(req_q) * params.q_stride_b + s_idx * params.q_stride_s +
+                             head * params.q_stride_h + chunk * 8;
+        ptx::cp_async_16(dst, q + elem * 2, 16);
+      } else {
+        ptx::cp_async_16(dst, q, 0);
+      }
+    }
+    ptx::cp_async_commit();
+  };
+  bool q_issued = false;  // the next request's Q was issued during this request's epilogue (perf-notes dense v11)
+
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kPrologueStart);
     // ---------------------------------------------------------------- request prologue
@@ -322,26 +354,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (blk_begin + 1 < blk_end)
           load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin + 1), kv_head, 1, 0, C::kNumTiles, policy);
       }
-      // Q tile: rows of this (request, kv head), zero-filled past R; 16-byte chunks into the swizzled layout.
-      const auto* q = static_cast<const uint8_t*>(params.q);
-      constexpr int kChunksPerRow = C::kHeadDimQK / 8;
-      for (int i = tid; i < C::kBlockM * kChunksPerRow; i += C::kThreads) {
-        const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
-        const int r = row_base + row;
-        uint8_t* dst = smem.q[chunk / 8] + row * C::kRowBytes + (((chunk % 8) ^ (row & 7)) << 4);
-        if (r < R) {
-          const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
-          const int64_t elem = static_cast<int64_t>(req) * params.q_stride_b + s_idx * params.q_stride_s +
-                               head * params.q_stride_h + chunk * 8;
-          ptx::cp_async_16(dst, q + elem * 2, 16);
-        } else {
-          ptx::cp_async_16(dst, q, 0);
-        }
-      }
-      ptx::cp_async_commit();
+      if (!q_issued) issue_q(req);
+    }
+    // A Q issued during the previous request's epilogue (or above) must land before use, and before another
+    // is issued into the same buffer, so it is waited for even by a request without work.
+    if (has_work || q_issued) {
       ptx::cp_async_wait_all();
       ptx::fence_proxy_async_shared();
     }
+    q_issued = false;
     __syncthreads();
     if (tid == 0) {
       OPENMLA_DENSE_STAMP(req - rec.begin_req, kPrologueDone);
@@ -488,6 +509,19 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // ---------------------------------------------------------------- epilogue
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kLoopDone);
     if (req == rec.end_req) ptx::griddep_launch_dependents();
+    // The next request's inputs while this epilogue runs (perf-notes dense v11): its Q (the Q buffer is dead
+    // here and the epilogue stages in the K buffers), and thread 0 reads its length and first two page ids,
+    // used after the epilogue's stores to prefetch those pages into L2.
+    int next_len = 0, next_page[2] = {0, 0};
+    if (req < rec.end_req) {
+      issue_q(req + 1);
+      q_issued = true;
+      if (tid == 0) {
+        next_len = params.cache_seqlens[req + 1];
+        next_page[0] = page_of(params, req + 1, 0);
+        if (params.max_blocks_per_seq > 1) next_page[1] = page_of(params, req + 1, 1);
+      }
+    }
     float total[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -546,35 +580,37 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
       }
     }
+    // The staged rows go out by bulk copies (TMA engine, one per row: 1 KB bf16 or 2 KB fp32; perf-notes dense
+    // v12): the generic-proxy staging writes are fenced for the async proxy before the barrier, and the
+    // issuing threads wait only until the engine has READ the staging area (the K buffers, refilled next).
+    ptx::fence_proxy_async_shared();
     __syncthreads();
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStaged);
-    if (!is_split) {
-      constexpr int kChunksPerRow = C::kHeadDimV * 2 / 16;  // 64
-      auto* out = static_cast<uint8_t*>(params.out);
-      for (int i = tid; i < C::kBlockM * kChunksPerRow; i += C::kThreads) {
-        const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
-        const int r = row_base + row;
-        if (r >= R) continue;
-        const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
-        const int64_t elem = static_cast<int64_t>(req) * params.out_stride_b + s_idx * params.out_stride_s +
-                             head * params.out_stride_h + chunk * 8;
-        *reinterpret_cast<uint4*>(out + elem * 2) =
-            *reinterpret_cast<const uint4*>(stage + row * C::kStageBf16PitchBytes + chunk * 16);
+    if (tid < C::kBlockM) {
+      const int row = tid, r = row_base + row;
+      if (r < R) {
+        if (!is_split) {
+          const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
+          const int64_t elem = static_cast<int64_t>(req) * params.out_stride_b + s_idx * params.out_stride_s +
+                               head * params.out_stride_h;
+          ptx::bulk_store_global(static_cast<uint8_t*>(params.out) + elem * 2,
+                                 ptx::smem_addr(stage + row * C::kStageBf16PitchBytes), C::kHeadDimV * 2);
+        } else {
+          const int64_t prow = static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r;
+          ptx::bulk_store_global(params.partial_o + prow * C::kHeadDimV,
+                                 ptx::smem_addr(stage + row * C::kStageF32Pitch * 4), C::kHeadDimV * 4);
+        }
       }
-    } else {
-      constexpr int kChunksPerRow = C::kHeadDimV / 4;  // 128 float4 per row
-      const float* stage_f = reinterpret_cast<const float*>(stage);
-      for (int i = tid; i < C::kBlockM * kChunksPerRow; i += C::kThreads) {
-        const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
-        const int r = row_base + row;
-        if (r >= R) continue;
-        const int64_t prow = static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r;
-        *reinterpret_cast<float4*>(params.partial_o + prow * C::kHeadDimV + chunk * 4) =
-            *reinterpret_cast<const float4*>(stage_f + row * C::kStageF32Pitch + chunk * 4);
-      }
+      ptx::bulk_commit_group();
+      ptx::bulk_wait_group_read0();
     }
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStored);
-    // The staging area is the K buffers and Q is reloaded: nobody may run ahead into the next request.
+    if (tid == 0 && req < rec.end_req) {  // only pages inside the next sequence are touched
+      const int len = min(max(next_len, 0), params.max_blocks_per_seq * C::kBlockN);
+      for (int b = 0; b < 2; ++b)
+        if (len > b * C::kBlockN) prefetch_kv_page_l2(&k_map, &k_map_rope, next_page[b], kv_head);
+    }
+    // The staging area is the K buffers: nobody may run ahead into the next request's TMA loads.
     __syncthreads();
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kDone);
   }
