@@ -299,10 +299,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   // Q tile of request `req_q`: rows of this (request, kv head), zero-filled past R; 16-byte chunks into the
   // swizzled layout, by every thread, committed as one cp.async group.
-  auto issue_q = [&](int req_q) {
+  auto issue_q = [&](int req_q, int first, int stride) {
     const auto* q = static_cast<const uint8_t*>(params.q);
     constexpr int kChunksPerRow = C::kHeadDimQK / 8;
-    for (int i = tid; i < C::kBlockM * kChunksPerRow; i += C::kThreads) {
+    for (int i = first; i < C::kBlockM * kChunksPerRow; i += stride) {
       const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
       const int r = row_base + row;
       uint8_t* dst = smem.q[chunk / 8] + row * C::kRowBytes + (((chunk % 8) ^ (row & 7)) << 4);
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (blk_begin + 1 < blk_end)
           load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin + 1), kv_head, 1, 0, C::kNumTiles, policy);
       }
-      if (!q_issued) issue_q(req);
+      if (!q_issued) issue_q(req, tid, C::kThreads);
     }
     // A Q issued during the previous request's epilogue (or above) must land before use, and before another
     // is issued into the same buffer, so it is waited for even by a request without work.
@@ -509,13 +509,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // ---------------------------------------------------------------- epilogue
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kLoopDone);
     if (req == rec.end_req) ptx::griddep_launch_dependents();
-    // The next request's inputs while this epilogue runs (perf-notes dense v11): its Q (the Q buffer is dead
-    // here and the epilogue stages in the K buffers), and thread 0 reads its length and first two page ids,
-    // used after the epilogue's stores to prefetch those pages into L2.
+    // The next request's inputs while this epilogue runs (perf-notes dense v11, v13): its Q (the Q buffer is
+    // dead here and the epilogue stages in the K buffers; issued by the threads that do not store rows, during
+    // the stores), and thread 0 reads its length and first two page ids, used after the epilogue's stores to
+    // prefetch those pages into L2.
     int next_len = 0, next_page[2] = {0, 0};
     if (req < rec.end_req) {
-      issue_q(req + 1);
-      q_issued = true;
+      q_issued = true;  // by threads kBlockM.. while threads 0..kBlockM-1 store the rows (below)
       if (tid == 0) {
         next_len = params.cache_seqlens[req + 1];
         next_page[0] = page_of(params, req + 1, 0);
@@ -603,6 +603,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
       ptx::bulk_commit_group();
       ptx::bulk_wait_group_read0();
+    } else if (q_issued) {
+      issue_q(req + 1, tid - C::kBlockM, C::kThreads - C::kBlockM);
     }
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStored);
     if (tid == 0 && req < rec.end_req) {  // only pages inside the next sequence are touched
