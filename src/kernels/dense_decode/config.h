@@ -72,7 +72,6 @@ struct alignas(1024) SharedStorage {
   float row_sum[2][Config::kBlockM];
   alignas(8) uint64_t k_bar[2][Config::kNumTileGroups];  // one TMA completion barrier per tile group
   uint64_t handoff[static_cast<int>(Handoff::kCount)];
-  uint64_t q_bar;  // TMA path: the Q tile of a request landed
 };
 
 static_assert(sizeof(SharedStorage::k) >= Config::kBlockM * Config::kStageF32Pitch * 4, "fp32 staging fits in K");

@@ -250,7 +250,7 @@ __device__ __forceinline__ void prefetch_kv_page_l2(const CUtensorMap* map4, con
 template <bool kIsFp16>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map,
-                        const __grid_constant__ CUtensorMap k_map_rope, const __grid_constant__ CUtensorMap q_map) {
+                        const __grid_constant__ CUtensorMap k_map_rope) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
@@ -271,8 +271,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       for (int g = 0; g < C::kNumTileGroups; ++g) ptx::mbarrier_init(&smem.k_bar[b][g], 1);
     for (int h = 0; h < static_cast<int>(Handoff::kCount); ++h)
       ptx::mbarrier_init(&smem.handoff[h], C::kWarpgroupThreads);
-    ptx::mbarrier_init(&smem.q_bar, 1);
-    if (params.q_tma) ptx::prefetch_tensormap(&q_map);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -320,19 +318,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     ptx::cp_async_commit();
   };
   bool q_issued = false;  // the next request's Q was issued during this request's epilogue (perf-notes dense v11)
-  // TMA path (params.q_tma, perf-notes dense v14): thread 0 loads a Q tile with 9 box loads completing on
-  // q_bar; q_loads counts them (every thread keeps the same count) for the barrier's parity.
-  const bool q_tma = params.q_tma != 0;
-  uint32_t q_loads = 0;
-  auto tma_q = [&](int req_q) {
-    if (tid == 0) {
-      const int s_idx = row_base / params.q_per_kv, head0 = kv_head * params.q_per_kv + row_base % params.q_per_kv;
-      ptx::mbarrier_arrive_expect_tx(&smem.q_bar, C::kNumTiles * C::kTileBytes);
-      for (int t = 0; t < C::kNumTiles; ++t)
-        ptx::tma_load_4d(smem.q[t], &q_map, &smem.q_bar, t * C::kTileCols, head0, s_idx, req_q);
-    }
-    ++q_loads;
-  };
 
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kPrologueStart);
@@ -369,20 +354,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (blk_begin + 1 < blk_end)
           load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin + 1), kv_head, 1, 0, C::kNumTiles, policy);
       }
-      if (!q_issued) {
-        if (q_tma) tma_q(req);
-        else issue_q(req, tid, C::kThreads);
-      }
+      if (!q_issued) issue_q(req, tid, C::kThreads);
     }
     // A Q issued during the previous request's epilogue (or above) must land before use, and before another
     // is issued into the same buffer, so it is waited for even by a request without work.
     if (has_work || q_issued) {
-      if (q_tma) {
-        ptx::mbarrier_wait_parity(&smem.q_bar, (q_loads - 1) & 1);
-      } else {
-        ptx::cp_async_wait_all();
-        ptx::fence_proxy_async_shared();
-      }
+      ptx::cp_async_wait_all();
+      ptx::fence_proxy_async_shared();
     }
     q_issued = false;
     __syncthreads();
@@ -552,8 +530,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
     // Also certifies both warpgroups are done reading the K buffers, which become the staging area.
     ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kRowSumReady), C::kThreads);
-    // Both warpgroups are past their last Q K^T: the TMA path loads the next Q now (one thread, 9 boxes).
-    if (q_tma && q_issued) tma_q(req + 1);
 #pragma unroll
     for (int i = 0; i < 2; ++i) total[i] = smem.row_sum[0][frag.row[i]] + smem.row_sum[1][frag.row[i]];
     bool empty[2];
@@ -627,7 +603,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
       ptx::bulk_commit_group();
       ptx::bulk_wait_group_read0();
-    } else if (q_issued && !q_tma) {
+    } else if (q_issued) {
       issue_q(req + 1, tid - C::kBlockM, C::kThreads - C::kBlockM);
     }
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStored);

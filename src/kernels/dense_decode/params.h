@@ -53,10 +53,6 @@ struct DenseDecodeParams {
 
   const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
   const int32_t* num_splits;             // (b + 1,) exclusive prefix sum of splits per request
-
-  // Set by the launcher, not by callers: 1 when Q tiles are loaded by TMA (each CTA's 64 rows are 64
-  // consecutive heads of one query position and q's strides suit a tensor map), 0 for 16-byte cp.async.
-  int q_tma = 0;
 };
 
 // Launches the main kernel on `stream`, grid (num_m_blocks, h_kv, num_sm_parts). `k_cache_tma` is
