@@ -4,6 +4,9 @@
 
 #include "api/validate.h"
 #include "common/tensor_map.h"
+#if defined(OPENMLA_SPARSE_TRACE)
+#include "common/trace_symbols.cuh"
+#endif
 
 namespace openmla::kernels {
 
@@ -58,20 +61,13 @@ Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream)
 // Trace build: copies the request timeline of the last dense launch (kernel.cuh, struct Timeline) to `host`;
 // clear_dense_decode_timeline() zeroes it before a launch.
 Status copy_dense_decode_timeline(unsigned long long* host, size_t count) {
-  const size_t total = sizeof(dense_decode::g_dense_timeline) / sizeof(unsigned long long);
-  if (count < total) return Status::invalid_argument("argument 'count': the timeline holds more values");
+  if (count < detail::symbol_values(dense_decode::g_dense_timeline))
+    return Status::invalid_argument("argument 'count': the timeline holds more values");
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "dense decode timeline: synchronising");
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(host, dense_decode::g_dense_timeline, total * sizeof(unsigned long long)),
-                               "dense decode timeline: copying");
-  return Status::ok();
+  return detail::copy_symbol(host, 0, dense_decode::g_dense_timeline, "dense decode timeline: copying");
 }
 Status clear_dense_decode_timeline() {
-  void* timeline = nullptr;
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaGetSymbolAddress(&timeline, dense_decode::g_dense_timeline),
-                               "dense decode timeline: locating");
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemset(timeline, 0, sizeof(dense_decode::g_dense_timeline)),
-                               "dense decode timeline: clearing");
-  return Status::ok();
+  return detail::clear_symbol(dense_decode::g_dense_timeline, "dense decode timeline: clearing");
 }
 #endif
 

@@ -1,5 +1,8 @@
 // Host launcher of the sparse FP8 MLA decode main kernel: layout / crossover dispatch, clusters, smem.
 #include "kernels/sparse_decode/kernel.cuh"
+#if defined(OPENMLA_SPARSE_TRACE)
+#include "common/trace_symbols.cuh"
+#endif
 #include "kernels/sparse_decode/params.h"
 
 #include "api/validate.h"
@@ -44,30 +47,18 @@ Status launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream) {
 // Copies the trace of the last sparse-decode launch (kernel.cuh, struct Trace) to `host`: the clock64 block
 // trace, then the %globaltimer per-CTA timeline, then the request-switch stamps.
 Status copy_sparse_decode_trace(unsigned long long* host, size_t count) {
-  const size_t steps = sizeof(sparse_decode::g_sparse_trace) / sizeof(unsigned long long);
-  const size_t timeline = sizeof(sparse_decode::g_sparse_timeline) / sizeof(unsigned long long);
-  if (count < steps + timeline) return Status::invalid_argument("argument 'count': the trace holds more values");
+  using namespace sparse_decode;
+  const size_t steps = detail::symbol_values(g_sparse_trace), timeline = detail::symbol_values(g_sparse_timeline);
+  if (count < steps + timeline + detail::symbol_values(g_sparse_switch))
+    return Status::invalid_argument("argument 'count': the trace holds more values");
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "sparse decode trace: synchronising");
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(host, sparse_decode::g_sparse_trace, steps * sizeof(unsigned long long)),
-                               "sparse decode trace: copying");
-  const size_t switches = sizeof(sparse_decode::g_sparse_switch) / sizeof(unsigned long long);
-  if (count < steps + timeline + switches) return Status::invalid_argument("argument 'count': the trace holds more values");
-  OPENMLA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyFromSymbol(host + steps, sparse_decode::g_sparse_timeline, timeline * sizeof(unsigned long long)),
-      "sparse decode trace: copying the timeline");
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(host + steps + timeline, sparse_decode::g_sparse_switch,
-                                                    switches * sizeof(unsigned long long)),
-                               "sparse decode trace: copying the request switches");
-  return Status::ok();
+  OPENMLA_RETURN_IF_ERROR(detail::copy_symbol(host, 0, g_sparse_trace, "sparse decode trace: copying"));
+  OPENMLA_RETURN_IF_ERROR(detail::copy_symbol(host, steps, g_sparse_timeline, "sparse decode trace: copying the timeline"));
+  return detail::copy_symbol(host, steps + timeline, g_sparse_switch, "sparse decode trace: copying the switches");
 }
 // Clears the per-CTA timeline (CTAs that exit early stamp only some events).
 Status clear_sparse_decode_timeline() {
-  void* timeline = nullptr;
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaGetSymbolAddress(&timeline, sparse_decode::g_sparse_timeline),
-                               "sparse decode trace: locating the timeline");
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemset(timeline, 0, sizeof(sparse_decode::g_sparse_timeline)),
-                               "sparse decode trace: clearing the timeline");
-  return Status::ok();
+  return detail::clear_symbol(sparse_decode::g_sparse_timeline, "sparse decode trace: clearing the timeline");
 }
 #endif
 
