@@ -73,6 +73,11 @@ def _flush_buffer(torch):
     return buf
 
 
+def flush_buffer():
+    """The buffer the harness zeroes before every timed call (tools that time their own way reuse it)."""
+    return _flush_buffer(_torch())
+
+
 def time_cuda(fn, *, warmup: int = 10, reps: int = 50, flush_l2: bool = True) -> Timing:
     """Times fn() (which launches work on torch's current stream) with CUDA events.
 

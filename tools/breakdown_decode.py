@@ -77,7 +77,7 @@ def profile(call, reps):
 
     import harness
 
-    flush = harness._flush_buffer(torch)  # the benchmark's flush (size and "chill time" included)
+    flush = harness.flush_buffer()  # the benchmark's flush (size and "chill time" included)
     for _ in range(3):  # warm-up, and the schedule is planned on first use
         call()
     torch.cuda.synchronize()

@@ -50,7 +50,7 @@ def main():
         sys.exit("this build has no trace: configure with -DOPENMLA_SPARSE_TRACE=ON")
     q, k_cache, block_table, seqlens, _ = bdd.make_inputs(args.b, args.s_q, args.h_q, 1, args.s_k, varlen=True)
     meta, _ = openmla.get_mla_metadata()
-    flush = harness._flush_buffer(torch)
+    flush = harness.flush_buffer()
     for i in range(3):
         if i == 2:
             torch.cuda.synchronize()

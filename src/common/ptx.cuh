@@ -194,6 +194,14 @@ __device__ __forceinline__ void bulk_store_global(void* gmem_dst, uint32_t smem_
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_group_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 
+// Diagnostics (trace builds): the GPU-wide nanosecond clock (one time base for all SMs) and the CTA's linear id.
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned linear_cta_id() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
+
 // ---------------------------------------------------------------------------------------------------
 // Fences and barriers
 // ---------------------------------------------------------------------------------------------------

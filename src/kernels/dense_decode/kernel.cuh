@@ -40,12 +40,9 @@ struct Timeline {
 #if defined(OPENMLA_SPARSE_TRACE)
 __device__ unsigned long long g_dense_timeline[Timeline::kCtas][Timeline::kRequests][Timeline::kEvents];
 __device__ __forceinline__ void dense_stamp(int k, int ev, long long value = -1) {
-  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (cta < Timeline::kCtas && k >= 0 && k < Timeline::kRequests) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    g_dense_timeline[cta][k][ev] = value >= 0 ? static_cast<unsigned long long>(value) : t;
-  }
+  const unsigned cta = ptx::linear_cta_id();
+  if (cta < Timeline::kCtas && k >= 0 && k < Timeline::kRequests)
+    g_dense_timeline[cta][k][ev] = value >= 0 ? static_cast<unsigned long long>(value) : ptx::globaltimer();
 }
 #define OPENMLA_DENSE_STAMP(k, ev) ::openmla::kernels::dense_decode::dense_stamp(k, Timeline::ev)
 #define OPENMLA_DENSE_VALUE(k, ev, v) ::openmla::kernels::dense_decode::dense_stamp(k, Timeline::ev, v)
@@ -444,7 +441,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         scale_rows(o, a1[0], a1[1]);
         if (has_k1) {
           if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
-#pragma unroll
           ptx::mbarrier_wait_parity(&smem.k_bar[1][0], phase[1]);  // V1_L = group 0
           gemm_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
           if (next_has_k1 && is_issuer) {

@@ -64,12 +64,8 @@ __device__ __forceinline__ void trace_stamp(int role, uint32_t it, int ev) {
     g_sparse_trace[blockIdx.x][role][it][ev] = clock64();
 }
 __device__ __forceinline__ void timeline_stamp(int ev) {
-  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (cta < Trace::kTimelineCtas && threadIdx.x % 128 == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    g_sparse_timeline[cta][ev] = t;
-  }
+  const unsigned cta = ptx::linear_cta_id();
+  if (cta < Trace::kTimelineCtas && threadIdx.x % 128 == 0) g_sparse_timeline[cta][ev] = ptx::globaltimer();
 }
 __device__ uint32_t g_sparse_timeline_dep[Trace::kTimelineCtas];
 __device__ unsigned long long g_sparse_switch[Trace::kCtas][Trace::kSwitches][Trace::kSwitchEvents];
@@ -80,7 +76,7 @@ __device__ __forceinline__ void switch_stamp(int k, int ev) {
 }
 // Stamps once `dep` has landed: the store needs the register, and the warp issues in order.
 __device__ __forceinline__ void timeline_stamp_after(int ev, uint32_t dep) {
-  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned cta = ptx::linear_cta_id();
   if (cta < Trace::kTimelineCtas && threadIdx.x % 128 == 0) {
     *reinterpret_cast<volatile uint32_t*>(&g_sparse_timeline_dep[cta]) = dep;
     timeline_stamp(ev);
