@@ -10,6 +10,8 @@ Benchmark modules are the files benchmarks/bench_*.py. Each defines:
     def run(case, harness): -> dict     # times the case and returns a record:
         {"time_us": ..., "flops": ..., "bytes": ...}   (flops/bytes from formulas.py; either may be absent)
         optional: "tflops"/"gbps" (if it computes them itself), "name", "params", "target", anything else
+        (the decode suites add timing_method, graph_event_time_us, eager_time_us, main_kernel_us, kernels:
+        harness.time_decode_call; the table shows graph_event_time_us as graph_us)
     TARGETS = {...}                     # optional: case name -> {"tflops"|"gbps"|"time_us": value}, or
                                         #   case name -> {"h100": {...}, "h200": {...}} per device
     def cpu_reference(): -> int         # optional: a tiny case on the CPU reference, for machines without
@@ -151,7 +153,10 @@ def print_table(records, errors, ceilings, device, commit):
     print(f"device: {device}   commit: {commit}")
     if ceilings:
         print(f"ceilings: copy {ceilings['copy_gbps']:.0f} GB/s (read+write), bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s")
-    head = f"{'name':<34} {'params':<46} {'time_us':>10} {'TFLOP/s':>8} {'GB/s':>7} {'%ceil':>8} {'target':>12} {'ratio':>6}"
+    print("time_us: the span of the eager call's kernels by CUPTI where timing_method is 'cupti' (the decode suites, "
+          "as the reference harness), else CUDA events; graph_us: CUDA events around a graph replay, where recorded")
+    head = (f"{'name':<34} {'params':<46} {'time_us':>10} {'graph_us':>10} {'TFLOP/s':>8} {'GB/s':>7} {'%ceil':>8} "
+            f"{'target':>12} {'ratio':>6}")
     print(head)
     print("-" * len(head))
     for r in records:
@@ -164,8 +169,11 @@ def print_table(records, errors, ceilings, device, commit):
             ceil = f"{pc:.0f}% bw"
         tgt = r.get("target")
         tgt_s = f"{target_text(tgt['value'])} {'us' if tgt['metric'] == 'time_us' else tgt['metric']}" if tgt else "-"
-        print(f"{r['name'][:34]:<34} {params_text(r['params']):<46} {r['time_us']:>10.2f} {fmt(r['tflops'], '.1f'):>8} "
+        print(f"{r['name'][:34]:<34} {params_text(r['params']):<46} {r['time_us']:>10.2f} "
+              f"{fmt(r.get('graph_event_time_us'), '.2f'):>10} {fmt(r['tflops'], '.1f'):>8} "
               f"{fmt(r['gbps'], '.0f'):>7} {ceil:>8} {tgt_s:>12} {fmt(r['ratio'], '.3f'):>6}")
+        if r.get("timing_note"):
+            print(f"{'':<34} note: {r['timing_note']}")
     for name, err in errors:
         print(f"{name[:34]:<34} ERROR: {err.strip().splitlines()[-1][:120]}")
 
