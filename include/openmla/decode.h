@@ -57,6 +57,9 @@ struct DecodeWorkspaceSizes {
   int64_t partial_rows = 0;      // (batch + num_sm_parts) * s_q * h_q rows of partial results
   size_t partial_o_bytes = 0;    // partial_rows * d_v * sizeof(float)
   size_t partial_lse_bytes = 0;  // partial_rows * sizeof(float)
+  int64_t merge_counter_ints = 0;  // DecodeSchedule::merge_counters: one int32 per (request, query tile) of the
+                                   // main kernel (dense: batch * h_kv * ceil(s_q * h_q / h_kv / 64); sparse:
+                                   // batch * s_q * ceil(h_q / 64))
 };
 
 inline constexpr int kMaxDecodeSmParts = 160;
@@ -69,6 +72,12 @@ struct DecodeSchedule {
   TensorRef num_splits;  // (batch + 1,) int32, contiguous; exclusive prefix sum of splits per request.
                          // num_splits[batch] == -1 would flag a failed scheduler pass (cannot happen; the
                          // schedule is then all-idle and out/lse are left unwritten).
+  // Optional (>= merge_counter_ints,) int32, contiguous. plan_decode() zeroes it and every decode call leaves it
+  // zero. With it, dense decode merges requests split into two chunks inside its main kernel (the chunk that
+  // finishes last merges the other's partial), which spares the combine kernel's pass over their partials at the
+  // end of the call; without it (undefined) the combine kernel merges every split request, as before. Calls that
+  // share a schedule must run one after another (they already share the split buffers).
+  TensorRef merge_counters;
 };
 
 // Split-KV scratch: caller-owned device memory, sized by get_decode_workspace_sizes().

@@ -7,6 +7,7 @@
 
 #include <nanobind/stl/string.h>
 
+#include "api/decode_internal.h"
 #include "bind_common.h"
 #include "openmla/decode.h"
 
@@ -106,15 +107,18 @@ nb::dict workspace_sizes(const nb::kwargs& kwargs) {
   d["partial_rows"] = sizes.partial_rows;
   d["partial_o_bytes"] = sizes.partial_o_bytes;
   d["partial_lse_bytes"] = sizes.partial_lse_bytes;
+  d["merge_counter_ints"] = sizes.merge_counter_ints;
   return d;
 }
 
 void plan(const OptArray& cache_seqlens, const Array& metadata, const Array& num_splits, const OptArray& topk_length,
-          const OptArray& extra_topk_length, uintptr_t stream, const nb::kwargs& kwargs) {
+          const OptArray& extra_topk_length, const OptArray& merge_counters, uintptr_t stream,
+          const nb::kwargs& kwargs) {
   const DecodeProblem problem = problem_from_kwargs(kwargs);
   DecodeSchedule schedule;
   schedule.metadata = to_tensor_ref(metadata, "tile_scheduler_metadata");
   schedule.num_splits = to_tensor_ref(num_splits, "num_splits");
+  schedule.merge_counters = to_tensor_ref(merge_counters, "merge_counters");
   const TensorRef seqlens = to_tensor_ref(cache_seqlens, "cache_seqlens");
   const TensorRef topk = to_tensor_ref(topk_length, "topk_length");
   const TensorRef extra_topk = to_tensor_ref(extra_topk_length, "extra_topk_length");
@@ -129,9 +133,11 @@ void plan(const OptArray& cache_seqlens, const Array& metadata, const Array& num
 
 void dense(const Array& q, const Array& k_cache, const Array& block_table, const Array& cache_seqlens,
            const Array& metadata, const Array& num_splits, const Array& partial_o, const Array& partial_lse,
-           const Array& out, const Array& lse, float softmax_scale, uintptr_t stream, const nb::kwargs& kwargs) {
+           const Array& out, const Array& lse, const OptArray& merge_counters, float softmax_scale, uintptr_t stream,
+           const nb::kwargs& kwargs) {
   const DecodeProblem problem = problem_from_kwargs(kwargs);
   DenseDecodeArgs args;
+  args.schedule.merge_counters = to_tensor_ref(merge_counters, "merge_counters");
   args.q = to_tensor_ref(q, "q");
   args.k_cache = to_tensor_ref(k_cache, "k_cache");
   args.block_table = to_tensor_ref(block_table, "block_table");
@@ -197,26 +203,29 @@ void bind_decode(nb::module_& m) {
 
   m.def("plan_decode", &plan, nb::arg("cache_seqlens").none(), nb::arg("tile_scheduler_metadata"),
         nb::arg("num_splits"), nb::arg("topk_length") = nb::none(), nb::arg("extra_topk_length") = nb::none(),
-        nb::arg("stream") = 0, nb::arg("problem"),
+        nb::arg("merge_counters") = nb::none(), nb::arg("stream") = 0, nb::arg("problem"),
         "plan_decode(cache_seqlens, tile_scheduler_metadata, num_splits, topk_length=None, "
-        "extra_topk_length=None, stream=0, **problem)\n\n"
+        "extra_topk_length=None, merge_counters=None, stream=0, **problem)\n\n"
         "Computes the decode schedule on the GPU, on `stream` (a cudaStream_t as int), without host "
         "synchronisation (graph-capturable).\n"
         "cache_seqlens: (b,) int32 CUDA (dense; ignored, may be None, when sparse). tile_scheduler_metadata: "
         "(num_sm_parts, 8) int32 CUDA, contiguous, written. num_splits: (b + 1,) int32 CUDA, contiguous, "
-        "written. topk_length / extra_topk_length: (b,) int32 CUDA, sparse only.");
+        "written. topk_length / extra_topk_length: (b,) int32 CUDA, sparse only. merge_counters: optional "
+        "(>= merge_counter_ints,) int32 CUDA, contiguous, zeroed (enables dense decode's in-kernel merge).");
 
   m.def("dense_decode", &dense, nb::arg("q"), nb::arg("k_cache"), nb::arg("block_table"), nb::arg("cache_seqlens"),
         nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"), nb::arg("partial_o"), nb::arg("partial_lse"),
-        nb::arg("out"), nb::arg("lse"), nb::arg("softmax_scale") = 0.f, nb::arg("stream") = 0, nb::arg("problem"),
+        nb::arg("out"), nb::arg("lse"), nb::arg("merge_counters") = nb::none(), nb::arg("softmax_scale") = 0.f,
+        nb::arg("stream") = 0, nb::arg("problem"),
         "dense_decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, partial_o, "
-        "partial_lse, out, lse, softmax_scale=0.0, stream=0, **problem)\n\n"
+        "partial_lse, out, lse, merge_counters=None, softmax_scale=0.0, stream=0, **problem)\n\n"
         "Dense MLA decode over a paged BF16/FP16 cache, main kernel plus combine, on `stream`.\n"
         "q: (b, s_q, h_q, d_qk); k_cache: (num_blocks, page_block_size, h_kv, d_qk), q's dtype; block_table: "
         "(b, max_blocks_per_seq) int32; cache_seqlens: (b,) int32; schedule from plan_decode() with the same "
         "problem and cache_seqlens; partial_o: (partial_rows, d_v) float32; partial_lse: (partial_rows,) "
         "float32; out: (b, s_q, h_q, d_v) q's dtype, written; lse: (b, h_q, s_q) float32 any strides, "
-        "written. softmax_scale 0 means d_qk ** -0.5.");
+        "written; merge_counters: the ones given to plan_decode() (None: the combine kernel merges every split "
+        "request). softmax_scale 0 means d_qk ** -0.5.");
 
   m.def("sparse_decode", &sparse, nb::arg("q"), nb::arg("k_cache"), nb::arg("indices"),
         nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"), nb::arg("partial_o"), nb::arg("partial_lse"),
@@ -238,6 +247,9 @@ void bind_decode(nb::module_& m) {
         "topk_length and extra_topk_length; partial_o / partial_lse as for dense_decode; out: (b, s_q, h_q, d_v) "
         "bf16, written; lse: (b, h_q, s_q) float32 any strides, written (never changed by the sink). "
         "softmax_scale 0 means d_qk ** -0.5.");
+
+  // Testing only (api/decode_internal.h): split chunks of dense decode always publish before they may merge.
+  m.def("_set_dense_merge_publish_always", &detail::set_dense_merge_publish_always, nb::arg("on"));
 
 #if defined(OPENMLA_SPARSE_TRACE)
   // Diagnostics build only (CMake -DOPENMLA_SPARSE_TRACE=ON): the clock64 trace of the last sparse launch,

@@ -75,7 +75,9 @@ class FlashMLASchedMeta:
       tile_scheduler_metadata: (num_sm_parts, 8) int32 CUDA tensor, one work record per SM partition.
       num_splits: (b + 1,) int32 CUDA tensor, exclusive prefix sum of the per-request split counts.
     OpenMLA additions: partial_o (partial_rows, d_v) float32 and partial_lse (partial_rows,) float32, the
-    split-KV scratch of this step; workspace_sizes, the dict from ``get_decode_workspace_sizes``.
+    split-KV scratch of this step; merge_counters (merge_counter_ints,) int32, zeroed by the plan, with which
+    dense decode merges requests split in two chunks inside its main kernel; workspace_sizes, the dict from
+    ``get_decode_workspace_sizes``.
 
     Reuse the object only across calls with the same shapes, flags and length values (``cache_seqlens`` in
     dense mode, ``topk_length`` / ``extra_topk_length`` in sparse mode; every layer of one step). A call whose
@@ -92,6 +94,7 @@ class FlashMLASchedMeta:
         self.num_splits = None
         self.partial_o = None
         self.partial_lse = None
+        self.merge_counters = None
         self.workspace_sizes: Optional[dict] = None
 
     def __repr__(self) -> str:
@@ -206,13 +209,15 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
                    num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count)
     scale = float(q.shape[-1]) ** -0.5 if softmax_scale is None else float(softmax_scale)
 
-    def plan(metadata, splits, stream):
-        _C.plan_decode(_dl(cache_seqlens), _dl(metadata), _dl(splits), stream=stream, **problem)
+    def plan(metadata, splits, counters, stream):
+        _C.plan_decode(_dl(cache_seqlens), _dl(metadata), _dl(splits), merge_counters=_dl(counters), stream=stream,
+                       **problem)
 
     def launch(out, lse, stream):
         _C.dense_decode(_dl(q), _dl(k_cache), _dl(block_table), _dl(cache_seqlens),
                         _dl(sched.tile_scheduler_metadata), _dl(sched.num_splits), _dl(sched.partial_o),
-                        _dl(sched.partial_lse), _dl(out), _dl(lse), softmax_scale=scale, stream=stream, **problem)
+                        _dl(sched.partial_lse), _dl(out), _dl(lse), merge_counters=_dl(sched.merge_counters),
+                        softmax_scale=scale, stream=stream, **problem)
 
     return _run(torch, sched, config, problem, q, plan, launch, out, lse)
 
@@ -269,9 +274,11 @@ def _sparse_decode(q, k_cache, head_dim_v, sched, softmax_scale, causal, is_fp8_
     cache_bytes = as_byte_view(k_cache)
     extra_bytes = None if extra_k_cache is None else as_byte_view(extra_k_cache)
 
-    def plan(metadata, splits, stream):
-        # cache_seqlens plays no part in sparse decode: the schedule follows topk / topk_length.
-        _C.plan_decode(None, _dl(metadata), _dl(splits), topk_length=_opt(topk_length),
+    def plan(metadata, splits, counters, stream):
+        # cache_seqlens plays no part in sparse decode: the schedule follows topk / topk_length. The sparse main
+        # kernel does not merge in-kernel (the combine kernel merges its split requests); the counters are only
+        # zeroed.
+        _C.plan_decode(None, _dl(metadata), _dl(splits), topk_length=_opt(topk_length), merge_counters=_dl(counters),
                        extra_topk_length=_opt(extra_topk_length), stream=stream, **problem)
 
     def launch(out, lse, stream):
@@ -358,12 +365,15 @@ def _plan(torch, sched: FlashMLASchedMeta, config: _Config, problem: dict, plan,
     splits = torch.empty((sizes["num_splits_ints"],), dtype=torch.int32, device=dev)
     partial_o = torch.empty((sizes["partial_rows"], config.d_v), dtype=torch.float32, device=dev)
     partial_lse = torch.empty((sizes["partial_rows"],), dtype=torch.float32, device=dev)
-    plan(metadata, splits, stream)
+    # Zeroed by every plan; dense decode's in-kernel merge of two-chunk split requests counts with them.
+    counters = torch.empty((max(int(sizes["merge_counter_ints"]), 1),), dtype=torch.int32, device=dev)
+    plan(metadata, splits, counters, stream)
     # Recorded only once planning succeeded, so a failed first call leaves the object reusable.
     sched.tile_scheduler_metadata = metadata
     sched.num_splits = splits
     sched.partial_o = partial_o
     sched.partial_lse = partial_lse
+    sched.merge_counters = counters
     sched.workspace_sizes = sizes
     sched.config = config
     sched.have_initialized = True

@@ -3,6 +3,7 @@
 // Ordering rule: every argument check runs before the first CUDA call, so a bad call never launches
 // anything and the checks can be tested without a GPU. The only CUDA queries before launching are the
 // SM count (only when problem.num_sms == 0) and the current device (to refuse launching on the wrong one).
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -31,6 +32,8 @@ constexpr int64_t kMaxCombineRows = 65535LL * kernels::kCombineWarps;  // combin
 constexpr int64_t kMaxSparseSq = 65535;                                  // sparse main kernel grid.y limit
 
 Status invalid(const std::string& msg) { return Status::invalid_argument(msg); }
+
+std::atomic<bool> g_merge_publish_always{false};  // set_dense_merge_publish_always (tests)
 
 template <typename T>
 std::string field_message(const char* field, T value, const std::string& requirement) {
@@ -63,6 +66,23 @@ Status check_schedule_tensors(const DecodeSchedule& schedule, int64_t batch) {
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(schedule.num_splits, "schedule.num_splits", {DType::kInt32}, 1));
   OPENMLA_RETURN_IF_ERROR(check_dim(schedule.num_splits, "schedule.num_splits", 0, batch + 1, "batch + 1"));
   return check_contiguous(schedule.num_splits, "schedule.num_splits");
+}
+
+// The optional merge counters: (>= decode_merge_counter_count(problem),) int32, contiguous, on the metadata's device.
+Status check_merge_counters(const DecodeProblem& problem, const DecodeSchedule& schedule) {
+  const TensorRef& c = schedule.merge_counters;
+  if (!c.defined()) return Status::ok();
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(c, "schedule.merge_counters", {DType::kInt32}, 1));
+  OPENMLA_RETURN_IF_ERROR(check_contiguous(c, "schedule.merge_counters"));
+  const int64_t needed = heuristics::decode_merge_counter_count(problem);
+  if (c.shape[0] < needed) {
+    detail::MessageStream os;
+    os << "argument 'schedule.merge_counters' has " << c.shape[0] << " elements, but this problem needs at least "
+       << needed << "; size it with get_decode_workspace_sizes() (merge_counter_ints)";
+    return invalid(os.str());
+  }
+  if (needed > kInt32Max) return invalid("argument 'schedule.merge_counters': this problem needs more than 2^31 - 1 counters");
+  return check_same_device(schedule.metadata, "schedule.metadata", c, "schedule.merge_counters");
 }
 
 Status check_schedule_parts(const DecodeSchedule& schedule, int num_sm_parts) {
@@ -193,6 +213,8 @@ Status check_index_rows(const TensorRef& t, const char* name, int64_t b, int64_t
 
 }  // namespace
 
+void set_dense_merge_publish_always(bool on) { g_merge_publish_always.store(on); }
+
 Status validate_decode_problem(const DecodeProblem& p) {
   if (p.batch < 1 || p.batch > kInt32Max) return invalid(field_message("batch", p.batch, "expected 1 <= batch < 2^31"));
   if (p.s_q < 1 || p.s_q > kInt32Max) return invalid(field_message("s_q", p.s_q, "expected s_q >= 1"));
@@ -237,6 +259,7 @@ Status validate_plan_decode(const DecodeProblem& problem, const TensorRef& cache
   OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(schedule, problem.batch));
   OPENMLA_RETURN_IF_ERROR(
       check_same_device(*device_ref, device_name, schedule.num_splits, "schedule.num_splits"));
+  OPENMLA_RETURN_IF_ERROR(check_merge_counters(problem, schedule));
   if (!problem.sparse) OPENMLA_RETURN_IF_ERROR(check_same_device(*device_ref, device_name, cache_seqlens, "cache_seqlens"));
   if (problem.sparse && topk_length.defined())
     OPENMLA_RETURN_IF_ERROR(check_same_device(*device_ref, device_name, topk_length, "topk_length"));
@@ -303,6 +326,7 @@ Status validate_dense_decode(const DecodeProblem& problem, const DenseDecodeArgs
   // ---- out, lse, schedule and split buffers (shapes not depending on num_sm_parts) ----------------------
   OPENMLA_RETURN_IF_ERROR(check_outputs(problem, args.out, args.lse, q.dtype));
   OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(args.schedule, b));
+  OPENMLA_RETURN_IF_ERROR(check_merge_counters(problem, args.schedule));
   OPENMLA_RETURN_IF_ERROR(check_split_buffers(problem, args.split));
   const TensorRef& out = args.out;
   const TensorRef& lse = args.lse;
@@ -399,6 +423,7 @@ Status validate_sparse_decode(const DecodeProblem& problem, const SparseDecodeAr
   // ---- out, lse, schedule and split buffers ---------------------------------------------------------
   OPENMLA_RETURN_IF_ERROR(check_outputs(problem, args.out, args.lse, DType::kBFloat16));
   OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(args.schedule, b));
+  OPENMLA_RETURN_IF_ERROR(check_merge_counters(problem, args.schedule));
   OPENMLA_RETURN_IF_ERROR(check_split_buffers(problem, args.split));
 
   // ---- one device -------------------------------------------------------------------------------------------
@@ -438,6 +463,7 @@ Status get_decode_workspace_sizes(const DecodeProblem& problem, DecodeWorkspaceS
   s.partial_rows = (problem.batch + s.num_sm_parts) * problem.s_q * problem.h_q;
   s.partial_o_bytes = static_cast<size_t>(s.partial_rows) * static_cast<size_t>(problem.d_v) * sizeof(float);
   s.partial_lse_bytes = static_cast<size_t>(s.partial_rows) * sizeof(float);
+  s.merge_counter_ints = heuristics::decode_merge_counter_count(problem);
   *sizes = s;
   return Status::ok();
 }
@@ -461,6 +487,8 @@ Status plan_decode(const DecodeProblem& problem, const TensorRef& cache_seqlens,
           problem.sparse && extra_topk_length.defined() ? static_cast<const int32_t*>(extra_topk_length.data) : nullptr,
       .records = static_cast<kernels::DecodeScheduleRecord*>(schedule.metadata.data),
       .num_splits = static_cast<int32_t*>(schedule.num_splits.data),
+      .merge_counters = schedule.merge_counters.defined() ? static_cast<int32_t*>(schedule.merge_counters.data) : nullptr,
+      .merge_counter_count = schedule.merge_counters.defined() ? heuristics::decode_merge_counter_count(problem) : 0,
       .payload_override = 0,
   };
   return kernels::launch_decode_scheduler(params, stream);
@@ -522,6 +550,9 @@ Status dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args, c
       .partial_lse = partial_lse,
       .schedule = records,
       .num_splits = num_splits,
+      .merge_counters = args.schedule.merge_counters.defined() ? static_cast<int*>(args.schedule.merge_counters.data)
+                                                               : nullptr,
+      .merge_publish_always = detail::g_merge_publish_always.load(),
   };
   OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(params, stream));
 
@@ -538,6 +569,7 @@ Status dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args, c
       .partial_lse = partial_lse,
       .num_splits = num_splits,
       .attn_sink = nullptr,  // dense decode has no sink
+      .merged_in_kernel = params.merge_counters != nullptr ? kernels::kMaxMergeChunks : 1,
       .out = args.out.data,
       .out_stride_b = args.out.stride[0],
       .out_stride_s = args.out.stride[1],
@@ -624,6 +656,7 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
       .partial_lse = partial_lse,
       .num_splits = num_splits,
       .attn_sink = params.attn_sink,
+      .merged_in_kernel = 1,  // the sparse main kernel writes every split chunk's partial
       .out = args.out.data,
       .out_stride_b = args.out.stride[0],
       .out_stride_s = args.out.stride[1],

@@ -20,4 +20,9 @@ Status validate_dense_decode(const DecodeProblem& problem, const DenseDecodeArgs
 // Every check of sparse_decode; on success *num_sm_parts is the partition count of the schedule.
 Status validate_sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args, int* num_sm_parts);
 
+// Testing only: when on, every split chunk of dense decode publishes its partial before it may merge (it never
+// takes the "the other chunk is already done" path), so the tests reach the merge by the last publisher, which
+// otherwise happens only when two chunks finish at the same moment. Process-wide; off by default.
+void set_dense_merge_publish_always(bool on);
+
 }  // namespace openmla::detail

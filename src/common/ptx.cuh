@@ -193,6 +193,36 @@ __device__ __forceinline__ void bulk_store_global(void* gmem_dst, uint32_t smem_
 }
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_group_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// Waits until every committed bulk group of this thread has COMPLETED (its global writes performed), not only
+// read shared memory: needed before this thread publishes those writes to other CTAs.
+__device__ __forceinline__ void bulk_wait_group0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// Bulk copy global -> shared by the TMA engine (16-byte aligned, size a multiple of 16), completing `bytes` on the
+// transaction mbarrier `bar` of this CTA.
+__device__ __forceinline__ void bulk_load_shared(uint32_t smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_dst),
+               "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Inter-CTA publication through global memory (split-KV merge counters)
+// ---------------------------------------------------------------------------------------------------
+// Orders this thread's async-proxy accesses of global memory (bulk copies) with its generic-proxy ones: after a
+// bulk store completed (bulk_wait_group0) and before a release that publishes it; after an acquire and before
+// bulk loads of what it published.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// Returns the old value; acquire-release at GPU scope.
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // Diagnostics (trace builds): the GPU-wide nanosecond clock (one time base for all SMs) and the CTA's linear id.
 __device__ __forceinline__ unsigned long long globaltimer() {

@@ -31,6 +31,13 @@ int decode_num_sm_parts(const DecodeProblem& problem, int num_sms) {
                         : dense_num_sm_parts(problem.s_q, problem.h_q, problem.h_kv, num_sms);
 }
 
+int64_t decode_merge_counter_count(const DecodeProblem& problem) {
+  constexpr int64_t kTileRows = 64;
+  if (problem.sparse) return problem.batch * problem.s_q * ceil_div(problem.h_q, kTileRows);
+  const int64_t h_kv = std::max<int64_t>(problem.h_kv, 1);
+  return problem.batch * h_kv * ceil_div(problem.s_q * (problem.h_q / h_kv), kTileRows);
+}
+
 int32_t dense_request_blocks(int32_t seqlen) {
   if (seqlen <= 0) return 1;
   return static_cast<int32_t>(ceil_div(seqlen, kDecodeBlockTokens));

@@ -41,6 +41,8 @@ DenseDecodeArgs dense_args(const DecodeProblem& p) {
   a.cache_seqlens = make_tensor(fake_ptr(4), DType::kInt32, {p.batch});
   a.schedule.metadata = make_tensor(fake_ptr(5), DType::kInt32, {parts, kDecodeScheduleRecordInts});
   a.schedule.num_splits = make_tensor(fake_ptr(6), DType::kInt32, {p.batch + 1});
+  // One counter per (request, kv head, m-block): s_q * h_q / h_kv = 32 rows -> 1 m-block.
+  a.schedule.merge_counters = make_tensor(fake_ptr(11), DType::kInt32, {p.batch * p.h_kv});
   a.split.partial_o = make_tensor(fake_ptr(7), DType::kFloat32, {rows, 512});
   a.split.partial_lse = make_tensor(fake_ptr(8), DType::kFloat32, {rows});
   a.out = make_tensor(fake_ptr(9), DType::kBFloat16, {p.batch, p.s_q, p.h_q, 512});
@@ -62,6 +64,7 @@ TEST(DecodeApi, WorkspaceSizesDense) {
   EXPECT_EQ(s.partial_rows, (128 + 66) * 128);
   EXPECT_EQ(s.partial_o_bytes, size_t((128 + 66) * 128) * 512 * 4);
   EXPECT_EQ(s.partial_lse_bytes, size_t((128 + 66) * 128) * 4);
+  EXPECT_EQ(s.merge_counter_ints, 128 * 2);  // one per (request, m-block): 128 rows = 2 m-blocks
 
   p.s_q = 2;
   p.h_q = 64;
@@ -69,6 +72,11 @@ TEST(DecodeApi, WorkspaceSizesDense) {
   ASSERT_TRUE(get_decode_workspace_sizes(p, &s).is_ok());
   EXPECT_EQ(s.num_sm_parts, 66);
   EXPECT_EQ(s.partial_rows, (128 + 66) * 2 * 64);
+  EXPECT_EQ(s.merge_counter_ints, 128 * 2 * 1);  // (request, kv head, m-block)
+  p.h_q = 130;
+  p.h_kv = 1;  // 260 rows: 5 m-blocks
+  ASSERT_TRUE(get_decode_workspace_sizes(p, &s).is_ok());
+  EXPECT_EQ(s.merge_counter_ints, 128 * 5);
 }
 
 TEST(DecodeApi, WorkspaceSizesSparse) {
@@ -85,6 +93,7 @@ TEST(DecodeApi, WorkspaceSizesSparse) {
   ASSERT_TRUE(get_decode_workspace_sizes(p, &s).is_ok());
   EXPECT_EQ(s.num_sm_parts, 33);
   EXPECT_EQ(s.partial_rows, (4 + 33) * 2 * 128);
+  EXPECT_EQ(s.merge_counter_ints, 4 * 2 * 2);  // (request, query position, 64-head tile)
 }
 
 TEST(DecodeApi, WorkspaceSizesErrors) {
@@ -111,8 +120,12 @@ TEST(DecodeApi, ValidDenseCallPassesValidation) {
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_EQ(parts, 132);
 
-  // Larger split buffers than needed are fine (an engine sizes them for its largest batch).
+  // The merge counters are optional.
   DenseDecodeArgs a = dense_args(p);
+  a.schedule.merge_counters = TensorRef{};
+  EXPECT_TRUE(detail::validate_dense_decode(p, a, &parts).is_ok());
+  // Larger split buffers than needed are fine (an engine sizes them for its largest batch).
+  a = dense_args(p);
   a.split.partial_o.shape[0] += 1000;
   a.split.partial_lse.shape[0] += 1000;
   EXPECT_TRUE(detail::validate_dense_decode(p, a, &parts).is_ok());
@@ -235,6 +248,19 @@ TEST(DecodeApi, DenseDecodeValidationErrors) {
        "split.partial_lse"},
       {"scale nan", [](DecodeProblem&, DenseDecodeArgs& a) { a.softmax_scale = std::nanf(""); }, "softmax_scale"},
       {"scale inf", [](DecodeProblem&, DenseDecodeArgs& a) { a.softmax_scale = INFINITY; }, "softmax_scale"},
+      // merge counters (optional; dense_args gives valid ones)
+      {"counters int64", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.merge_counters.dtype = DType::kInt64; },
+       "schedule.merge_counters"},
+      {"counters 2-D", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.merge_counters.ndim = 2; },
+       "schedule.merge_counters"},
+      {"counters too few", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.merge_counters.shape[0] = 1; },
+       "schedule.merge_counters"},
+      {"counters strided", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.merge_counters.stride[0] = 2; },
+       "schedule.merge_counters"},
+      {"counters on cpu", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.merge_counters.device = DeviceType::kCPU; },
+       "schedule.merge_counters"},
+      {"counters on another GPU", [](DecodeProblem&, DenseDecodeArgs& a) { a.schedule.merge_counters.device_id = 1; },
+       "schedule.merge_counters"},
   };
   for (const Mutation& m : mutations) {
     DecodeProblem p = dense_problem();
@@ -285,6 +311,12 @@ TEST(DecodeApi, PlanValidation) {
   sched = a.schedule;
   sched.num_splits.device_id = 3;
   expect_error(p, a.cache_seqlens, {}, {}, sched, "schedule.num_splits");
+  sched = a.schedule;
+  sched.merge_counters.shape[0] = 1;
+  expect_error(p, a.cache_seqlens, {}, {}, sched, "schedule.merge_counters");
+  sched = a.schedule;
+  sched.merge_counters.dtype = DType::kFloat32;
+  expect_error(p, a.cache_seqlens, {}, {}, sched, "schedule.merge_counters");
   DecodeProblem bad_problem = p;
   bad_problem.batch = -1;
   expect_error(bad_problem, a.cache_seqlens, {}, {}, a.schedule, "problem.batch");
@@ -297,6 +329,7 @@ TEST(DecodeApi, PlanValidation) {
   sp.cache_format = KVCacheFormat::kFp8V32;
   DecodeSchedule ssched = a.schedule;
   ssched.metadata.shape[0] = 33;  // 132 / 2 / 2
+  ssched.merge_counters.shape[0] = 2 * 2 * 2;  // (request, query position, 64-head tile)
   st = detail::validate_plan_decode(sp, {}, {}, {}, ssched, &parts);
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_EQ(parts, 33);
@@ -341,6 +374,8 @@ SparseDecodeArgs sparse_args(const DecodeProblem& p) {
   a.indices = make_tensor(fake_ptr(3), DType::kInt32, {p.batch, p.s_q, p.topk});
   a.schedule.metadata = make_tensor(fake_ptr(5), DType::kInt32, {parts, kDecodeScheduleRecordInts});
   a.schedule.num_splits = make_tensor(fake_ptr(6), DType::kInt32, {p.batch + 1});
+  // One counter per (request, query position, 64-head tile).
+  a.schedule.merge_counters = make_tensor(fake_ptr(11), DType::kInt32, {p.batch * p.s_q * ((p.h_q + 63) / 64)});
   a.split.partial_o = make_tensor(fake_ptr(7), DType::kFloat32, {rows, 512});
   a.split.partial_lse = make_tensor(fake_ptr(8), DType::kFloat32, {rows});
   a.out = make_tensor(fake_ptr(9), DType::kBFloat16, {p.batch, p.s_q, p.h_q, 512});

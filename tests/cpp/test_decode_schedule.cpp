@@ -410,6 +410,8 @@ class DecodeScheduleGpu : public ::testing::Test {
         .extra_topk_length = d_extra_len,
         .records = d_records,
         .num_splits = d_splits,
+        .merge_counters = nullptr,
+        .merge_counter_count = 0,
         .payload_override = payload_override,
     };
     const Status st = kernels::launch_decode_scheduler(params, nullptr);

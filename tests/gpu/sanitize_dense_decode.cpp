@@ -14,6 +14,7 @@
 #include <limits>
 #include <vector>
 
+#include "api/decode_internal.h"
 #include "openmla/decode.h"
 
 namespace {
@@ -27,6 +28,8 @@ struct Case {
   bool causal;
   bool fp16;
   int num_sms;  // 0: the device's (many partitions, so requests split); 1: one partition, no split
+  bool counters = true;         // schedule with merge counters: two-chunk requests merged in the main kernel
+  bool publish_always = false;  // test hook: every chunk publishes first; the last publisher merges
 };
 
 uint16_t to_bits(float v, bool fp16) {
@@ -107,11 +110,13 @@ bool run_case(const Case& c) {
   int32_t* d_len = upload(seqlens);
   int32_t* d_meta = upload(std::vector<int32_t>(ws.metadata_ints, 0));
   int32_t* d_splits = upload(std::vector<int32_t>(ws.num_splits_ints, 0));
+  // Garbage in the counters: plan_decode must zero them.
+  int32_t* d_counters = upload(std::vector<int32_t>(ws.merge_counter_ints, 0x5a5a5a5a));
   float* d_po = upload(std::vector<float>(ws.partial_rows * kDv, nan));
   float* d_pl = upload(std::vector<float>(ws.partial_rows, nan));
   uint16_t* d_out = upload(std::vector<uint16_t>(kB * kSq * kHq * kDv, to_bits(nan, c.fp16)));
   float* d_lse = upload(std::vector<float>(kB * kHq * kSq, nan));
-  bool ok = d_q && d_k && d_bt && d_len && d_meta && d_splits && d_po && d_pl && d_out && d_lse;
+  bool ok = d_q && d_k && d_bt && d_len && d_meta && d_splits && d_counters && d_po && d_pl && d_out && d_lse;
   if (!ok) std::printf("dense_decode sanitize [%s]: allocation or upload failed\n", c.name);
 
   using openmla::make_tensor;
@@ -122,6 +127,7 @@ bool run_case(const Case& c) {
   args.cache_seqlens = make_tensor(d_len, DType::kInt32, {kB});
   args.schedule.metadata = make_tensor(d_meta, DType::kInt32, {ws.num_sm_parts, openmla::kDecodeScheduleRecordInts});
   args.schedule.num_splits = make_tensor(d_splits, DType::kInt32, {kB + 1});
+  if (c.counters) args.schedule.merge_counters = make_tensor(d_counters, DType::kInt32, {ws.merge_counter_ints});
   args.split.partial_o = make_tensor(d_po, DType::kFloat32, {ws.partial_rows, kDv});
   args.split.partial_lse = make_tensor(d_pl, DType::kFloat32, {ws.partial_rows});
   args.out = make_tensor(d_out, dtype, {kB, kSq, kHq, kDv});
@@ -131,9 +137,11 @@ bool run_case(const Case& c) {
   cudaStream_t stream = nullptr;
   if (ok) ok = cudaStreamCreate(&stream) == cudaSuccess;
   if (ok) ok = report(c.name, "plan_decode", openmla::plan_decode(problem, args.cache_seqlens, {}, {}, args.schedule, stream));
+  openmla::detail::set_dense_merge_publish_always(c.publish_always);
   if (ok) ok = report(c.name, "dense_decode", openmla::dense_decode(problem, args, stream));
   if (ok) {
     const cudaError_t err = cudaStreamSynchronize(stream);
+    openmla::detail::set_dense_merge_publish_always(false);
     if (err != cudaSuccess) {
       std::printf("dense_decode sanitize [%s]: kernels failed: %s\n", c.name, cudaGetErrorString(err));
       ok = false;
@@ -146,7 +154,9 @@ bool run_case(const Case& c) {
     std::vector<uint16_t> out(kB * kSq * kHq * kDv);
     std::vector<float> lse(kB * kHq * kSq);
     std::vector<int32_t> splits(kB + 1);
-    ok = cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&
+    std::vector<int32_t> counters(ws.merge_counter_ints);
+    ok = cudaMemcpy(counters.data(), d_counters, counters.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
+         cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&
          cudaMemcpy(lse.data(), d_lse, lse.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
          cudaMemcpy(splits.data(), d_splits, splits.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
     for (int64_t r = 0; ok && r < kB; ++r) {
@@ -163,7 +173,13 @@ bool run_case(const Case& c) {
         }
       }
     }
-    if (bad) std::printf("dense_decode sanitize [%s]: %d unexpected output values\n", c.name, bad);
+    // A schedule with counters: plan_decode zeroed them and the call left them zero.
+    for (int32_t v : counters)
+      if (c.counters && v != 0) ++bad;
+    int two_chunk = 0;
+    for (int64_t r = 0; r < kB; ++r) two_chunk += splits[r + 1] - splits[r] == 2;
+    if (bad) std::printf("dense_decode sanitize [%s]: %d unexpected output or counter values\n", c.name, bad);
+    std::printf("dense_decode sanitize [%s]: %d two-chunk request(s)\n", c.name, two_chunk);
     std::printf("dense_decode sanitize [%s]: num_sm_parts %d, split slots %d, %s\n", c.name, ws.num_sm_parts,
                 splits[kB], bad == 0 && ok ? "ok" : "FAILED");
   }
@@ -171,6 +187,7 @@ bool run_case(const Case& c) {
   if (stream) cudaStreamDestroy(stream);
   for (void* p : {static_cast<void*>(d_q), static_cast<void*>(d_k), static_cast<void*>(d_bt),
                   static_cast<void*>(d_len), static_cast<void*>(d_meta), static_cast<void*>(d_splits),
+                  static_cast<void*>(d_counters),
                   static_cast<void*>(d_po), static_cast<void*>(d_pl), static_cast<void*>(d_out),
                   static_cast<void*>(d_lse)})
     if (p) cudaFree(p);
@@ -186,6 +203,11 @@ int run_dense_decode_sanitize_cases() {
       {"h_kv=2 bf16 split", 2, false, false, 0},
       {"h_kv=2 causal fp16 split", 2, true, true, 0},
       {"h_kv=1 causal bf16 one partition", 1, true, false, 1},
+      // 8 partitions: request 2 (200 tokens) is split into two chunks (3 + 1 blocks), merged in the main kernel,
+      // once by the chunk that finds the other done, once (hook) by the last of two publishers.
+      {"h_kv=1 causal bf16 two-chunk merge", 1, true, false, 8},
+      {"h_kv=1 bf16 two-chunk merge, both publish", 1, false, false, 8, true, true},
+      {"h_kv=1 causal bf16 split, no counters", 1, true, false, 0, false},
   };
   int failed = 0;
   for (const Case& c : cases) failed += run_case(c) ? 0 : 1;

@@ -295,7 +295,7 @@ def test_sparse_binding_signature():
 def test_workspace_sizes(b, s_q, h_q, h_kv, parts):
     sizes = C.get_decode_workspace_sizes(**problem(batch=b, s_q=s_q, h_q=h_q, h_kv=h_kv))
     assert set(sizes) == {"num_sm_parts", "metadata_ints", "num_splits_ints", "partial_rows", "partial_o_bytes",
-                          "partial_lse_bytes"}
+                          "partial_lse_bytes", "merge_counter_ints"}
     assert sizes["num_sm_parts"] == parts
     assert 1 <= parts <= C.MAX_DECODE_SM_PARTS
     assert sizes["metadata_ints"] == parts * C.DECODE_SCHEDULE_RECORD_INTS == parts * 8
@@ -303,6 +303,8 @@ def test_workspace_sizes(b, s_q, h_q, h_kv, parts):
     assert sizes["partial_rows"] == (b + parts) * s_q * h_q
     assert sizes["partial_o_bytes"] == sizes["partial_rows"] * 512 * 4
     assert sizes["partial_lse_bytes"] == sizes["partial_rows"] * 4
+    # One merge counter per (request, kv head, m-block of 64 packed rows).
+    assert sizes["merge_counter_ints"] == b * h_kv * -(-(s_q * (h_q // h_kv)) // 64)
 
 
 def test_workspace_sizes_do_not_depend_on_batch_or_causal():

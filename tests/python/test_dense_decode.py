@@ -317,6 +317,67 @@ def test_one_long_request_among_short_ones():
     check_against_reference(inp, out, lse, True, "one long among short")
 
 
+# Requests split into exactly two chunks are merged inside the main kernel (the chunk that finishes last merges
+# the other's partial; docs/dense-decode.md, "Split requests"); more chunks go through the combine kernel.
+MERGE_CASES = [Case(64, 2, 128, 1, 2048, varlen=True, causal=True), Case(132, 1, 16, 2, 700, varlen=True),
+               Case(40, 3, 9, 3, 1500, varlen=True, causal=True, zero_len=True, dtype="fp16")]
+
+
+def _chunk_counts(meta):
+    splits = meta.num_splits.cpu()
+    return (splits[1:] - splits[:-1]).tolist()
+
+
+@gpu
+@pytest.mark.parametrize("publish_always", [False, True], ids=["merge-if-other-done", "always-publish"])
+@pytest.mark.parametrize("case", MERGE_CASES, ids=str)
+def test_two_chunk_requests_merged_in_kernel(case, publish_always):
+    """Both ways a two-chunk request is merged: by the chunk that finds the other's partial already published
+    (the usual one), and, with the test hook, by whichever of the two publishes last. The counters must be back
+    at zero after every call, and repeated calls bitwise identical."""
+    torch = _torch()
+    om = _openmla()
+    C = om._openmla
+    inp = inputs_for(case, seed=21)
+    meta, _ = om.get_mla_metadata()
+    C._set_dense_merge_publish_always(publish_always)
+    try:
+        out, lse = decode(inp, case.causal, meta=meta)
+        again = decode(inp, case.causal, meta=meta)
+    finally:
+        C._set_dense_merge_publish_always(False)
+    torch.cuda.synchronize()
+    assert 2 in _chunk_counts(meta), "the case must contain requests split into exactly two chunks"
+    assert int(meta.merge_counters.abs().sum()) == 0, "a call left a merge counter non-zero"
+    check_against_reference(inp, out, lse, case.causal, f"{case} publish_always={publish_always}")
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+
+
+@gpu
+@pytest.mark.parametrize("case", MERGE_CASES[:2], ids=str)
+def test_without_merge_counters_the_combine_kernel_merges(case):
+    """A schedule without merge counters (C++ callers of the earlier API) still gives the right answer: the combine
+    kernel then merges the two-chunk requests too."""
+    torch = _torch()
+    om = _openmla()
+    C = om._openmla
+    inp = inputs_for(case, seed=22)
+    meta, _ = om.get_mla_metadata()
+    with_counters = decode(inp, case.causal, meta=meta)  # plans the schedule
+    out, lse = nan_out_buffers(case.b, case.s_q, case.h_q, inp.q.dtype)
+    problem = dict(batch=case.b, s_q=case.s_q, h_q=case.h_q, h_kv=case.h_kv, d_qk=D_QK, d_v=D_V, page_block_size=PAGE,
+                   cache_format=case.dtype, causal=case.causal,
+                   num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    C.dense_decode(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, meta.tile_scheduler_metadata,
+                   meta.num_splits, meta.partial_o, meta.partial_lse, out, lse, merge_counters=None,
+                   softmax_scale=D_QK ** -0.5, stream=torch.cuda.current_stream().cuda_stream, **problem)
+    torch.cuda.synchronize()
+    assert 2 in _chunk_counts(meta)
+    check_against_reference(inp, out, lse, case.causal, f"{case} combine only")
+    # Two merge orders of the same partials: equal up to rounding.
+    assert torch.allclose(out.float(), with_counters[0].float(), atol=2e-3, rtol=1e-2)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Invariances
 # ---------------------------------------------------------------------------------------------------

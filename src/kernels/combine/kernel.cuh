@@ -84,7 +84,13 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   // is launched without PDL and never triggers early), so it is safe to read before the wait.
   const int32_t first_slot = p.num_splits[req];
   const int32_t num_slots = p.num_splits[req + 1] - first_slot;
-  if (num_slots <= 1) return;  // not split: the main kernel wrote the final result
+  if (num_slots <= max(1, p.merged_in_kernel)) {
+    // Not split, or merged by the main kernel: it wrote the final result. One CTA still waits for the main
+    // kernel, so that this grid never completes before it (work after the combine on the stream must see
+    // every output row, whichever kernel wrote it).
+    if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && warp == 0) wait_for_main_kernel();
+    return;
+  }
 
   const int rows_per_kv_head = p.s_q * p.q_per_kv;
   const int kv_head = row / rows_per_kv_head;

@@ -29,6 +29,7 @@ struct CombineParams {
   const float* partial_lse;  // (slots, s_q * h_q) fp32, base 2
   const int32_t* num_splits; // (b + 1,) from the scheduler
   const float* attn_sink;    // (h_q,) natural-log units, may be null (no sink)
+  int merged_in_kernel;      // requests with at most this many chunks were finished by the main kernel (1: none)
 
   // out: (b, s_q, h_q, 512) in q's dtype, last dim contiguous, other strides multiples of 4 elements
   // (8-byte stores); lse: logical (b, h_q, s_q) float32, natural log. Strides in elements.
@@ -37,6 +38,10 @@ struct CombineParams {
   float* lse;
   int64_t lse_stride_b, lse_stride_h, lse_stride_s;
 };
+
+// Split requests of exactly this many chunks are merged inside the dense main kernel when the schedule has merge
+// counters (the last chunk to finish merges the other's partial); the combine kernel then skips them.
+inline constexpr int kMaxMergeChunks = 2;
 
 inline constexpr int kCombineWarps = 8;  // rows per CTA: one warp per (request, query row, column slice)
 inline constexpr int kCombineHeadDim = 512;

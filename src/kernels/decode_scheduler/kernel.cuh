@@ -61,6 +61,9 @@ __global__ void __launch_bounds__(kDecodeSchedulerThreads, 1) decode_scheduler_k
   __shared__ int64_t warp_sums[kDecodeSchedulerThreads / 32];
   __shared__ bool failed;
 
+  // The merge counters start every call at zero (docs/dense-decode.md, "Split requests").
+  for (int64_t i = threadIdx.x; i < p.merge_counter_count; i += kDecodeSchedulerThreads) p.merge_counters[i] = 0;
+
   // ---- Pass 1: total work ----------------------------------------------------------------------------
   int64_t local = 0;
   for (int i = threadIdx.x; i < p.batch; i += kDecodeSchedulerThreads) {

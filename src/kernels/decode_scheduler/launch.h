@@ -25,6 +25,8 @@ struct DecodeSchedulerParams {
 
   DecodeScheduleRecord* records;  // (num_sm_parts,) output
   int32_t* num_splits;            // (b + 1,) output; num_splits[b] == -1 flags a failed pass
+  int32_t* merge_counters;        // (merge_counter_count,) zeroed, may be null
+  int64_t merge_counter_count;
 
   // Testing only: > 0 replaces the balanced payload (drives the failure guard). 0 in production.
   int64_t payload_override;

@@ -58,6 +58,14 @@ enum class NamedBarrier : int {
   kRowSumReady = 3,  // both: per-row partial sums exchanged in the epilogue; K buffers free for staging
 };
 
+// Split requests (docs/dense-decode.md, "Split requests"): how a split chunk's epilogue ends. Decided by thread 0
+// from the request's chunk count and its merge counter, published to the CTA in SharedStorage::merge_info.
+enum MergeMode : int {
+  kMergeByCombine = 0,  // write the fp32 partial; the combine kernel merges (no counters, or more chunks)
+  kMergeNow = 1,        // the other chunk already published: merge it with ours, write the final rows
+  kMergePublish = 2,    // write and publish the partial; merge only if our publication turns out last
+};
+
 // Shared memory. Tiles are 1024-byte aligned for the 128B swizzle (TMA and wgmma agree on it).
 struct alignas(1024) SharedStorage {
   alignas(1024) uint8_t q[Config::kNumTiles][Config::kTileBytes];  // Q tile, 64 x 576, K-major swizzled
@@ -72,6 +80,8 @@ struct alignas(1024) SharedStorage {
   float row_sum[2][Config::kBlockM];
   alignas(8) uint64_t k_bar[2][Config::kNumTileGroups];  // one TMA completion barrier per tile group
   uint64_t handoff[static_cast<int>(Handoff::kCount)];
+  uint64_t merge_bar;  // the other chunk's partial rows landed in the staging area (bulk loads, tx bytes)
+  int merge_info[3];   // thread 0 -> all: MergeMode of this epilogue, the other chunk's split slot, merges so far
 };
 
 static_assert(sizeof(SharedStorage::k) >= Config::kBlockM * Config::kStageF32Pitch * 4, "fp32 staging fits in K");

@@ -14,6 +14,7 @@
 
 #include "common/mma_tile.cuh"
 #include "common/ptx.cuh"
+#include "kernels/combine/params.h"
 #include "kernels/dense_decode/config.h"
 #include "kernels/dense_decode/params.h"
 
@@ -268,6 +269,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       for (int g = 0; g < C::kNumTileGroups; ++g) ptx::mbarrier_init(&smem.k_bar[b][g], 1);
     for (int h = 0; h < static_cast<int>(Handoff::kCount); ++h)
       ptx::mbarrier_init(&smem.handoff[h], C::kWarpgroupThreads);
+    ptx::mbarrier_init(&smem.merge_bar, 1);
+    smem.merge_info[2] = 0;
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -315,6 +318,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     ptx::cp_async_commit();
   };
   bool q_issued = false;  // the next request's Q was issued during this request's epilogue (perf-notes dense v11)
+  bool q_sent = false;    // (epilogue) this thread has issued its share of that Q
 
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kPrologueStart);
@@ -518,6 +522,31 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (params.max_blocks_per_seq > 1) next_page[1] = page_of(params, req + 1, 1);
       }
     }
+    // In-kernel merge of a request split into two chunks (docs/dense-decode.md, "Split requests"): thread 0
+    // reads the chunk count and how many other chunks of this (request, kv head, m-block) have published their
+    // partials. If the other one has, this chunk merges now and writes the final rows (no partial of its own);
+    // otherwise it publishes its partial, and merges anyway if its publication turns out to be the last.
+    int* const counter = is_split && params.merge_counters != nullptr
+                             ? params.merge_counters +
+                                   (static_cast<int64_t>(req) * params.h_kv + kv_head) * params.num_m_blocks + m_block
+                             : nullptr;
+    const int valid_rows = min(C::kBlockM, R - row_base);
+    const uint32_t merge_bytes = static_cast<uint32_t>(valid_rows) * C::kHeadDimV * 4;
+    if (counter != nullptr && tid == 0) {
+      const int first_slot = params.num_splits[req];
+      const int chunks = params.num_splits[req + 1] - first_slot;
+      int mode = kMergeByCombine;
+      if (chunks == kMaxMergeChunks) {
+        mode = !params.merge_publish_always && ptx::ld_acquire_gpu(counter) == chunks - 1 ? kMergeNow : kMergePublish;
+        if (mode == kMergeNow) {
+          *counter = 0;  // nobody else touches it in this call: reset for the next call with this schedule
+          ptx::fence_proxy_async_global();
+          ptx::mbarrier_arrive_expect_tx(&smem.merge_bar, merge_bytes);
+        }
+      }
+      smem.merge_info[0] = mode;
+      smem.merge_info[1] = split_slot == first_slot ? first_slot + 1 : first_slot;  // the other chunk's slot
+    }
     float total[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -526,82 +555,175 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
     // Also certifies both warpgroups are done reading the K buffers, which become the staging area.
     ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kRowSumReady), C::kThreads);
+    const int merge_mode = counter != nullptr ? smem.merge_info[0] : kMergeByCombine;
 #pragma unroll
     for (int i = 0; i < 2; ++i) total[i] = smem.row_sum[0][frag.row[i]] + smem.row_sum[1][frag.row[i]];
+    // Per row: empty (no visible key, or a pathological NaN) and the base-2 log of the row sum (with the max).
     bool empty[2];
-    float inv[2];
+    float lse2[2];
+    {
+      float inv[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      empty[i] = !(total[i] > 0.f);  // no visible key (or a pathological NaN)
-      inv[i] = empty[i] ? 0.f : 1.f / total[i];
+      for (int i = 0; i < 2; ++i) {
+        empty[i] = !(total[i] > 0.f);
+        inv[i] = empty[i] ? 0.f : 1.f / total[i];
+        lse2[i] = empty[i] ? -INFINITY : m_run[i] + log2f(total[i]);
+      }
+      scale_rows(o, inv[0], inv[1]);
     }
-    scale_rows(o, inv[0], inv[1]);
 
     uint8_t* stage = &smem.k[0][0][0];
     const int col_base = wg * (C::kHeadDimV / 2);
-    if (!is_split) {
+    // Stages the 64 x 512 result (this warpgroup's 256 columns) and sends its rows: final bf16/fp16 rows with the
+    // natural-log lse, or fp32 partial rows with the base-2 lse. The rows leave by bulk copies (TMA engine, one
+    // per row: 1 KB or 2 KB; perf-notes dense v12): the generic-proxy staging writes are fenced for the async
+    // proxy before the barrier, and the issuing threads wait until the engine has READ the staging area (or, for
+    // a published partial, until the writes are complete). Threads kBlockM.. issue the next request's Q meanwhile.
+    auto store_rows = [&](bool as_partial, bool publish) {
+      if (!as_partial) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int col = col_base + j * 8 + frag.col;
+        for (int j = 0; j < 32; ++j) {
+          const int col = col_base + j * 8 + frag.col;
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
-          *reinterpret_cast<uint32_t*>(stage + frag.row[i] * C::kStageBf16PitchBytes + col * 2) =
-              Element<kIsFp16>::pack(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
+          for (int i = 0; i < 2; ++i)
+            *reinterpret_cast<uint32_t*>(stage + frag.row[i] * C::kStageBf16PitchBytes + col * 2) =
+                Element<kIsFp16>::pack(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
+        }
+      } else {
+        float* stage_f = reinterpret_cast<float*>(stage);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int col = col_base + j * 8 + frag.col;
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            *reinterpret_cast<float2*>(stage_f + frag.row[i] * C::kStageF32Pitch + col) =
+                make_float2(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
+        }
       }
-    } else {
-      float* stage_f = reinterpret_cast<float*>(stage);
+      // Softmax statistics: WG0 writes them (one thread per row).
+      if (wg == 0 && lane % 4 == 0) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int col = col_base + j * 8 + frag.col;
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          *reinterpret_cast<float2*>(stage_f + frag.row[i] * C::kStageF32Pitch + col) =
-              make_float2(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
+        for (int i = 0; i < 2; ++i) {
+          const int r = row_base + frag.row[i];
+          if (r >= R) continue;
+          if (!as_partial) {
+            const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
+            params.lse[static_cast<int64_t>(req) * params.lse_stride_b + head * params.lse_stride_h +
+                       s_idx * params.lse_stride_s] = empty[i] ? INFINITY : lse2[i] * 0.69314718055994531f;
+          } else {
+            params.partial_lse[static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r] = lse2[i];
+          }
+        }
+        if (publish) ptx::fence_acq_rel_gpu();
       }
+      ptx::fence_proxy_async_shared();
+      __syncthreads();
+      if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStaged);
+      if (tid < C::kBlockM) {
+        const int row = tid, r = row_base + row;
+        if (r < R) {
+          if (!as_partial) {
+            const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
+            const int64_t elem = static_cast<int64_t>(req) * params.out_stride_b + s_idx * params.out_stride_s +
+                                 head * params.out_stride_h;
+            ptx::bulk_store_global(static_cast<uint8_t*>(params.out) + elem * 2,
+                                   ptx::smem_addr(stage + row * C::kStageBf16PitchBytes), C::kHeadDimV * 2);
+          } else {
+            const int64_t prow = static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r;
+            ptx::bulk_store_global(params.partial_o + prow * C::kHeadDimV,
+                                   ptx::smem_addr(stage + row * C::kStageF32Pitch * 4), C::kHeadDimV * 4);
+          }
+        }
+        ptx::bulk_commit_group();
+        if (publish) {  // the partial must be complete in global memory before the counter says so
+          ptx::bulk_wait_group0();
+          ptx::fence_proxy_async_global();
+          ptx::fence_acq_rel_gpu();
+        } else {
+          ptx::bulk_wait_group_read0();
+        }
+      } else if (q_issued && !q_sent) {
+        issue_q(req + 1, tid - C::kBlockM, C::kThreads - C::kBlockM);
+        q_sent = true;
+      }
+    };
+    q_sent = false;
+    bool merge = merge_mode == kMergeNow;
+    if (is_split && merge_mode != kMergeNow) store_rows(true, merge_mode == kMergePublish);
+    if (is_split && merge_mode == kMergePublish) {
+      __syncthreads();  // every row and lse of the partial is complete and fenced
+      if (tid == 0) {
+        // Publication: the other chunk merges when it finds the count at 1; if it published first, we merge.
+        const bool last = ptx::atomic_add_acq_rel_gpu(counter, 1) == kMaxMergeChunks - 1;
+        if (last) {
+          *counter = 0;
+          ptx::fence_proxy_async_global();
+          ptx::mbarrier_arrive_expect_tx(&smem.merge_bar, merge_bytes);
+        }
+        smem.merge_info[0] = last ? kMergeNow : kMergePublish;
+      }
+      __syncthreads();
+      merge = smem.merge_info[0] == kMergeNow;
     }
-    // Softmax statistics: WG0 writes them (one thread per row).
-    if (wg == 0 && lane % 4 == 0) {
+    if (merge) {
+      // The other chunk's partial rows into the staging area (fp32, pitch kStageF32Pitch) and its lse.
+      const int64_t other_row0 = static_cast<int64_t>(smem.merge_info[1]) * params.s_q * params.h_q + kv_head * R + row_base;
+      ptx::fence_acq_rel_gpu();  // acquire: thread 0 saw the publication; order this thread's reads after it
+      ptx::fence_proxy_async_global();
+      if (tid < valid_rows)
+        ptx::bulk_load_shared(ptx::smem_addr(stage + tid * C::kStageF32Pitch * 4),
+                              params.partial_o + (other_row0 + tid) * C::kHeadDimV, C::kHeadDimV * 4, &smem.merge_bar);
+      float lse2_other[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        lse2_other[i] = frag.row[i] < valid_rows ? params.partial_lse[other_row0 + frag.row[i]] : -INFINITY;
+      // Weights in slot order (a = the chunk of ordinal 0, b = ordinal 1), so both chunks, whichever merges,
+      // compute the same numbers: out = w_b O_b + w_a O_a, lse = log2(2^l_a + 2^l_b).
+      const bool own_first = split_slot == params.num_splits[req];
+      float w_own[2], w_other[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int r = row_base + frag.row[i];
-        if (r >= R) continue;
-        const float log2_sum = empty[i] ? 0.f : m_run[i] + log2f(total[i]);
-        if (!is_split) {
-          const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
-          params.lse[static_cast<int64_t>(req) * params.lse_stride_b + head * params.lse_stride_h +
-                     s_idx * params.lse_stride_s] = empty[i] ? INFINITY : log2_sum * 0.69314718055994531f;
-        } else {
-          params.partial_lse[static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r] =
-              empty[i] ? -INFINITY : log2_sum;
+        const float la = own_first ? lse2[i] : lse2_other[i], lb = own_first ? lse2_other[i] : lse2[i];
+        const float mx = fmaxf(la, lb);
+        float wa = 0.f, wb = 0.f;
+        empty[i] = mx == -INFINITY;  // (NaN lse never occurs: empty chunks publish -inf)
+        if (!empty[i]) {
+          const float ea = exp2f(la - mx), eb = exp2f(lb - mx);
+          const float sum = ea + eb;
+          wa = ea / sum;
+          wb = eb / sum;
+          lse2[i] = mx + log2f(sum);
+        }
+        w_own[i] = own_first ? wa : wb;
+        w_other[i] = own_first ? wb : wa;
+      }
+      ptx::mbarrier_wait_parity(&smem.merge_bar, static_cast<uint32_t>(smem.merge_info[2]) & 1u);
+      const float* stage_f = reinterpret_cast<const float*>(stage);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        // Bound the shared loads in flight (the accumulators already hold 128 registers): without this fence ptxas
+        // hoists all 64 loads and runs out of registers for the whole kernel.
+        if (j % 4 == 0) asm volatile("" ::: "memory");
+        const int col = col_base + j * 8 + frag.col;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float2 v = make_float2(0.f, 0.f);
+          if (frag.row[i] < valid_rows) v = *reinterpret_cast<const float2*>(stage_f + frag.row[i] * C::kStageF32Pitch + col);
+          float& o0 = o[j * 4 + 2 * i];
+          float& o1 = o[j * 4 + 2 * i + 1];
+          if (own_first) {
+            o0 = fmaf(w_other[i], v.x, w_own[i] * o0);
+            o1 = fmaf(w_other[i], v.y, w_own[i] * o1);
+          } else {
+            o0 = fmaf(w_own[i], o0, w_other[i] * v.x);
+            o1 = fmaf(w_own[i], o1, w_other[i] * v.y);
+          }
         }
       }
+      __syncthreads();  // every thread read its part of the staging area: it becomes the bf16 staging now
+      if (tid == 0) ++smem.merge_info[2];  // merge_bar's next completion has the other parity
     }
-    // The staged rows go out by bulk copies (TMA engine, one per row: 1 KB bf16 or 2 KB fp32; perf-notes dense
-    // v12): the generic-proxy staging writes are fenced for the async proxy before the barrier, and the
-    // issuing threads wait only until the engine has READ the staging area (the K buffers, refilled next).
-    ptx::fence_proxy_async_shared();
-    __syncthreads();
-    if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStaged);
-    if (tid < C::kBlockM) {
-      const int row = tid, r = row_base + row;
-      if (r < R) {
-        if (!is_split) {
-          const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
-          const int64_t elem = static_cast<int64_t>(req) * params.out_stride_b + s_idx * params.out_stride_s +
-                               head * params.out_stride_h;
-          ptx::bulk_store_global(static_cast<uint8_t*>(params.out) + elem * 2,
-                                 ptx::smem_addr(stage + row * C::kStageBf16PitchBytes), C::kHeadDimV * 2);
-        } else {
-          const int64_t prow = static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r;
-          ptx::bulk_store_global(params.partial_o + prow * C::kHeadDimV,
-                                 ptx::smem_addr(stage + row * C::kStageF32Pitch * 4), C::kHeadDimV * 4);
-        }
-      }
-      ptx::bulk_commit_group();
-      ptx::bulk_wait_group_read0();
-    } else if (q_issued) {
-      issue_q(req + 1, tid - C::kBlockM, C::kThreads - C::kBlockM);
-    }
+    if (!is_split || merge) store_rows(false, false);
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStored);
     if (tid == 0 && req < rec.end_req) {  // only pages inside the next sequence are touched
       const int len = min(max(next_len, 0), params.max_blocks_per_seq * C::kBlockN);

@@ -53,6 +53,11 @@ struct DenseDecodeParams {
 
   const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
   const int32_t* num_splits;             // (b + 1,) exclusive prefix sum of splits per request
+  // One counter per (request, kv head, m-block), zero between calls (plan_decode zeroes them; every call leaves
+  // them zero): requests of kMaxMergeChunks chunks are merged inside this kernel (docs/dense-decode.md). Null:
+  // the combine kernel merges every split request.
+  int* merge_counters;
+  bool merge_publish_always;  // testing only (api/decode_internal.h): never merge before publishing
 };
 
 // Launches the main kernel on `stream`, grid (num_m_blocks, h_kv, num_sm_parts). `k_cache_tma` is
