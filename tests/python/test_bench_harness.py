@@ -115,6 +115,7 @@ def _fake_harness(monkeypatch, timing, graph_us=28.6, eager_us=30.0):
     h = harness.Harness({})
     monkeypatch.setattr(h, "time_graph_and_eager", lambda call: (graph_us, eager_us))
     monkeypatch.setattr(h, "time_cupti", lambda call: timing)
+    monkeypatch.setattr(h, "rest_before_timing", lambda call: None)
     return h
 
 
