@@ -108,13 +108,29 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
 
   wait_for_main_kernel();
 
+  // One round trip for the usual case (perf-notes: combine v19): the chunk lse values (lane i holds chunk i's)
+  // and the first batch of this lane's columns of every chunk row are all requested before any is used; only
+  // requests of more than 32 chunks (lse) or kBatch chunks (rows) go back for more.
+  const float lse_lane = lane < num_slots ? lse_row[lane * lse_slot_stride] : -INFINITY;
+  float4 v[kBatch][kVectorsPerLane];
+#pragma unroll
+  for (int k = 0; k < kBatch; ++k) {
+    if (k < num_slots) {
+#pragma unroll
+      for (int j = 0; j < kVectorsPerLane; ++j)
+        v[k][j] = *reinterpret_cast<const float4*>(o_row + k * o_slot_stride + j * kVectorStride);
+    }
+  }
+  // Chunk i's lse: from lane i's register for i < 32 (one shuffle), else from memory.
+  auto chunk_lse = [&](int i) { return i < 32 ? __shfl_sync(0xffffffffu, lse_lane, i) : lse_row[i * lse_slot_stride]; };
+
   // ---- Global log-sum-exp over the chunks -------------------------------------------------------------
-  float m = -INFINITY;
-  for (int i = lane; i < num_slots; i += 32) m = fmaxf(m, lse_row[i * lse_slot_stride]);
+  float m = lse_lane;
+  for (int i = lane + 32; i < num_slots; i += 32) m = fmaxf(m, lse_row[i * lse_slot_stride]);
   m = warp_max(m);
   const float m_safe = lse_shift(m);
-  float s = 0.f;
-  for (int i = lane; i < num_slots; i += 32) s += exp2f(lse_row[i * lse_slot_stride] - m_safe);
+  float s = lane < num_slots ? exp2f(lse_lane - m_safe) : 0.f;
+  for (int i = lane + 32; i < num_slots; i += 32) s += exp2f(lse_row[i * lse_slot_stride] - m_safe);
   s = warp_sum(s);
   const float g = merged_lse_log2(s, m_safe);
 
@@ -130,21 +146,20 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
     const float g_sink = add_sink_log2(g, sink_log2);
     if (g_sink != INFINITY) {  // +inf sink: the output is exactly 0
       for (int i0 = 0; i0 < num_slots; i0 += kBatch) {
-        float4 v[kBatch][kVectorsPerLane];
-        float l[kBatch];
+        if (i0 > 0) {  // later batches (more than kBatch chunks): load them now
 #pragma unroll
-        for (int k = 0; k < kBatch; ++k) {
-          if (i0 + k < num_slots) {
+          for (int k = 0; k < kBatch; ++k) {
+            if (i0 + k < num_slots) {
 #pragma unroll
-            for (int j = 0; j < kVectorsPerLane; ++j)
-              v[k][j] = *reinterpret_cast<const float4*>(o_row + (i0 + k) * o_slot_stride + j * kVectorStride);
-            l[k] = lse_row[(i0 + k) * lse_slot_stride];
+              for (int j = 0; j < kVectorsPerLane; ++j)
+                v[k][j] = *reinterpret_cast<const float4*>(o_row + (i0 + k) * o_slot_stride + j * kVectorStride);
+            }
           }
         }
 #pragma unroll
         for (int k = 0; k < kBatch; ++k) {
           if (i0 + k >= num_slots) break;
-          const float w = exp2f(l[k] - g_sink);
+          const float w = exp2f(chunk_lse(i0 + k) - g_sink);
           // An empty chunk (lse -inf) has weight 0; skipping it (warp-uniform) keeps any non-finite
           // filler in its row out of the result.
           if (w != 0.f) {
