@@ -16,7 +16,6 @@
 
 #include <cuda_bf16.h>
 
-#include <cstddef>
 #include <cstdint>
 
 #include "common/mma_tile.cuh"
@@ -193,19 +192,6 @@ __device__ __forceinline__ uint64_t desc_k_group(const void* p) {
 __device__ __forceinline__ uint64_t desc_v_group(const void* p) {
   return ptx::make_smem_desc_sw128(ptx::smem_addr(p), Co::kSwizzleAtomBytes, Co::kGroupStride);
 }
-
-// Epilogue staging of fp32 partial rows (consume(), the partition's last request): warpgroup wg's 64 x 256 floats at
-// smem.k[0] + wg * kStageBytesPerWg, rows kStagePitchBytes apart (16 bytes of padding spread the rows over the
-// banks). The area runs past the K buffers into the P tiles for MODEL1 (all dead by then; config.h checks it fits).
-constexpr int kStagePitchBytes = Common::kHeadDimV / 2 * 4 + 16;  // 1040
-constexpr int kStageBytesPerWg = Common::kBlockM * kStagePitchBytes;
-constexpr int kStageBarrier = 4;  // named barriers 4 (WG0) and 5 (WG1): the warpgroup's staging is complete
-template <Layout L>
-constexpr bool staging_fits() {
-  return offsetof(SharedStorage<L>, p) + sizeof(SharedStorage<L>::p) - offsetof(SharedStorage<L>, k) >=
-         2 * static_cast<size_t>(kStageBytesPerWg);
-}
-static_assert(staging_fits<Layout::kV32>() && staging_fits<Layout::kModel1>(), "fp32 staging fits in K + P");
 
 // The two consumer warpgroups only (named barrier 1). They reach it from different code (one instantiation per
 // role), so the non-aligned barrier.sync is used (bar.sync = barrier.sync.aligned; synccheck flags it).
@@ -662,25 +648,11 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     // bytes. The fp32 partials keep 8-byte stores (8 rows x 32 bytes; the same exchange for them made ptxas
     // spill hundreds of bytes).
     const int q4 = lane % 4;
-    // The partition's last request ending in a partial (every CTA at small batch): its rows leave by bulk copies
-    // from a staging area in the dead K buffers (TMA engine, as FlashMLA does), instead of 64 8-byte stores per
-    // thread. The K buffers are dead for us once both CTAs' consumers released the last block: then the peer's
-    // copies into our buffers have landed (they completed our full barrier) and our copies of the last block to
-    // the peer have been read (they completed the peer's full barrier, which its consumers waited for).
-    const bool staged = w.is_split && req == rec.end_req && it > 0;
-    uint8_t* const stage = smem.k[0] + wg * kStageBytesPerWg;
-    if (staged) ptx::mbarrier_wait_parity(&smem.free_[(it - 1) & 1][1], ((it - 1) >> 1) & 1);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int head = head0 + frag.row[i];
       const bool live = head < p.h_q;  // the same for the whole quad
-      if (staged) {
-        // fp32 partials into this warpgroup's staging rows (pitch kStagePitchBytes: two wavefronts per warp store).
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<float2*>(stage + frag.row[i] * kStagePitchBytes + (j * 8 + frag.col) * 4) =
-              make_float2(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
-      } else if (!w.is_split) {
+      if (!w.is_split) {
         // bf16: a 4 x 4 word transpose over 4 column groups j = 4m..4m+3; lane q then holds group 4m + q's 8
         // columns (out's rows are 16-byte aligned: checked on the host).
         auto* out = static_cast<uint8_t*>(p.out) +
@@ -717,20 +689,6 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
               empty ? -INFINITY : log2_sum;
         }
       }
-    }
-    if (staged) {
-      // Each warpgroup sends its 256 columns of each row (1 KB) once all its staging writes are fenced for the
-      // async proxy; the issuing threads wait until the engine has READ the staging area (the CTA exits next).
-      ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(kStageBarrier + wg, T::kWarpgroupThreads);
-      const int row = launder32(tid) % T::kWarpgroupThreads;
-      if (row < T::kBlockM && head0 + row < p.h_q) {
-        const int64_t prow = (static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head0 + row;
-        ptx::bulk_store_global(p.partial_o + prow * T::kHeadDimV + col_base,
-                               ptx::smem_addr(stage + row * kStagePitchBytes), T::kHeadDimV / 2 * 4);
-      }
-      ptx::bulk_commit_group();
-      ptx::bulk_wait_group_read0();
     }
     OPENMLA_SWITCH(req - rec.begin_req, 3);
   }
