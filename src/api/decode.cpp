@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "api/decode_internal.h"
 #include "api/validate.h"
@@ -30,6 +31,9 @@ constexpr int64_t kHeadDimV = 512;
 constexpr int64_t kDensePageSize = 64;
 constexpr int64_t kMaxCombineRows = 65535LL * kernels::kCombineWarps;  // combine grid.y limit
 constexpr int64_t kMaxSparseSq = 65535;                                  // sparse main kernel grid.y limit
+// Up to this batch the sparse kernel computes its partition records itself when the lengths are uniform
+// (kernels::uniform_partition_record is O(partition + batch) per CTA).
+constexpr int kSparseInKernelScheduleMaxBatch = 16;
 
 Status invalid(const std::string& msg) { return Status::invalid_argument(msg); }
 
@@ -642,8 +646,21 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
       .partial_lse = partial_lse,
       .schedule = records,
       .num_splits = num_splits,
+      .uniform_blocks = 0,
+      .uniform_payload = 0,
   };
-  OPENMLA_RETURN_IF_ERROR(kernels::launch_sparse_decode(params, stream));
+  // Small batch with the work per request fixed by topk alone: every CTA computes its own partition record (the
+  // same greedy pass as the scheduler's), so the kernel's head does not wait for a cold schedule-record load.
+  kernels::SparseDecodeParams launch_params = params;
+  if (b <= detail::kSparseInKernelScheduleMaxBatch && !args.topk_length.defined() &&
+      (!has_extra || !args.extra_topk_length.defined())) {
+    const int32_t blocks = heuristics::sparse_request_blocks(problem.topk, nullptr, has_extra ? problem.extra_topk : 0,
+                                                             nullptr);
+    launch_params.uniform_blocks = blocks;
+    launch_params.uniform_payload = heuristics::decode_payload(
+        static_cast<int64_t>(b) * (blocks + kernels::kDecodeRequestOverheadBlocks), num_sm_parts);
+  }
+  OPENMLA_RETURN_IF_ERROR(kernels::launch_sparse_decode(launch_params, stream));
 
   const kernels::CombineParams combine{
       .batch = b,

@@ -471,3 +471,34 @@ TEST_F(DecodeScheduleGpu, FailureIsFlaggedOnDevice) {
 
 }  // namespace
 }  // namespace openmla
+
+namespace openmla {
+namespace {
+
+// The sparse kernel's in-kernel record (uniform lengths, small batch) equals the scheduler's, partition by partition.
+TEST(DecodeScheduleTwin, UniformPartitionRecordMatchesTheGreedyPass) {
+  for (int32_t batch : {1, 2, 3, 5, 8, 16}) {
+    for (int32_t blocks : {1, 2, 3, 5, 32, 33, 100, 256}) {
+      for (int parts : {1, 2, 5, 22, 33, 66, 132, 160}) {
+        const std::vector<int32_t> n(static_cast<size_t>(batch), blocks);
+        const heuristics::DecodeScheduleHost host =
+            heuristics::build_decode_schedule(n, std::vector<bool>(n.size(), false), parts);
+        ASSERT_TRUE(host.all_assigned);
+        const int64_t payload = heuristics::decode_payload(heuristics::decode_total_work(n), parts);
+        for (int part = 0; part < parts; ++part) {
+          const kernels::DecodeScheduleRecord got = kernels::uniform_partition_record(batch, blocks, payload, part);
+          const kernels::DecodeScheduleRecord& want = host.records[part];
+          EXPECT_EQ(std::memcmp(&got, &want, sizeof(got)), 0)
+              << "batch " << batch << " blocks " << blocks << " parts " << parts << " part " << part << ": got {"
+              << got.begin_req << "," << got.end_req << "," << got.begin_block << "," << got.end_block << ","
+              << got.begin_split << "," << got.is_first_req_split << "," << got.is_last_req_split << "} want {"
+              << want.begin_req << "," << want.end_req << "," << want.begin_block << "," << want.end_block << ","
+              << want.begin_split << "," << want.is_first_req_split << "," << want.is_last_req_split << "}";
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace openmla

@@ -116,4 +116,57 @@ struct PartitionWalk {
   }
 };
 
+// The record of partition `part` when every one of `batch` requests has the same `blocks` (>= 1, never empty),
+// computed by replaying the same greedy rule partition by partition, without the scheduler's output: the sparse
+// kernel uses it at small batch when the work per request is fixed by topk alone (no per-request lengths), so its
+// first dependent load is an index row rather than the schedule record (perf-notes, sparse v19). O(part + batch)
+// steps. Equal to PartitionWalk's record (tests/cpp/test_decode_schedule.cpp checks every partition).
+OPENMLA_HOST_DEVICE DecodeScheduleRecord uniform_partition_record(int32_t batch, int32_t blocks, int64_t payload,
+                                                                  int32_t part) {
+  constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
+  int32_t req = 0, split = 0;
+  int64_t block = 0;
+  for (int32_t q = 0;; ++q) {
+    if (req >= batch) return PartitionWalk::idle_record(batch);
+    DecodeScheduleRecord rec{};
+    rec.begin_req = req;
+    rec.begin_block = static_cast<int32_t>(block);
+    rec.begin_split = split;
+    int64_t budget = payload;
+    bool last_partial = false;
+    while (req < batch) {
+      const int64_t remaining = blocks - block;
+      if (budget >= remaining + kOverhead) {  // the rest of `req` fits: finish it here
+        budget -= remaining + kOverhead;
+        rec.end_req = req;
+        rec.end_block = blocks;
+        last_partial = false;
+        ++req;
+        block = 0;
+        split = 0;
+        continue;
+      }
+      if (budget - kOverhead > 0) {  // take what fits and stop mid-request
+        block += budget - kOverhead;
+        rec.end_req = req;
+        rec.end_block = static_cast<int32_t>(block);
+        last_partial = true;
+        ++split;
+      }
+      break;
+    }
+    if (q == part) {
+      const bool first_partial = rec.begin_block > 0;
+      if (rec.begin_req == rec.end_req) {
+        rec.is_first_req_split = rec.is_last_req_split = (first_partial || last_partial) ? 1 : 0;
+      } else {
+        rec.is_first_req_split = first_partial ? 1 : 0;
+        rec.is_last_req_split = last_partial ? 1 : 0;
+      }
+      rec.pad = 0;
+      return rec;
+    }
+  }
+}
+
 }  // namespace openmla::kernels

@@ -55,6 +55,11 @@ struct SparseDecodeParams {
 
   const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
   const int32_t* num_splits;             // (b + 1,)
+  // > 0 when every request has this many blocks (no topk_length / extra_topk_length) and the batch is small:
+  // each CTA then computes its partition record (uniform_partition_record, with uniform_payload) instead of
+  // reading `schedule`, which takes a cold load off the head of the kernel. 0: read `schedule`.
+  int uniform_blocks;
+  int64_t uniform_payload;
 };
 
 // Launches the main kernel on `stream`: grid (num_head_blocks, s_q, num_sm_parts), 384 threads, clusters
