@@ -224,16 +224,6 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
 }
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
-// Split-KV partials: written with L2 evict_last priority (they are read back by the combine kernel after the main
-// kernel's whole KV stream went through L2), and dropped from L2 without a write-back once read (discard: the
-// bytes become indeterminate, which scratch may be).
-__device__ __forceinline__ void st_global_v2_hint(float* p, float a, float b, uint64_t policy) {
-  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;" ::"l"(p), "f"(a), "f"(b), "l"(policy) : "memory");
-}
-__device__ __forceinline__ void discard_l2_line(const void* p) {
-  asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory");
-}
-
 // Diagnostics (trace builds): the GPU-wide nanosecond clock (one time base for all SMs) and the CTA's linear id.
 __device__ __forceinline__ unsigned long long globaltimer() {
   unsigned long long t;

@@ -176,16 +176,6 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
     }
   }
 
-  // ---- The partial rows are dead: drop this warp's lines from L2 without writing them back -----------------
-  // (the sparse kernel wrote them with evict_last priority; only this warp reads its columns of these rows).
-  __syncwarp();
-  constexpr int kLinesPerRowSlice = kCombineHeadDim / kSlices * 4 / 128;  // 16 or 4
-  const bool lines_aligned = (reinterpret_cast<uintptr_t>(p.partial_o) & 127) == 0;  // 2 KB rows: all or none
-  if (lines_aligned && lane < kLinesPerRowSlice) {
-    const char* slice = reinterpret_cast<const char*>(o_row - lane * 4) + lane * 128;
-    for (int i = 0; i < num_slots; ++i) ptx::discard_l2_line(slice + static_cast<int64_t>(i) * o_slot_stride * 4);
-  }
-
   // ---- Store -------------------------------------------------------------------------------------------
   Element* out = static_cast<Element*>(p.out) + req * p.out_stride_b + s_idx * p.out_stride_s +
                  head * p.out_stride_h + col;

@@ -669,17 +669,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
             *reinterpret_cast<uint4*>(out + (col_base + (4 * m + q4) * 8) * 2) = make_uint4(v[0], v[1], v[2], v[3]);
         }
       } else {
-        // fp32 partials: 8-byte stores straight from the fragment, with L2 evict_last priority: a partial written
-        // early in a long call must still be in L2 when the combine reads it at the end (without the hint the
-        // combine's pass over them took 11-19 us at b = 74 and 148; perf-notes, sparse v19). The combine discards
-        // the lines once read.
+        // fp32 partials: 8-byte stores straight from the fragment.
         const int64_t prow = (static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head;
         float* po = p.partial_o + prow * T::kHeadDimV;
-        const uint64_t keep = ptx::make_l2_evict_last_policy();
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
           const int col = col_base + j * 8 + frag.col;
-          if (live) ptx::st_global_v2_hint(po + col, o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1], keep);
+          if (live) *reinterpret_cast<float2*>(po + col) = make_float2(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
         }
       }
       if (!live) continue;
