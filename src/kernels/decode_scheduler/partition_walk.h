@@ -51,15 +51,20 @@ struct PartitionWalk {
     num_splits[0] = 0;
   }
 
-  OPENMLA_HOST_DEVICE void close_partition() {
-    const bool first_partial = cur.begin_block > 0;
-    if (cur.begin_req == cur.end_req) {
-      cur.is_first_req_split = cur.is_last_req_split = (first_partial || last_partial) ? 1 : 0;
+  // The split flags of a finished record (begin/end filled; `last_partial`: its end request stops mid-way).
+  OPENMLA_HOST_DEVICE static void set_split_flags(DecodeScheduleRecord& rec, bool last_partial) {
+    const bool first_partial = rec.begin_block > 0;
+    if (rec.begin_req == rec.end_req) {
+      rec.is_first_req_split = rec.is_last_req_split = (first_partial || last_partial) ? 1 : 0;
     } else {
-      cur.is_first_req_split = first_partial ? 1 : 0;
-      cur.is_last_req_split = last_partial ? 1 : 0;
+      rec.is_first_req_split = first_partial ? 1 : 0;
+      rec.is_last_req_split = last_partial ? 1 : 0;
     }
-    cur.pad = 0;
+    rec.pad = 0;
+  }
+
+  OPENMLA_HOST_DEVICE void close_partition() {
+    set_split_flags(cur, last_partial);
     records[part] = cur;
     ++part;
     open = false;
@@ -156,14 +161,7 @@ OPENMLA_HOST_DEVICE DecodeScheduleRecord uniform_partition_record(int32_t batch,
       break;
     }
     if (q == part) {
-      const bool first_partial = rec.begin_block > 0;
-      if (rec.begin_req == rec.end_req) {
-        rec.is_first_req_split = rec.is_last_req_split = (first_partial || last_partial) ? 1 : 0;
-      } else {
-        rec.is_first_req_split = first_partial ? 1 : 0;
-        rec.is_last_req_split = last_partial ? 1 : 0;
-      }
-      rec.pad = 0;
+      PartitionWalk::set_split_flags(rec, last_partial);
       return rec;
     }
   }
