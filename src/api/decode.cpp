@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <limits>
 #include <string>
-#include <vector>
 
 #include "api/decode_internal.h"
 #include "api/validate.h"
@@ -615,6 +614,16 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
   };
   const bool has_extra = args.extra_k_cache.defined();
   const int num_head_blocks = (h_q + 63) / 64;
+  // Small batch with the work per request fixed by topk alone: every CTA computes its own partition record (the
+  // same greedy pass as the scheduler's), so the kernel's head does not wait for a cold schedule-record load.
+  int uniform_blocks = 0;
+  int64_t uniform_payload = 0;
+  if (b <= detail::kSparseInKernelScheduleMaxBatch && !args.topk_length.defined() &&
+      (!has_extra || !args.extra_topk_length.defined())) {
+    uniform_blocks = heuristics::sparse_request_blocks(problem.topk, nullptr, has_extra ? problem.extra_topk : 0, nullptr);
+    uniform_payload = heuristics::decode_payload(
+        static_cast<int64_t>(b) * (uniform_blocks + kernels::kDecodeRequestOverheadBlocks), num_sm_parts);
+  }
   const kernels::SparseDecodeParams params{
       .batch = b,
       .s_q = s_q,
@@ -646,21 +655,10 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
       .partial_lse = partial_lse,
       .schedule = records,
       .num_splits = num_splits,
-      .uniform_blocks = 0,
-      .uniform_payload = 0,
+      .uniform_blocks = uniform_blocks,
+      .uniform_payload = uniform_payload,
   };
-  // Small batch with the work per request fixed by topk alone: every CTA computes its own partition record (the
-  // same greedy pass as the scheduler's), so the kernel's head does not wait for a cold schedule-record load.
-  kernels::SparseDecodeParams launch_params = params;
-  if (b <= detail::kSparseInKernelScheduleMaxBatch && !args.topk_length.defined() &&
-      (!has_extra || !args.extra_topk_length.defined())) {
-    const int32_t blocks = heuristics::sparse_request_blocks(problem.topk, nullptr, has_extra ? problem.extra_topk : 0,
-                                                             nullptr);
-    launch_params.uniform_blocks = blocks;
-    launch_params.uniform_payload = heuristics::decode_payload(
-        static_cast<int64_t>(b) * (blocks + kernels::kDecodeRequestOverheadBlocks), num_sm_parts);
-  }
-  OPENMLA_RETURN_IF_ERROR(kernels::launch_sparse_decode(launch_params, stream));
+  OPENMLA_RETURN_IF_ERROR(kernels::launch_sparse_decode(params, stream));
 
   const kernels::CombineParams combine{
       .batch = b,

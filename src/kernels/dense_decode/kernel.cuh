@@ -679,7 +679,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         lse2_other[i] = frag.row[i] < valid_rows ? params.partial_lse[other_row0 + frag.row[i]] : -INFINITY;
       // Weights in slot order (a = the chunk of ordinal 0, b = ordinal 1), so both chunks, whichever merges,
       // compute the same numbers: out = w_b O_b + w_a O_a, lse = log2(2^l_a + 2^l_b).
-      const bool own_first = split_slot == params.num_splits[req];
+      const bool own_first = smem.merge_info[1] > split_slot;  // the other chunk has the higher ordinal
       float w_own[2], w_other[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
