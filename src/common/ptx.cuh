@@ -174,6 +174,16 @@ __device__ __forceinline__ void tma_load_5d(void* smem_dst, const CUtensorMap* m
       : "memory");
 }
 
+// 4-D tiled load global -> shared, completing `bytes` on `bar` (no cache policy).
+__device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}],"
+      " [%6];" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // Pulls the box at the given coordinates of a tensor map into L2 (no shared memory, no barrier). Coordinates
 // outside the tensor are ignored by the TMA unit.
 __device__ __forceinline__ void tma_prefetch_l2_5d(const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4) {
@@ -201,6 +211,23 @@ __device__ __forceinline__ void bulk_wait_group0() { asm volatile("cp.async.bulk
 __device__ __forceinline__ void bulk_load_shared(uint32_t smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_dst),
                "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+// Pulls `bytes` of global memory from `gmem_src` into L2 by the TMA engine (16-byte aligned, size a multiple of 16),
+// with an L2 cache policy; a hint: nothing waits for it, and the data may be written by others meanwhile.
+// Issued only where `pred` holds, as a predicated instruction (no branch: callers keep the warp converged).
+__device__ __forceinline__ void bulk_prefetch_l2_if(bool pred, const void* gmem_src, uint32_t bytes, uint64_t policy) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n"
+      " @p cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n}" ::"l"(gmem_src),
+      "r"(bytes), "l"(policy), "r"(static_cast<int>(pred))
+      : "memory");
+}
+// Pulls the L2 line holding `p` into L2 where `pred` holds (a hint; predicated, no branch).
+__device__ __forceinline__ void prefetch_line_l2_if(bool pred, const void* p) {
+  asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %1, 0;\n @q prefetch.global.L2 [%0];\n}" ::"l"(p),
+               "r"(static_cast<int>(pred))
                : "memory");
 }
 

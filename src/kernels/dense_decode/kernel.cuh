@@ -242,6 +242,24 @@ __device__ __forceinline__ void prefetch_kv_page_l2(const CUtensorMap* map4, con
   }
 }
 
+// Pulls the other chunk's partial rows and lse (as recorded in smem.merge_pf_*) into L2, with the KV policy. Every
+// thread of the warp calls it; only `issuer` issues (predicated instructions: the warp stays converged, which
+// keeps ptxas's uniform-register view of the pair loop that follows).
+__device__ __forceinline__ void prefetch_merge_partial(const SharedStorage& smem, uint64_t policy, bool issuer) {
+  const auto* rows = reinterpret_cast<const uint8_t*>(smem.merge_pf_rows);
+  const uint32_t bytes = smem.merge_pf_bytes;
+#pragma unroll
+  for (uint32_t k = 0; k < 4; ++k) {
+    const uint32_t off = k * 32768u;
+    ptx::bulk_prefetch_l2_if(issuer && off < bytes, rows + off, min(32768u, bytes - off), policy);
+  }
+  const auto* lse = reinterpret_cast<const uint8_t*>(smem.merge_pf_lse);
+  const uint32_t lse_last = bytes / (C::kHeadDimV / 4) - 4;  // valid rows x 4 bytes, last element
+  ptx::prefetch_line_l2_if(issuer, lse);
+  ptx::prefetch_line_l2_if(issuer, lse + min(128u, lse_last));
+  ptx::prefetch_line_l2_if(issuer, lse + lse_last);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
@@ -348,6 +366,26 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       blk_end = min(blk_end, max(0, (max_border + C::kBlockN - 1) / C::kBlockN));
     }
     const bool has_work = blk_begin < blk_end;
+    // The end chunk of a two-chunk request merges last as a rule (its other chunk opened the next partition):
+    // pull the other partial into L2 a few pairs before this loop ends, or now if the loop is shorter.
+    if (tid == 0) {
+      int pf_blk = -1;
+      if (has_work && req == rec.end_req && rec.is_last_req_split && params.merge_counters != nullptr) {
+        const int first_slot = params.num_splits[req];
+        if (params.num_splits[req + 1] - first_slot == kMaxMergeChunks) {
+          const int64_t other_row0 =
+              static_cast<int64_t>(split_slot == first_slot ? first_slot + 1 : first_slot) * params.s_q * params.h_q +
+              kv_head * R + row_base;
+          smem.merge_pf_rows = params.partial_o + other_row0 * C::kHeadDimV;
+          smem.merge_pf_lse = params.partial_lse + other_row0;
+          smem.merge_pf_bytes = static_cast<uint32_t>(min(C::kBlockM, R - row_base)) * C::kHeadDimV * 4;
+          const int pairs = (blk_end - blk_begin + 1) / 2;
+          if (pairs <= kMergePrefetchPairs) prefetch_merge_partial(smem, policy, true);
+          else pf_blk = blk_begin + 2 * (pairs - kMergePrefetchPairs);
+        }
+      }
+      smem.merge_pf_blk = pf_blk;
+    }
 
     if (has_work) {
       if (tid == 0) {
@@ -377,7 +415,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     float l_run[2] = {0.f, 0.f};                   // this thread's partial row sums, relative to m_run
 
     // ---------------------------------------------------------------- main loop over block pairs
-    for (int blk0 = blk_begin; blk0 < blk_end; blk0 += 2) {
+    // Two segments of the same pair loop; between them thread 0 issues the merge prefetch (code inside the loop
+    // moved ptxas's schedule of it every time: perf-notes dense v10, v14, v16).
+    int seg_end = __shfl_sync(0xffffffff, smem.merge_pf_blk, 0);  // (warp-uniform, as ptxas must see it)
+    if (seg_end < 0) seg_end = blk_end;
+    for (int blk0 = blk_begin;;) {
+    for (; blk0 < seg_end; blk0 += 2) {
       const int blk1 = blk0 + 1;
       const bool has_k1 = blk1 < blk_end;
       const bool has_next = blk0 + 2 < blk_end;
@@ -504,6 +547,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       phase[0] ^= 1;
       if (has_k1) phase[1] ^= 1;
       handoff_phase ^= 1;
+    }
+    if (seg_end == blk_end) break;
+    prefetch_merge_partial(smem, policy, tid == 0);
+    seg_end = blk_end;
     }
 
     // ---------------------------------------------------------------- epilogue
