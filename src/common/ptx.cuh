@@ -214,23 +214,6 @@ __device__ __forceinline__ void bulk_load_shared(uint32_t smem_dst, const void* 
                : "memory");
 }
 
-// Pulls `bytes` of global memory from `gmem_src` into L2 by the TMA engine (16-byte aligned, size a multiple of 16),
-// with an L2 cache policy; a hint: nothing waits for it, and the data may be written by others meanwhile.
-// Issued only where `pred` holds, as a predicated instruction (no branch: callers keep the warp converged).
-__device__ __forceinline__ void bulk_prefetch_l2_if(bool pred, const void* gmem_src, uint32_t bytes, uint64_t policy) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n"
-      " @p cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n}" ::"l"(gmem_src),
-      "r"(bytes), "l"(policy), "r"(static_cast<int>(pred))
-      : "memory");
-}
-// Pulls the L2 line holding `p` into L2 where `pred` holds (a hint; predicated, no branch).
-__device__ __forceinline__ void prefetch_line_l2_if(bool pred, const void* p) {
-  asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %1, 0;\n @q prefetch.global.L2 [%0];\n}" ::"l"(p),
-               "r"(static_cast<int>(pred))
-               : "memory");
-}
-
 // ---------------------------------------------------------------------------------------------------
 // Inter-CTA publication through global memory (split-KV merge counters)
 // ---------------------------------------------------------------------------------------------------

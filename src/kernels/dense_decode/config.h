@@ -60,9 +60,6 @@ enum class NamedBarrier : int {
 
 // Split requests (docs/dense-decode.md, "Split requests"): how a split chunk's epilogue ends. Decided by thread 0
 // from the request's chunk count and its merge counter, published to the CTA in SharedStorage::merge_info.
-// Pairs before the end of a merging chunk's loop at which the other chunk's partial is prefetched into L2.
-inline constexpr int kMergePrefetchPairs = 3;
-
 enum MergeMode : int {
   kMergeByCombine = 0,  // write the fp32 partial; the combine kernel merges (no counters, or more chunks)
   kMergeNow = 1,        // the other chunk already published: merge it with ours, write the final rows
@@ -84,13 +81,9 @@ struct alignas(1024) SharedStorage {
   alignas(8) uint64_t k_bar[2][Config::kNumTileGroups];  // one TMA completion barrier per tile group
   uint64_t handoff[static_cast<int>(Handoff::kCount)];
   uint64_t merge_bar;  // the other chunk's partial rows landed in the staging area (bulk loads, tx bytes)
+  uint64_t q_bar;      // TMA path: a request's Q tile landed (9 box loads, tx bytes)
   int merge_info[3];   // thread 0 -> all: MergeMode of this epilogue, the other chunk's split slot, merges so far
-  // L2 prefetch of the other chunk's partial ahead of this chunk's merge (perf-notes dense v16), set by thread 0
-  // in each request's prologue: the first block of the pair whose step 5 issues it (-1: none), and what to pull.
-  int merge_pf_blk;
-  uint32_t merge_pf_bytes;
-  const float* merge_pf_rows;
-  const float* merge_pf_lse;
+  int q_waits;  // TMA path: completions of q_bar waited for so far (thread 0 counts)
 };
 
 static_assert(sizeof(SharedStorage::k) >= Config::kBlockM * Config::kStageF32Pitch * 4, "fp32 staging fits in K");

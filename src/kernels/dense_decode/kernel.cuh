@@ -242,31 +242,13 @@ __device__ __forceinline__ void prefetch_kv_page_l2(const CUtensorMap* map4, con
   }
 }
 
-// Pulls the other chunk's partial rows and lse (as recorded in smem.merge_pf_*) into L2, with the KV policy. Every
-// thread of the warp calls it; only `issuer` issues (predicated instructions: the warp stays converged, which
-// keeps ptxas's uniform-register view of the pair loop that follows).
-__device__ __forceinline__ void prefetch_merge_partial(const SharedStorage& smem, uint64_t policy, bool issuer) {
-  const auto* rows = reinterpret_cast<const uint8_t*>(smem.merge_pf_rows);
-  const uint32_t bytes = smem.merge_pf_bytes;
-#pragma unroll
-  for (uint32_t k = 0; k < 4; ++k) {
-    const uint32_t off = k * 32768u;
-    ptx::bulk_prefetch_l2_if(issuer && off < bytes, rows + off, min(32768u, bytes - off), policy);
-  }
-  const auto* lse = reinterpret_cast<const uint8_t*>(smem.merge_pf_lse);
-  const uint32_t lse_last = bytes / (C::kHeadDimV / 4) - 4;  // valid rows x 4 bytes, last element
-  ptx::prefetch_line_l2_if(issuer, lse);
-  ptx::prefetch_line_l2_if(issuer, lse + min(128u, lse_last));
-  ptx::prefetch_line_l2_if(issuer, lse + lse_last);
-}
-
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
 template <bool kIsFp16>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map,
-                        const __grid_constant__ CUtensorMap k_map_rope) {
+                        const __grid_constant__ CUtensorMap k_map_rope, const __grid_constant__ CUtensorMap q_map) {
   extern __shared__ uint8_t smem_raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
@@ -288,6 +270,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     for (int h = 0; h < static_cast<int>(Handoff::kCount); ++h)
       ptx::mbarrier_init(&smem.handoff[h], C::kWarpgroupThreads);
     ptx::mbarrier_init(&smem.merge_bar, 1);
+    ptx::mbarrier_init(&smem.q_bar, 1);
+    smem.q_waits = 0;
+    if (params.q_tma) ptx::prefetch_tensormap(&q_map);
     smem.merge_info[2] = 0;
     ptx::fence_mbarrier_init();
   }
@@ -335,6 +320,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
     ptx::cp_async_commit();
   };
+  // TMA path (params.q_tma, perf-notes dense v17): a partition's first Q comes by cp.async like the other path;
+  // every later one is loaded during the previous request's epilogue by thread 0 with 9 box loads completing on
+  // q_bar (instead of 4,608 cp.async issued by 192 threads). Each issue is waited for once, by every thread:
+  // smem.q_waits (the waits so far, counted by thread 0 after the prologue's barrier) gives the parity. Keeping
+  // the first Q on cp.async is what leaves ptxas's schedule of the pair loop as it was (tools/sass_loops.py).
+  auto tma_q = [&](int req_q) {
+    if (tid == 0) {
+      const int s_idx = row_base / params.q_per_kv, head0 = kv_head * params.q_per_kv + row_base % params.q_per_kv;
+      ptx::mbarrier_arrive_expect_tx(&smem.q_bar, C::kNumTiles * C::kTileBytes);
+#pragma unroll
+      for (int t = 0; t < C::kNumTiles; ++t)
+        ptx::tma_load_4d(smem.q[t], &q_map, &smem.q_bar, t * C::kTileCols, head0, s_idx, req_q);
+    }
+  };
   bool q_issued = false;  // the next request's Q was issued during this request's epilogue (perf-notes dense v11)
   bool q_sent = false;    // (epilogue) this thread has issued its share of that Q
 
@@ -366,26 +365,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       blk_end = min(blk_end, max(0, (max_border + C::kBlockN - 1) / C::kBlockN));
     }
     const bool has_work = blk_begin < blk_end;
-    // The end chunk of a two-chunk request merges last as a rule (its other chunk opened the next partition):
-    // pull the other partial into L2 a few pairs before this loop ends, or now if the loop is shorter.
-    if (tid == 0) {
-      int pf_blk = -1;
-      if (has_work && req == rec.end_req && rec.is_last_req_split && params.merge_counters != nullptr) {
-        const int first_slot = params.num_splits[req];
-        if (params.num_splits[req + 1] - first_slot == kMaxMergeChunks) {
-          const int64_t other_row0 =
-              static_cast<int64_t>(split_slot == first_slot ? first_slot + 1 : first_slot) * params.s_q * params.h_q +
-              kv_head * R + row_base;
-          smem.merge_pf_rows = params.partial_o + other_row0 * C::kHeadDimV;
-          smem.merge_pf_lse = params.partial_lse + other_row0;
-          smem.merge_pf_bytes = static_cast<uint32_t>(min(C::kBlockM, R - row_base)) * C::kHeadDimV * 4;
-          const int pairs = (blk_end - blk_begin + 1) / 2;
-          if (pairs <= kMergePrefetchPairs) prefetch_merge_partial(smem, policy, true);
-          else pf_blk = blk_begin + 2 * (pairs - kMergePrefetchPairs);
-        }
-      }
-      smem.merge_pf_blk = pf_blk;
-    }
 
     if (has_work) {
       if (tid == 0) {
@@ -398,11 +377,17 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // A Q issued during the previous request's epilogue (or above) must land before use, and before another
     // is issued into the same buffer, so it is waited for even by a request without work.
     if (has_work || q_issued) {
-      ptx::cp_async_wait_all();
-      ptx::fence_proxy_async_shared();
+      if (params.q_tma && q_issued) {
+        ptx::mbarrier_wait_parity(&smem.q_bar, static_cast<uint32_t>(smem.q_waits) & 1u);
+      } else {
+        ptx::cp_async_wait_all();
+        ptx::fence_proxy_async_shared();
+      }
     }
+    const bool q_waited = params.q_tma && q_issued;
     q_issued = false;
     __syncthreads();
+    if (q_waited && tid == 0) ++smem.q_waits;
     if (tid == 0) {
       OPENMLA_DENSE_STAMP(req - rec.begin_req, kPrologueDone);
       OPENMLA_DENSE_VALUE(req - rec.begin_req, kBlocks, blk_end - blk_begin);
@@ -415,12 +400,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     float l_run[2] = {0.f, 0.f};                   // this thread's partial row sums, relative to m_run
 
     // ---------------------------------------------------------------- main loop over block pairs
-    // Two segments of the same pair loop; between them thread 0 issues the merge prefetch (code inside the loop
-    // moved ptxas's schedule of it every time: perf-notes dense v10, v14, v16).
-    int seg_end = __shfl_sync(0xffffffff, smem.merge_pf_blk, 0);  // (warp-uniform, as ptxas must see it)
-    if (seg_end < 0) seg_end = blk_end;
-    for (int blk0 = blk_begin;;) {
-    for (; blk0 < seg_end; blk0 += 2) {
+    for (int blk0 = blk_begin; blk0 < blk_end; blk0 += 2) {
       const int blk1 = blk0 + 1;
       const bool has_k1 = blk1 < blk_end;
       const bool has_next = blk0 + 2 < blk_end;
@@ -548,10 +528,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       if (has_k1) phase[1] ^= 1;
       handoff_phase ^= 1;
     }
-    if (seg_end == blk_end) break;
-    prefetch_merge_partial(smem, policy, tid == 0);
-    seg_end = blk_end;
-    }
 
     // ---------------------------------------------------------------- epilogue
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kLoopDone);
@@ -602,6 +578,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
     // Also certifies both warpgroups are done reading the K buffers, which become the staging area.
     ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kRowSumReady), C::kThreads);
+    // Both warpgroups are past their last Q K^T: the TMA path loads the next Q now (one thread, 9 boxes).
+    if (params.q_tma && q_issued) tma_q(req + 1);
     const int merge_mode = counter != nullptr ? smem.merge_info[0] : kMergeByCombine;
 #pragma unroll
     for (int i = 0; i < 2; ++i) total[i] = smem.row_sum[0][frag.row[i]] + smem.row_sum[1][frag.row[i]];
@@ -689,7 +667,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         } else {
           ptx::bulk_wait_group_read0();
         }
-      } else if (q_issued && !q_sent) {
+      } else if (q_issued && !q_sent && !params.q_tma) {
         issue_q(req + 1, tid - C::kBlockM, C::kThreads - C::kBlockM);
         q_sent = true;
       }

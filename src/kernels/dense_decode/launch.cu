@@ -42,12 +42,45 @@ Status launch_typed(const DenseDecodeParams& p, cudaStream_t stream) {
   spec.box[2] = 1;
   OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&k_map_rope, p.k_cache, spec, "dense decode k_cache (RoPE)"));
 
+  // Q by TMA when each CTA's 64 rows are 64 consecutive heads of one query position (q_per_kv a multiple of 64,
+  // e.g. h_q = 128 or 64 per kv head) and q's address and strides are whole 16-byte units: a 4-D map (576
+  // columns, heads, s_q, b), box 64 x 64, the 128-byte swizzle the cp.async path writes (perf-notes dense v17).
+  // Other shapes keep the cp.async path.
+  DenseDecodeParams params = p;
+  CUtensorMap q_map{};
+  {
+    // A size-1 dimension is never stepped: its stride (free in PyTorch) is replaced by a valid one.
+    const int64_t sh = p.q_stride_h, ss = p.s_q > 1 ? p.q_stride_s : sh * p.h_kv * p.q_per_kv,
+                  sb = p.batch > 1 ? p.q_stride_b : ss * p.s_q;
+    params.q_tma = p.q_per_kv % Config::kBlockM == 0 && reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && sh > 0 &&
+                   ss > 0 && sb > 0 && sh % 8 == 0 && ss % 8 == 0 && sb % 8 == 0;
+    if (params.q_tma) {
+      detail::TensorMapSpec qs{};
+      qs.dtype = spec.dtype;
+      qs.rank = 4;
+      qs.dims[0] = Config::kHeadDimQK;
+      qs.dims[1] = static_cast<uint64_t>(p.h_kv) * p.q_per_kv;
+      qs.dims[2] = static_cast<uint64_t>(p.s_q);
+      qs.dims[3] = static_cast<uint64_t>(p.batch);
+      qs.byte_strides[0] = static_cast<uint64_t>(sh) * 2;
+      qs.byte_strides[1] = static_cast<uint64_t>(ss) * 2;
+      qs.byte_strides[2] = static_cast<uint64_t>(sb) * 2;
+      qs.box[0] = Config::kTileCols;
+      qs.box[1] = Config::kBlockM;
+      qs.box[2] = 1;
+      qs.box[3] = 1;
+      qs.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+      qs.l2_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+      OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&q_map, p.q, qs, "dense decode q"));
+    }
+  }
+
   auto kernel = dense_decode::dense_decode_kernel<kIsFp16>;
   const int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
                                "dense decode: setting the shared-memory size");
   dim3 grid(p.num_m_blocks, p.h_kv, p.num_sm_parts);
-  kernel<<<grid, Config::kThreads, smem_bytes, stream>>>(p, k_map, k_map_rope);
+  kernel<<<grid, Config::kThreads, smem_bytes, stream>>>(params, k_map, k_map_rope, q_map);
   return detail::last_cuda_error("dense decode kernel launch");
 }
 

@@ -58,6 +58,11 @@ struct DenseDecodeParams {
   // the combine kernel merges every split request.
   int* merge_counters;
   bool merge_publish_always;  // testing only (api/decode_internal.h): never merge before publishing
+
+  // Set by the launcher, not by callers: true when Q tiles are loaded by TMA (each CTA's 64 rows are 64
+  // consecutive heads of one query position and q's address and strides suit a tensor map), false for 16-byte
+  // cp.async (perf-notes dense v17).
+  bool q_tma = false;
 };
 
 // Launches the main kernel on `stream`, grid (num_m_blocks, h_kv, num_sm_parts). `k_cache_tma` is
