@@ -2,12 +2,15 @@
 """Compares the loops of two builds of a kernel object at the SASS level.
 
     python3 tools/sass_loops.py OLD.o NEW.o [--function SUBSTR] [--min-hgmma N] [--show]
+    python3 tools/sass_loops.py --offsets OBJ.o [--function SUBSTR] [--min-hgmma N]
 
 Every backward branch of a function closes a loop (its body = the instructions from the branch target to the
 branch). The tool prints, per function whose name contains SUBSTR, each innermost loop with at least N HGMMA (its length
 and instruction-class counts) and whether its normalised text is identical between the two objects. The text is
 normalised so that only the instruction stream counts: addresses, branch targets and register numbers are
-replaced by placeholders. A changed loop schedule is what moved the dense pair loop's speed in perf-notes dense
+replaced by placeholders. --offsets prints where each such loop of one object starts (byte offset in its function,
+and that offset modulo 512): the dense pair loop's speed depends on it (perf-notes dense v17: the same SASS moved
+by 400 bytes ran 4.6 % slower; 0x1c0 modulo 512 is the measured-good placement). A changed loop schedule is what moved the dense pair loop's speed in perf-notes dense
 v10 and v14; compare before measuring. Needs cuobjdump (CUDA toolkit, or the nvidia-cuda-cuobjdump wheel).
 """
 import argparse
@@ -44,6 +47,23 @@ def normalise(text):
     return text
 
 
+def loops_with_offsets(insns, min_hgmma):
+    """(start offset, end offset, body) of every innermost loop with at least min_hgmma HGMMA."""
+    addr_index = {a: i for i, (a, _) in enumerate(insns)}
+    found = []
+    for i, (addr, text) in enumerate(insns):
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+        if not m:
+            continue
+        target = int(m.group(1), 16)
+        if target > addr or target not in addr_index:
+            continue
+        body = [t for _, t in insns[addr_index[target]:i + 1]]
+        if sum(1 for t in body if "HGMMA" in t) >= min_hgmma:
+            found.append((target, addr, body))
+    return [f for f in found if not any(g is not f and f[0] <= g[0] and g[1] <= f[1] for g in found)]
+
+
 def loops(insns, min_hgmma):
     addr_index = {a: i for i, (a, _) in enumerate(insns)}
     found = []
@@ -70,11 +90,21 @@ def summary(body):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("old")
-    ap.add_argument("new")
+    ap.add_argument("new", nargs="?")
+    ap.add_argument("--offsets", action="store_true", help="print the loops' start offsets of one object")
     ap.add_argument("--function", default="")
     ap.add_argument("--min-hgmma", type=int, default=1)
     ap.add_argument("--show", action="store_true", help="print a unified diff of differing loops")
     args = ap.parse_args()
+    if args.offsets:
+        for name, insns in functions(args.old).items():
+            if args.function not in name:
+                continue
+            # The shortest one: the others are closed by branches back from out-of-line wait stubs at the end.
+            found = sorted(loops_with_offsets(insns, args.min_hgmma), key=lambda f: len(f[2]))[:1]
+            for start, end, body in found:
+                print(f"{name[:90]}: loop {start:#x}..{end:#x}, {len(body)} insns, start % 512 = {start % 512:#x}")
+        return 0
     fo, fn = functions(args.old), functions(args.new)
     same_all = True
     # Functions are paired by name, else in order (a changed signature changes the mangled name).
