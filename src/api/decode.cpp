@@ -13,6 +13,7 @@
 #include "api/validate.h"
 #include "heuristics/decode_schedule.h"
 #include "kernels/combine/params.h"
+#include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/decode_scheduler/launch.h"
 #include "kernels/dense_decode/params.h"
 #include "kernels/sparse_decode/params.h"
@@ -624,7 +625,7 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
     uniform_payload = heuristics::decode_payload(
         static_cast<int64_t>(b) * (uniform_blocks + kernels::kDecodeRequestOverheadBlocks), num_sm_parts);
   }
-  const kernels::SparseDecodeParams params{
+  kernels::SparseDecodeParams params{
       .batch = b,
       .s_q = s_q,
       .h_q = h_q,
@@ -657,7 +658,14 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
       .num_splits = num_splits,
       .uniform_blocks = uniform_blocks,
       .uniform_payload = uniform_payload,
+      .uniform_records = {},
   };
+  // Every partition's record, from the same greedy pass as the scheduler's (equal to it: tests/cpp), packed into
+  // the kernel's parameters; a record that does not pack sends the kernel back to the schedule (perf-notes v20).
+  for (int part = 0; params.uniform_blocks > 0 && part < num_sm_parts; ++part) {
+    const kernels::DecodeScheduleRecord r = kernels::uniform_partition_record(b, uniform_blocks, uniform_payload, part);
+    if (!kernels::pack_partition_record(r, params.uniform_records[part])) params.uniform_blocks = 0;
+  }
   OPENMLA_RETURN_IF_ERROR(kernels::launch_sparse_decode(params, stream));
 
   const kernels::CombineParams combine{

@@ -494,9 +494,35 @@ TEST(DecodeScheduleTwin, UniformPartitionRecordMatchesTheGreedyPass) {
               << got.begin_split << "," << got.is_first_req_split << "," << got.is_last_req_split << "} want {"
               << want.begin_req << "," << want.end_req << "," << want.begin_block << "," << want.end_block << ","
               << want.begin_split << "," << want.is_first_req_split << "," << want.is_last_req_split << "}";
+          // The host passes these records packed in the sparse kernel's parameters (perf-notes sparse v20).
+          uint64_t packed = 0;
+          ASSERT_TRUE(kernels::pack_partition_record(want, packed)) << "batch " << batch << " part " << part;
+          const kernels::DecodeScheduleRecord back = kernels::unpack_partition_record(packed);
+          EXPECT_EQ(std::memcmp(&back, &want, sizeof(back)), 0) << "batch " << batch << " part " << part;
         }
       }
     }
+  }
+}
+
+// Records that do not fit the 64-bit packing are refused (the kernel then reads the schedule); the limits pack.
+TEST(DecodeScheduleTwin, PackedRecordLimits) {
+  const kernels::DecodeScheduleRecord edge{31, 30, (1 << 22) - 1, (1 << 22) - 1, 255, 1, 1, 0};
+  uint64_t v = 0;
+  ASSERT_TRUE(kernels::pack_partition_record(edge, v));
+  const kernels::DecodeScheduleRecord back = kernels::unpack_partition_record(v);
+  EXPECT_EQ(std::memcmp(&back, &edge, sizeof(back)), 0);
+  const kernels::DecodeScheduleRecord idle = kernels::PartitionWalk::idle_record(16);  // {16, 15, 0, ...}
+  ASSERT_TRUE(kernels::pack_partition_record(idle, v));
+  EXPECT_EQ(kernels::unpack_partition_record(v).begin_req, 16);
+  EXPECT_EQ(kernels::unpack_partition_record(v).end_req, 15);
+  for (auto bad : {kernels::DecodeScheduleRecord{32, 0, 0, 1, 0, 0, 0, 0}, kernels::DecodeScheduleRecord{0, 31, 0, 1, 0, 0, 0, 0},
+                   kernels::DecodeScheduleRecord{0, 0, 1 << 22, 1, 0, 0, 0, 0}, kernels::DecodeScheduleRecord{0, 0, 0, 1 << 22, 0, 0, 0, 0},
+                   kernels::DecodeScheduleRecord{0, 0, 0, 1, 256, 0, 0, 0}, kernels::DecodeScheduleRecord{0, 0, -1, 1, 0, 0, 0, 0},
+                   kernels::DecodeScheduleRecord{0, 0, 0, 1, 0, 2, 0, 0}}) {
+    uint64_t keep = 7;
+    EXPECT_FALSE(kernels::pack_partition_record(bad, keep));
+    EXPECT_EQ(keep, 7u);
   }
 }
 

@@ -167,4 +167,34 @@ OPENMLA_HOST_DEVICE DecodeScheduleRecord uniform_partition_record(int32_t batch,
   }
 }
 
+// A partition record packed into 64 bits, for records the host computes and passes in kernel parameters (the
+// sparse kernel at small batch, perf-notes sparse v20): begin_req and end_req 5 bits each, begin_split 8 bits,
+// the two split flags, begin_block and end_block 22 bits each. pack_partition_record returns false (and leaves
+// `out` alone) for a record that does not fit; unpack restores it exactly (pad = 0).
+OPENMLA_HOST_DEVICE bool pack_partition_record(const DecodeScheduleRecord& r, uint64_t& out) {
+  constexpr int64_t kBlockLimit = int64_t{1} << 22;
+  if (r.begin_req < 0 || r.begin_req > 31 || r.end_req < -1 || r.end_req > 30 || r.begin_split < 0 ||
+      r.begin_split > 255 || r.begin_block < 0 || r.begin_block >= kBlockLimit || r.end_block < 0 ||
+      r.end_block >= kBlockLimit || (r.is_first_req_split != 0 && r.is_first_req_split != 1) ||
+      (r.is_last_req_split != 0 && r.is_last_req_split != 1))
+    return false;
+  out = static_cast<uint64_t>(r.begin_req) | static_cast<uint64_t>(r.end_req + 1) << 5 |
+        static_cast<uint64_t>(r.begin_split) << 10 | static_cast<uint64_t>(r.is_first_req_split) << 18 |
+        static_cast<uint64_t>(r.is_last_req_split) << 19 | static_cast<uint64_t>(r.begin_block) << 20 |
+        static_cast<uint64_t>(r.end_block) << 42;
+  return true;
+}
+OPENMLA_HOST_DEVICE DecodeScheduleRecord unpack_partition_record(uint64_t v) {
+  DecodeScheduleRecord r{};
+  r.begin_req = static_cast<int32_t>(v & 31u);
+  r.end_req = static_cast<int32_t>((v >> 5) & 31u) - 1;
+  r.begin_split = static_cast<int32_t>((v >> 10) & 255u);
+  r.is_first_req_split = static_cast<int32_t>((v >> 18) & 1u);
+  r.is_last_req_split = static_cast<int32_t>((v >> 19) & 1u);
+  r.begin_block = static_cast<int32_t>((v >> 20) & ((1u << 22) - 1));
+  r.end_block = static_cast<int32_t>((v >> 42) & ((1u << 22) - 1));
+  r.pad = 0;
+  return r;
+}
+
 }  // namespace openmla::kernels

@@ -717,9 +717,8 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
   // The kernel head is a chain of dependent loads (schedule record, indices, tokens; perf-notes session 4), so
   // the record is read first and each role issues its first loads (producer: indices and first tokens;
   // consumers: the first Q tile) before it calls init_sync(), which sets the barriers up (perf-notes v12).
-  DecodeScheduleRecord rec = p.uniform_blocks > 0
-                                ? uniform_partition_record(p.batch, p.uniform_blocks, p.uniform_payload, blockIdx.z)
-                                : p.schedule[blockIdx.z];
+  DecodeScheduleRecord rec = p.uniform_blocks > 0 ? unpack_partition_record(p.uniform_records[blockIdx.z])
+                                                  : p.schedule[blockIdx.z];
   rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
   rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);
   rec.begin_block = __shfl_sync(0xffffffff, rec.begin_block, 0);

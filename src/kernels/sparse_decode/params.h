@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/decode_scheduler/schedule_record.h"
+#include "openmla/decode.h"
 #include "openmla/status.h"
 
 namespace openmla::kernels {
@@ -56,10 +57,12 @@ struct SparseDecodeParams {
   const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
   const int32_t* num_splits;             // (b + 1,)
   // > 0 when every request has this many blocks (no topk_length / extra_topk_length) and the batch is small:
-  // each CTA then computes its partition record (uniform_partition_record, with uniform_payload) instead of
-  // reading `schedule`, which takes a cold load off the head of the kernel. 0: read `schedule`.
+  // the host then computes every partition's record (uniform_partition_record, the scheduler's greedy pass) and
+  // passes it packed (pack_partition_record) in uniform_records, so the kernel's head reads its record from the
+  // parameters instead of a cold load of `schedule` (perf-notes sparse v20). 0: read `schedule`.
   int uniform_blocks;
   int64_t uniform_payload;
+  uint64_t uniform_records[kMaxDecodeSmParts];
 };
 
 // Launches the main kernel on `stream`: grid (num_head_blocks, s_q, num_sm_parts), 384 threads, clusters
