@@ -807,23 +807,18 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       bool valid[kRounds];
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) valid[r] = usable(c, idx_cur[r]);
-      // The next unit's gathers (a slot past the end of the partition has index -1: zeros, no load), and two
-      // blocks ahead the tokens into L2. Crossover, first block: only once this block's V_L half is sent, so the
-      // kernel head's DRAM queue (the flush leaves it full of write-backs) serves the first block's tokens first
-      // (perf-notes sparse v21).
-      auto next_loads = [&] {
-        if constexpr (kRounds == 1)
-          load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, db);
-        else
-          load_token<L>(c, idx_cur[1], valid[1], lane4, db);
+      // The next unit's gathers (a slot past the end of the partition has index -1: zeros, no load).
+      if constexpr (kRounds == 1)
+        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, db);
+      else
+        load_token<L>(c, idx_cur[1], valid[1], lane4, db);
+      // Two blocks ahead: the tokens into L2. Three ahead: the indices.
+      {
         const SparseCacheView& c2 = cursor_cache(p, n2);
 #pragma unroll
         for (int r = 0; r < kRounds; ++r)
           if (usable(c2, idx_n2[r])) prefetch_token_l2<L>(c2, idx_n2[r], lane4);
-      };
-      const bool defer_next = kCrossover && it == 0;
-      if (!defer_next) next_loads();
-      // Three blocks ahead: the indices.
+      }
       const Cursor n3 = cursor_next(p, rec, n2);
       int idx_n3[kRounds];
       load_indices<kRounds>(p, rec, n3, tok0, s_idx, idx_n3);
@@ -865,7 +860,6 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
         store_tiles<L, kCrossover, 0, Co::kHalfTiles>(da, tok0, lane4, wr);
         send_half(0);
         if (it == 0) OPENMLA_TIMELINE(kProdFirstSent);
-        if (defer_next) next_loads();
         ptx::mbarrier_wait_parity(&smem.free_[buf][1], phase ^ 1);
         store_tiles<L, kCrossover, Co::kHalfTiles, T::kNopeTiles>(da, tok0, lane4, wr);
       } else {
