@@ -48,7 +48,8 @@ def normalise(text):
 
 
 def loops_with_offsets(insns, min_hgmma):
-    """(start offset, end offset, body) of every innermost loop with at least min_hgmma HGMMA."""
+    """(start offset, end offset, body) of every innermost loop with at least min_hgmma HGMMA (the body runs from
+    the branch target to the backward branch)."""
     addr_index = {a: i for i, (a, _) in enumerate(insns)}
     found = []
     for i, (addr, text) in enumerate(insns):
@@ -65,21 +66,7 @@ def loops_with_offsets(insns, min_hgmma):
 
 
 def loops(insns, min_hgmma):
-    addr_index = {a: i for i, (a, _) in enumerate(insns)}
-    found = []
-    for i, (addr, text) in enumerate(insns):
-        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
-        if not m:
-            continue
-        target = int(m.group(1), 16)
-        if target > addr or target not in addr_index:
-            continue
-        body = [t for _, t in insns[addr_index[target]:i + 1]]
-        n_hgmma = sum(1 for t in body if "HGMMA" in t)
-        if n_hgmma >= min_hgmma:
-            found.append((target, addr, body))
-    # Innermost only: drop a loop whose range contains another qualifying loop.
-    return [f for f in found if not any(g is not f and f[0] <= g[0] and g[1] <= f[1] for g in found)]
+    return loops_with_offsets(insns, min_hgmma)
 
 
 def summary(body):
