@@ -160,8 +160,7 @@ void dense(const Array& q, const Array& k_cache, const Array& block_table, const
 void sparse(const Array& q, const Array& k_cache, const Array& indices, const Array& metadata, const Array& num_splits,
             const Array& partial_o, const Array& partial_lse, const Array& out, const Array& lse,
             const OptArray& topk_length, const OptArray& attn_sink, const OptArray& extra_k_cache,
-            const OptArray& extra_indices, const OptArray& extra_topk_length, const OptArray& merge_counters,
-            float softmax_scale, uintptr_t stream,
+            const OptArray& extra_indices, const OptArray& extra_topk_length, float softmax_scale, uintptr_t stream,
             const nb::kwargs& kwargs) {
   const DecodeProblem problem = problem_from_kwargs(kwargs);
   SparseDecodeArgs args;
@@ -176,7 +175,6 @@ void sparse(const Array& q, const Array& k_cache, const Array& indices, const Ar
   args.softmax_scale = softmax_scale;
   args.schedule.metadata = to_tensor_ref(metadata, "tile_scheduler_metadata");
   args.schedule.num_splits = to_tensor_ref(num_splits, "num_splits");
-  args.schedule.merge_counters = to_tensor_ref(merge_counters, "merge_counters");
   args.split.partial_o = to_tensor_ref(partial_o, "partial_o");
   args.split.partial_lse = to_tensor_ref(partial_lse, "partial_lse");
   args.out = to_tensor_ref(out, "out");
@@ -233,11 +231,11 @@ void bind_decode(nb::module_& m) {
         nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"), nb::arg("partial_o"), nb::arg("partial_lse"),
         nb::arg("out"), nb::arg("lse"), nb::arg("topk_length") = nb::none(), nb::arg("attn_sink") = nb::none(),
         nb::arg("extra_k_cache") = nb::none(), nb::arg("extra_indices") = nb::none(),
-        nb::arg("extra_topk_length") = nb::none(), nb::arg("merge_counters") = nb::none(),
-        nb::arg("softmax_scale") = 0.f, nb::arg("stream") = 0, nb::arg("problem"),
+        nb::arg("extra_topk_length") = nb::none(), nb::arg("softmax_scale") = 0.f, nb::arg("stream") = 0,
+        nb::arg("problem"),
         "sparse_decode(q, k_cache, indices, tile_scheduler_metadata, num_splits, partial_o, partial_lse, out, lse, "
         "topk_length=None, attn_sink=None, extra_k_cache=None, extra_indices=None, extra_topk_length=None, "
-        "merge_counters=None, softmax_scale=0.0, stream=0, **problem)\n\n"
+        "softmax_scale=0.0, stream=0, **problem)\n\n"
         "Sparse top-k MLA decode over an FP8 paged cache, main kernel plus combine, on `stream`. The problem has "
         "sparse=True, cache_format 'fp8_v32' (d_qk 576) or 'fp8_model1' (d_qk 512), h_kv=1, topk, and "
         "extra_topk / extra_page_block_size when an extra cache is given.\n"

@@ -275,8 +275,9 @@ def _sparse_decode(q, k_cache, head_dim_v, sched, softmax_scale, causal, is_fp8_
     extra_bytes = None if extra_k_cache is None else as_byte_view(extra_k_cache)
 
     def plan(metadata, splits, counters, stream):
-        # cache_seqlens plays no part in sparse decode: the schedule follows topk / topk_length. The counters are
-        # zeroed here; with them the combine starts on each request's rows as soon as its chunks are published.
+        # cache_seqlens plays no part in sparse decode: the schedule follows topk / topk_length. The sparse main
+        # kernel does not merge in-kernel (the combine kernel merges its split requests); the counters are only
+        # zeroed.
         _C.plan_decode(None, _dl(metadata), _dl(splits), topk_length=_opt(topk_length), merge_counters=_dl(counters),
                        extra_topk_length=_opt(extra_topk_length), stream=stream, **problem)
 
@@ -285,7 +286,7 @@ def _sparse_decode(q, k_cache, head_dim_v, sched, softmax_scale, causal, is_fp8_
                          _dl(sched.num_splits), _dl(sched.partial_o), _dl(sched.partial_lse), _dl(out), _dl(lse),
                          topk_length=_opt(topk_length), attn_sink=_opt(attn_sink), extra_k_cache=_opt(extra_bytes),
                          extra_indices=_opt(extra_indices), extra_topk_length=_opt(extra_topk_length),
-                         merge_counters=_dl(sched.merge_counters), softmax_scale=scale, stream=stream, **problem)
+                         softmax_scale=scale, stream=stream, **problem)
 
     return _run(torch, sched, config, problem, q, plan, launch, out, lse)
 

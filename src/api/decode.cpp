@@ -615,11 +615,6 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
   };
   const bool has_extra = args.extra_k_cache.defined();
   const int num_head_blocks = (h_q + 63) / 64;
-  // With the schedule's merge counters the combine starts on each (request, s_idx, head tile) as soon as its chunks
-  // are published (the first half of the counters), and its readers zero them again (the second half).
-  int* const ready = args.schedule.merge_counters.defined() ? static_cast<int*>(args.schedule.merge_counters.data)
-                                                            : nullptr;
-  const int64_t num_groups = static_cast<int64_t>(b) * s_q * num_head_blocks;
   // Small batch with the work per request fixed by topk alone: every CTA computes its own partition record (the
   // same greedy pass as the scheduler's), so the kernel's head does not wait for a cold schedule-record load.
   int uniform_blocks = 0;
@@ -661,7 +656,6 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
       .partial_lse = partial_lse,
       .schedule = records,
       .num_splits = num_splits,
-      .ready_counters = ready,
       .uniform_blocks = uniform_blocks,
       .uniform_payload = uniform_payload,
       .uniform_records = {},
@@ -686,9 +680,6 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
       .num_splits = num_splits,
       .attn_sink = params.attn_sink,
       .merged_in_kernel = 1,  // the sparse main kernel writes every split chunk's partial
-      .ready = ready,
-      .done = ready != nullptr ? ready + num_groups : nullptr,
-      .ready_tiles = num_head_blocks,
       .out = args.out.data,
       .out_stride_b = args.out.stride[0],
       .out_stride_s = args.out.stride[1],

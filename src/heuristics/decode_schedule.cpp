@@ -33,8 +33,7 @@ int decode_num_sm_parts(const DecodeProblem& problem, int num_sms) {
 
 int64_t decode_merge_counter_count(const DecodeProblem& problem) {
   constexpr int64_t kTileRows = 64;
-  // Sparse: two per (request, query position, 64-head tile): the chunks published, and the combine readers done.
-  if (problem.sparse) return 2 * problem.batch * problem.s_q * ceil_div(problem.h_q, kTileRows);
+  if (problem.sparse) return problem.batch * problem.s_q * ceil_div(problem.h_q, kTileRows);
   const int64_t h_kv = std::max<int64_t>(problem.h_kv, 1);
   return problem.batch * h_kv * ceil_div(problem.s_q * (problem.h_q / h_kv), kTileRows);
 }

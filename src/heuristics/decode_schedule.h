@@ -28,9 +28,8 @@ int sparse_num_sm_parts(int64_t s_q, int64_t h_q, int num_sms);
 // problem.num_sms == 0 to the device's count).
 int decode_num_sm_parts(const DecodeProblem& problem, int num_sms);
 
-// Merge counters (DecodeSchedule::merge_counters) a problem needs. Dense: one per (request, query tile of the main
-// kernel), batch * h_kv * ceil(s_q * (h_q / h_kv) / 64). Sparse: two per (request, query position, 64-head tile),
-// 2 * batch * s_q * ceil(h_q / 64): the published chunks, then the combine's readers done (perf-notes sparse v23).
+// Merge counters (DecodeSchedule::merge_counters) a problem needs: one per (request, query tile of the main
+// kernel). Dense: batch * h_kv * ceil(s_q * (h_q / h_kv) / 64); sparse: batch * s_q * ceil(h_q / 64).
 int64_t decode_merge_counter_count(const DecodeProblem& problem);
 
 // Work of one dense request of `seqlen` cached tokens, in 64-token blocks: max(ceil(L / 64), 1). An empty

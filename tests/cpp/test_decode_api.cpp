@@ -93,7 +93,7 @@ TEST(DecodeApi, WorkspaceSizesSparse) {
   ASSERT_TRUE(get_decode_workspace_sizes(p, &s).is_ok());
   EXPECT_EQ(s.num_sm_parts, 33);
   EXPECT_EQ(s.partial_rows, (4 + 33) * 2 * 128);
-  EXPECT_EQ(s.merge_counter_ints, 2 * 4 * 2 * 2);  // two per (request, query position, 64-head tile)
+  EXPECT_EQ(s.merge_counter_ints, 4 * 2 * 2);  // (request, query position, 64-head tile)
 }
 
 TEST(DecodeApi, WorkspaceSizesErrors) {
@@ -329,7 +329,7 @@ TEST(DecodeApi, PlanValidation) {
   sp.cache_format = KVCacheFormat::kFp8V32;
   DecodeSchedule ssched = a.schedule;
   ssched.metadata.shape[0] = 33;  // 132 / 2 / 2
-  ssched.merge_counters.shape[0] = 2 * 2 * 2 * 2;  // two per (request, query position, 64-head tile)
+  ssched.merge_counters.shape[0] = 2 * 2 * 2;  // (request, query position, 64-head tile)
   st = detail::validate_plan_decode(sp, {}, {}, {}, ssched, &parts);
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_EQ(parts, 33);
@@ -375,7 +375,7 @@ SparseDecodeArgs sparse_args(const DecodeProblem& p) {
   a.schedule.metadata = make_tensor(fake_ptr(5), DType::kInt32, {parts, kDecodeScheduleRecordInts});
   a.schedule.num_splits = make_tensor(fake_ptr(6), DType::kInt32, {p.batch + 1});
   // One counter per (request, query position, 64-head tile).
-  a.schedule.merge_counters = make_tensor(fake_ptr(11), DType::kInt32, {2 * p.batch * p.s_q * ((p.h_q + 63) / 64)});
+  a.schedule.merge_counters = make_tensor(fake_ptr(11), DType::kInt32, {p.batch * p.s_q * ((p.h_q + 63) / 64)});
   a.split.partial_o = make_tensor(fake_ptr(7), DType::kFloat32, {rows, 512});
   a.split.partial_lse = make_tensor(fake_ptr(8), DType::kFloat32, {rows});
   a.out = make_tensor(fake_ptr(9), DType::kBFloat16, {p.batch, p.s_q, p.h_q, 512});

@@ -215,14 +215,13 @@ bool run_case(const Case& c) {
   std::vector<float> sink(c.h_q);
   for (int64_t h = 0; h < c.h_q; ++h) sink[h] = h == 0 ? kInf : h == 1 ? -kInf : static_cast<float>(h % 9) * 0.5f - 2.f;
 
-  DeviceBuffer d_q, d_sink, d_tl, d_etl, d_meta, d_splits, d_po, d_pl, d_out, d_lse, d_cnt;
+  DeviceBuffer d_q, d_sink, d_tl, d_etl, d_meta, d_splits, d_po, d_pl, d_out, d_lse;
   if (ok) {
     ok = upload(d_q, q) && (!c.sink || upload(d_sink, sink)) &&
          (c.topk_length.empty() || upload(d_tl, c.topk_length)) &&
          (c.extra_topk_length.empty() || upload(d_etl, c.extra_topk_length)) &&
          upload(d_meta, std::vector<int32_t>(ws.metadata_ints, 0)) &&
          upload(d_splits, std::vector<int32_t>(ws.num_splits_ints, 0)) &&
-         upload(d_cnt, std::vector<int32_t>(ws.merge_counter_ints, 0x5a5a5a5a)) &&  // plan_decode must zero them
          upload(d_po, std::vector<float>(ws.partial_rows * kDv, nan)) &&
          upload(d_pl, std::vector<float>(ws.partial_rows, nan)) &&
          upload(d_out, std::vector<uint16_t>(rows * kDv, openmla::ref::float_to_bf16(nan))) &&
@@ -252,8 +251,6 @@ bool run_case(const Case& c) {
     args.schedule.metadata =
         make_tensor(d_meta.ptr, DType::kInt32, {ws.num_sm_parts, openmla::kDecodeScheduleRecordInts});
     args.schedule.num_splits = make_tensor(d_splits.ptr, DType::kInt32, {c.b + 1});
-    // The merge counters: the combine starts on each request's rows once its chunks are published.
-    args.schedule.merge_counters = make_tensor(d_cnt.ptr, DType::kInt32, {ws.merge_counter_ints});
     args.split.partial_o = make_tensor(d_po.ptr, DType::kFloat32, {ws.partial_rows, kDv});
     args.split.partial_lse = make_tensor(d_pl.ptr, DType::kFloat32, {ws.partial_rows});
     args.out = make_tensor(d_out.ptr, DType::kBFloat16, {c.b, c.s_q, c.h_q, kDv});
@@ -276,9 +273,8 @@ bool run_case(const Case& c) {
   if (ok) {
     std::vector<uint16_t> out(rows * kDv);
     std::vector<float> lse(rows);
-    std::vector<int32_t> splits(c.b + 1), counters(ws.merge_counter_ints);
-    ok = cudaMemcpy(counters.data(), d_cnt.ptr, counters.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
-         cudaMemcpy(out.data(), d_out.ptr, out.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&
+    std::vector<int32_t> splits(c.b + 1);
+    ok = cudaMemcpy(out.data(), d_out.ptr, out.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&
          cudaMemcpy(lse.data(), d_lse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
          cudaMemcpy(splits.data(), d_splits.ptr, splits.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
     int first_bad_r = -1, first_bad_s = -1, first_bad_h = -1;
@@ -312,12 +308,6 @@ bool run_case(const Case& c) {
     if (bad)
       std::printf("sparse_decode sanitize [%s]: %d unexpected output values (first at request %d, position %d, "
                   "head %d)\n", c.name, bad, first_bad_r, first_bad_s, first_bad_h);
-    const int64_t nonzero = std::count_if(counters.begin(), counters.end(), [](int32_t v) { return v != 0; });
-    if (ok && nonzero) {
-      std::printf("sparse_decode sanitize [%s]: %lld merge counters left non-zero by the call\n", c.name,
-                  static_cast<long long>(nonzero));
-      ++bad;
-    }
     if (ok && c.expect_split && splits[c.b] <= c.b) {
       std::printf("sparse_decode sanitize [%s]: expected a split schedule, got %d split slots for %lld requests "
                   "(the case no longer covers the combine path)\n", c.name, splits[c.b],

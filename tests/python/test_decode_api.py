@@ -276,8 +276,7 @@ def test_sparse_binding_signature():
     signature = C.sparse_decode.__doc__.splitlines()[0]  # nanobind's generated signature line
     assert re.findall(r"(\w+): ", signature) == [
         "q", "k_cache", "indices", "tile_scheduler_metadata", "num_splits", "partial_o", "partial_lse", "out", "lse",
-        "topk_length", "attn_sink", "extra_k_cache", "extra_indices", "extra_topk_length", "merge_counters",
-        "softmax_scale", "stream"]
+        "topk_length", "attn_sink", "extra_k_cache", "extra_indices", "extra_topk_length", "softmax_scale", "stream"]
     for name in ("topk_length", "attn_sink", "extra_k_cache", "extra_indices", "extra_topk_length"):
         assert f"{name}: ndarray[] | None = None" in signature, signature
     assert "softmax_scale: float = 0.0, stream: int = 0, **problem" in signature, signature

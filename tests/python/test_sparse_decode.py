@@ -558,39 +558,6 @@ def test_bitwise_identical_on_repeat(case):
 
 
 @gpu
-@pytest.mark.parametrize("case", [
-    Case("v32", 4, 2, 128, Sel(2046, 2048, 64), sink="random"),
-    Case("model1", 3, 3, 64, Sel(4096, 2048, 61, lens=True), sink="random"),
-    Case("v32", 5, 1, 16, Sel(2046, 2048, 64)),
-], ids=str)
-def test_combine_starts_on_published_chunks(case):
-    """With the schedule's merge counters the combine kernel starts on each (request, query position, head tile)
-    once its chunks are published (perf-notes sparse v23). The counters must be zero after every call, and the
-    result bitwise equal to repeated calls and to a call without counters (the combine then waits for the whole
-    main kernel)."""
-    torch = _torch()
-    inp = make_inputs(case, seed=31)
-    meta, _ = _openmla().get_mla_metadata()
-    first = decode(inp, meta=meta)  # plans the schedule (zeroes the counters)
-    runs = [decode(inp, meta=meta) for _ in range(3)]
-    torch.cuda.synchronize()
-    splits = meta.num_splits.cpu()
-    assert bool(((splits[1:] - splits[:-1]) > 1).any()), "the case must contain split requests"
-    assert int(meta.merge_counters.abs().sum()) == 0, "a call left a merge counter non-zero"
-    for out, lse in runs:
-        assert torch.equal(first[0], out) and torch.equal(first[1], lse)
-    counters = meta.merge_counters
-    meta.merge_counters = None
-    try:
-        plain = decode(inp, meta=meta)
-    finally:
-        meta.merge_counters = counters
-    torch.cuda.synchronize()
-    assert torch.equal(first[0], plain[0]) and torch.equal(first[1], plain[1])
-    check_against_reference(inp, *first)
-
-
-@gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_cache_dtype_page_placement_and_ignored_arguments(layout):
     """The cache may be typed uint8, int8 or float8_e4m3fn; moving pages (indices remapped) changes nothing;

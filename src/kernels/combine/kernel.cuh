@@ -35,27 +35,6 @@ static_assert(kCombineHeadDim % (kCombineMaxSlices * kVectorStride) == 0, "whole
 // dependent) has completed and its memory is visible. No-op when launched without PDL.
 __device__ __forceinline__ void wait_for_main_kernel() { ptx::griddep_wait(); }
 
-// Sparse, with counters (CombineParams::ready): lane 0 waits until the group's `chunks` partials are published
-// (acquire), with a time limit after which the warp falls back to waiting for the whole main grid (counters
-// left non-zero by an aborted call must not hang a later one). Returns with the warp converged.
-inline constexpr unsigned long long kReadySpinLimitNs = 20ull * 1000 * 1000;
-__device__ __forceinline__ void wait_for_group(const int* ready, int chunks, int lane) {
-  int timed_out = 0;
-  if (lane == 0) {
-    const unsigned long long t0 = ptx::globaltimer();
-    while (ptx::ld_acquire_gpu(ready) != chunks) {
-      if (ptx::globaltimer() - t0 > kReadySpinLimitNs) {
-        timed_out = 1;
-        break;
-      }
-      __nanosleep(100);
-    }
-  }
-  timed_out = __shfl_sync(0xffffffffu, timed_out, 0);  // also orders the other lanes' loads after lane 0's acquire
-  __syncwarp();
-  if (timed_out) wait_for_main_kernel();
-}
-
 // NOTE: ordinary (coherent) loads, never ld.global.nc / __ldg: the data was written by the kernel we
 // overlap with via PDL, and the read-only path may be reordered or served from stale lines. The pointer
 // is deliberately not __restrict__ so the compiler cannot prove it read-only and switch to .nc.
@@ -127,11 +106,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   const float* o_row = p.partial_o + static_cast<int64_t>(first_slot) * o_slot_stride +
                        static_cast<int64_t>(row) * kCombineHeadDim + col;
 
-  // Sparse with counters: this warp's (request, s_idx, head tile) group only (perf-notes sparse v23).
-  const int64_t group =
-      p.ready != nullptr ? (static_cast<int64_t>(req) * p.s_q + s_idx) * p.ready_tiles + head / 64 : 0;
-  if (p.ready != nullptr) wait_for_group(p.ready + group, num_slots, lane);
-  else wait_for_main_kernel();
+  wait_for_main_kernel();
 
   // One round trip for the usual case (perf-notes: combine v19): the chunk lse values (lane i holds chunk i's)
   // and the first batch of this lane's columns of every chunk row are all requested before any is used; only
@@ -208,19 +183,6 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   for (int j = 0; j < kVectorsPerLane; ++j) {
     *reinterpret_cast<uint2*>(out + j * kVectorStride) =
         pack4<Element>(acc[4 * j + 0], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-  }
-  if (p.ready != nullptr) {
-    // Every reader warp of the group (its rows x the column slices) counts itself once done with the partials; the
-    // last one zeroes both counters (every reader has passed the wait by then). CTA (0, 0, 0) also waits for the
-    // main grid, so that this grid never completes before it.
-    if (lane == 0) {
-      const int tile_rows = min(64, p.h_q - (head / 64) * 64);
-      if (atomicAdd(p.done + group, 1) == tile_rows * static_cast<int>(gridDim.z) - 1) {
-        p.ready[group] = 0;
-        p.done[group] = 0;
-      }
-    }
-    if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && warp == 0) wait_for_main_kernel();
   }
 }
 

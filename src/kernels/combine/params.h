@@ -30,12 +30,6 @@ struct CombineParams {
   const int32_t* num_splits; // (b + 1,) from the scheduler
   const float* attn_sink;    // (h_q,) natural-log units, may be null (no sink)
   int merged_in_kernel;      // requests with at most this many chunks were finished by the main kernel (1: none)
-  // Sparse only, optional (null: wait for the whole main grid): per (request, s_idx, 64-head tile) group, `ready`
-  // counts the chunks whose partial rows the main kernel published (release); a warp starts once it equals the
-  // request's chunk count. `done` counts the group's reader warps; the last one zeroes both for the next call.
-  int* ready;
-  int* done;
-  int ready_tiles;  // ceil(h_q / 64): tiles per (request, s_idx)
 
   // out: (b, s_q, h_q, 512) in q's dtype, last dim contiguous, other strides multiples of 4 elements
   // (8-byte stores); lse: logical (b, h_q, s_q) float32, natural log. Strides in elements.

@@ -691,15 +691,6 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         }
       }
     }
-    if (w.is_split && p.ready_counters != nullptr) {
-      // Publication of this chunk to the combine: every consumer thread's partial stores, then one gpu-scope
-      // release-ordered increment of the (request, s_idx, head tile) counter.
-      consumer_barrier();
-      if (launder32(tid) == 0) {
-        ptx::fence_acq_rel_gpu();
-        atomicAdd(p.ready_counters + (static_cast<int64_t>(req) * p.s_q + s_idx) * p.num_head_blocks + blockIdx.x, 1);
-      }
-    }
     OPENMLA_SWITCH(req - rec.begin_req, 3);
   }
   if (wg == 0) OPENMLA_TIMELINE(kEpilogueDone);

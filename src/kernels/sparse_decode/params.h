@@ -56,10 +56,6 @@ struct SparseDecodeParams {
 
   const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
   const int32_t* num_splits;             // (b + 1,)
-  // Optional (the schedule's merge counters), one per (request, s_idx, 64-head tile), zero between calls: every
-  // CTA that writes a split chunk's partial rows adds 1 once they are stored, so the combine kernel starts on a
-  // request as soon as its chunks are published instead of after the whole grid (perf-notes sparse v23).
-  int* ready_counters;
   // > 0 when every request has this many blocks (no topk_length / extra_topk_length) and the batch is small:
   // the host then computes every partition's record (uniform_partition_record, the scheduler's greedy pass) and
   // passes it packed (pack_partition_record) in uniform_records, so the kernel's head reads its record from the
