@@ -8,7 +8,9 @@ after three preparations:
                cached again; 1/16384 of the cache's bytes in L2);
   warm         the call right after the previous call (no memset).
 
-If flush+touch lands near warm, the head waits on address translation, not on DRAM bandwidth.
+If flush+touch lands near warm, the head waits on address translation, not on DRAM bandwidth. (First run, H100,
+session 6, before the warm mode kept the GPU busy while Python enqueued: flush 27.7 us, flush+touch 33.5 us: the
+touch did not help; the warm figure of that run timed the launch and is void.)
 
     PYTHONPATH=python:.deps/py python3 tools/diag_tlb_b2.py
 """
@@ -49,8 +51,10 @@ def main():
                 flush.zero_()
             if mode == "flush+touch":
                 torch.index_select(words, 0, touch_idx, out=sink_buf)
-            else:
-                call() if mode == "warm" else None
+            if mode == "warm":
+                call()
+                # Keep the GPU busy while Python enqueues the timed call (else the events time the launch).
+                torch.cuda._sleep(2_000_000)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             call()
