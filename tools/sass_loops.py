@@ -9,8 +9,8 @@ branch). The tool prints, per function whose name contains SUBSTR, each innermos
 and instruction-class counts) and whether its normalised text is identical between the two objects. The text is
 normalised so that only the instruction stream counts: addresses, branch targets and register numbers are
 replaced by placeholders. --offsets prints where each such loop of one object starts (byte offset in its function,
-and that offset modulo 512): the dense pair loop's speed depends on it (perf-notes dense v17: the same SASS moved
-by 400 bytes ran 4.6 % slower; 0x1c0 modulo 512 is the measured-good placement). A changed loop schedule is what moved the dense pair loop's speed in perf-notes dense
+and that offset modulo 128): the dense pair loop's speed depends on it (perf-notes, session 6: the same SASS ran up
+to 5 % slower at other offsets; only 0x40 modulo 128 measured fast). A changed loop schedule is what moved the dense pair loop's speed in perf-notes dense
 v10 and v14; compare before measuring. Needs cuobjdump (CUDA toolkit, or the nvidia-cuda-cuobjdump wheel).
 """
 import argparse
@@ -90,7 +90,7 @@ def main():
             # The shortest one: the others are closed by branches back from out-of-line wait stubs at the end.
             found = sorted(loops_with_offsets(insns, args.min_hgmma), key=lambda f: len(f[2]))[:1]
             for start, end, body in found:
-                print(f"{name[:90]}: loop {start:#x}..{end:#x}, {len(body)} insns, start % 512 = {start % 512:#x}")
+                print(f"{name[:90]}: loop {start:#x}..{end:#x}, {len(body)} insns, start % 128 = {start % 128:#x}")
         return 0
     fo, fn = functions(args.old), functions(args.new)
     same_all = True

@@ -394,9 +394,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       OPENMLA_DENSE_VALUE(req - rec.begin_req, kBlocks, blk_end - blk_begin);
     }
 
-    // Placement shim (perf-notes dense v17): never taken, but its instructions put the pair loop below at the same
-    // offset modulo 512 bytes as in the measured-good builds. The same loop SASS moved by 400 bytes ran 4.6 % slower
-    // (s_q = 2, 32K); check the offset with `tools/sass_loops.py --offsets` after any change above the loop.
+    // Placement shim (perf-notes, session 6): never taken, but its instructions put the pair loop below at offset 0x40
+    // modulo 128 bytes, the only placement that measured fast: the same loop SASS elsewhere ran 2-5 % slower
+    // (s_q = 2, 32K). After any change above the loop, check with `tools/sass_loops.py --offsets` and adjust the
+    // number of prefetch lines here (each moves the loop 16 bytes; tools/placement_sweep.sh measures).
     if (params.batch < 0) {
       asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
     }
