@@ -13,8 +13,8 @@
 #include "api/validate.h"
 #include "heuristics/decode_schedule.h"
 #include "kernels/combine/params.h"
-#include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/decode_scheduler/launch.h"
+#include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/dense_decode/params.h"
 #include "kernels/sparse_decode/params.h"
 #include "openmla/decode.h"
@@ -31,8 +31,8 @@ constexpr int64_t kHeadDimV = 512;
 constexpr int64_t kDensePageSize = 64;
 constexpr int64_t kMaxCombineRows = 65535LL * kernels::kCombineWarps;  // combine grid.y limit
 constexpr int64_t kMaxSparseSq = 65535;                                  // sparse main kernel grid.y limit
-// Up to this batch the sparse kernel computes its partition records itself when the lengths are uniform
-// (kernels::uniform_partition_record is O(partition + batch) per CTA).
+// Up to this batch (a packed record holds request numbers below 32) the host passes the sparse kernel its partition
+// records in the kernel parameters when the lengths are uniform, so the kernel's head skips the schedule load.
 constexpr int kSparseInKernelScheduleMaxBatch = 16;
 
 Status invalid(const std::string& msg) { return Status::invalid_argument(msg); }
@@ -615,8 +615,8 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
   };
   const bool has_extra = args.extra_k_cache.defined();
   const int num_head_blocks = (h_q + 63) / 64;
-  // Small batch with the work per request fixed by topk alone: every CTA computes its own partition record (the
-  // same greedy pass as the scheduler's), so the kernel's head does not wait for a cold schedule-record load.
+  // Small batch with the work per request fixed by topk alone: the records are known on the host (the CPU twin of
+  // the scheduler, one pass) and go to the kernel in its parameters (perf-notes sparse v20).
   int uniform_blocks = 0;
   int64_t uniform_payload = 0;
   if (b <= detail::kSparseInKernelScheduleMaxBatch && !args.topk_length.defined() &&
@@ -660,11 +660,14 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
       .uniform_payload = uniform_payload,
       .uniform_records = {},
   };
-  // Every partition's record, from the same greedy pass as the scheduler's (equal to it: tests/cpp), packed into
-  // the kernel's parameters; a record that does not pack sends the kernel back to the schedule (perf-notes v20).
-  for (int part = 0; params.uniform_blocks > 0 && part < num_sm_parts; ++part) {
-    const kernels::DecodeScheduleRecord r = kernels::uniform_partition_record(b, uniform_blocks, uniform_payload, part);
-    if (!kernels::pack_partition_record(r, params.uniform_records[part])) params.uniform_blocks = 0;
+  // Every partition's record, packed; a record that does not pack sends the kernel back to the schedule.
+  if (uniform_blocks > 0) {
+    const heuristics::DecodeScheduleHost host = heuristics::build_decode_schedule(
+        std::vector<int32_t>(static_cast<size_t>(b), uniform_blocks), std::vector<bool>(static_cast<size_t>(b), false),
+        num_sm_parts);
+    if (!host.all_assigned) params.uniform_blocks = 0;
+    for (int part = 0; params.uniform_blocks > 0 && part < num_sm_parts; ++part)
+      if (!kernels::pack_partition_record(host.records[part], params.uniform_records[part])) params.uniform_blocks = 0;
   }
   OPENMLA_RETURN_IF_ERROR(kernels::launch_sparse_decode(params, stream));
 

@@ -475,8 +475,9 @@ TEST_F(DecodeScheduleGpu, FailureIsFlaggedOnDevice) {
 namespace openmla {
 namespace {
 
-// The sparse kernel's in-kernel record (uniform lengths, small batch) equals the scheduler's, partition by partition.
-TEST(DecodeScheduleTwin, UniformPartitionRecordMatchesTheGreedyPass) {
+// Uniform lengths at small batch: the twin's records, which the host passes packed in the sparse kernel's
+// parameters, survive the packing exactly.
+TEST(DecodeScheduleTwin, UniformRecordsPackExactly) {
   for (int32_t batch : {1, 2, 3, 5, 8, 16}) {
     for (int32_t blocks : {1, 2, 3, 5, 32, 33, 100, 256}) {
       for (int parts : {1, 2, 5, 22, 33, 66, 132, 160}) {
@@ -484,17 +485,8 @@ TEST(DecodeScheduleTwin, UniformPartitionRecordMatchesTheGreedyPass) {
         const heuristics::DecodeScheduleHost host =
             heuristics::build_decode_schedule(n, std::vector<bool>(n.size(), false), parts);
         ASSERT_TRUE(host.all_assigned);
-        const int64_t payload = heuristics::decode_payload(heuristics::decode_total_work(n), parts);
         for (int part = 0; part < parts; ++part) {
-          const kernels::DecodeScheduleRecord got = kernels::uniform_partition_record(batch, blocks, payload, part);
           const kernels::DecodeScheduleRecord& want = host.records[part];
-          EXPECT_EQ(std::memcmp(&got, &want, sizeof(got)), 0)
-              << "batch " << batch << " blocks " << blocks << " parts " << parts << " part " << part << ": got {"
-              << got.begin_req << "," << got.end_req << "," << got.begin_block << "," << got.end_block << ","
-              << got.begin_split << "," << got.is_first_req_split << "," << got.is_last_req_split << "} want {"
-              << want.begin_req << "," << want.end_req << "," << want.begin_block << "," << want.end_block << ","
-              << want.begin_split << "," << want.is_first_req_split << "," << want.is_last_req_split << "}";
-          // The host passes these records packed in the sparse kernel's parameters (perf-notes sparse v20).
           uint64_t packed = 0;
           ASSERT_TRUE(kernels::pack_partition_record(want, packed)) << "batch " << batch << " part " << part;
           const kernels::DecodeScheduleRecord back = kernels::unpack_partition_record(packed);

@@ -121,52 +121,6 @@ struct PartitionWalk {
   }
 };
 
-// The record of partition `part` when every one of `batch` requests has the same `blocks` (>= 1, never empty),
-// computed by replaying the same greedy rule partition by partition, without the scheduler's output: the sparse
-// kernel uses it at small batch when the work per request is fixed by topk alone (no per-request lengths), so its
-// first dependent load is an index row rather than the schedule record (perf-notes, sparse v19). O(part + batch)
-// steps. Equal to PartitionWalk's record (tests/cpp/test_decode_schedule.cpp checks every partition).
-OPENMLA_HOST_DEVICE DecodeScheduleRecord uniform_partition_record(int32_t batch, int32_t blocks, int64_t payload,
-                                                                  int32_t part) {
-  constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
-  int32_t req = 0, split = 0;
-  int64_t block = 0;
-  for (int32_t q = 0;; ++q) {
-    if (req >= batch) return PartitionWalk::idle_record(batch);
-    DecodeScheduleRecord rec{};
-    rec.begin_req = req;
-    rec.begin_block = static_cast<int32_t>(block);
-    rec.begin_split = split;
-    int64_t budget = payload;
-    bool last_partial = false;
-    while (req < batch) {
-      const int64_t remaining = blocks - block;
-      if (budget >= remaining + kOverhead) {  // the rest of `req` fits: finish it here
-        budget -= remaining + kOverhead;
-        rec.end_req = req;
-        rec.end_block = blocks;
-        last_partial = false;
-        ++req;
-        block = 0;
-        split = 0;
-        continue;
-      }
-      if (budget - kOverhead > 0) {  // take what fits and stop mid-request
-        block += budget - kOverhead;
-        rec.end_req = req;
-        rec.end_block = static_cast<int32_t>(block);
-        last_partial = true;
-        ++split;
-      }
-      break;
-    }
-    if (q == part) {
-      PartitionWalk::set_split_flags(rec, last_partial);
-      return rec;
-    }
-  }
-}
-
 // A partition record packed into 64 bits, for records the host computes and passes in kernel parameters (the
 // sparse kernel at small batch, perf-notes sparse v20): begin_req and end_req 5 bits each, begin_split 8 bits,
 // the two split flags, begin_block and end_block 22 bits each. pack_partition_record returns false (and leaves

@@ -57,11 +57,11 @@ struct SparseDecodeParams {
   const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
   const int32_t* num_splits;             // (b + 1,)
   // > 0 when every request has this many blocks (no topk_length / extra_topk_length) and the batch is small:
-  // the host then computes every partition's record (uniform_partition_record, the scheduler's greedy pass) and
-  // passes it packed (pack_partition_record) in uniform_records, so the kernel's head reads its record from the
+  // the host then computes every partition's record (the scheduler's CPU twin) and passes it packed
+  // (pack_partition_record) in uniform_records, so the kernel's head reads its record from the
   // parameters instead of a cold load of `schedule` (perf-notes sparse v20). 0: read `schedule`.
   int uniform_blocks;
-  int64_t uniform_payload;
+  int64_t uniform_payload;  // the schedule's payload (informational: the kernel reads uniform_records)
   uint64_t uniform_records[kMaxDecodeSmParts];
 };
 
