@@ -9,6 +9,8 @@
 #   timeline    the whole-kernel per-CTA timeline (trace build) at b 2 and 64, h_q 128 -> $OUT/timeline.txt
 #   dense-timeline  the dense kernel's request timeline (trace build) at b 128, s_q 2 (4K, 32K) and s_q 1 4K
 #               -> $OUT/dense_timeline.txt
+#   code        tools/diag_code_b2.py: the b = 2 call after the flush, with and without our code warm in L2
+#               -> $OUT/code.txt (best with DIAG_TRACE=OFF)
 #   breakdown   tools/breakdown_decode.py: per-kernel durations and gaps of whole calls -> $OUT/breakdown.txt
 #               (cases: BREAKDOWN_ARGS, default the sparse b = 2 row and shorter top-k)
 # DIAG_TRACE=OFF builds build-diag/ without the trace stamps instead (for timings: the stamps cost a little).
@@ -99,6 +101,8 @@ for d in $diag; do
       { timeout 100 "$py" tools/trace_dense_decode.py --b 128 --s-q 2 --s-k 4096
         timeout 100 "$py" tools/trace_dense_decode.py --b 128 --s-q 2 --s-k 32768
         timeout 100 "$py" tools/trace_dense_decode.py --b 128 --s-q 1 --s-k 4096; } >"$out/dense_timeline.txt" 2>&1 ;;
+    code)
+      timeout 240 "$py" tools/diag_code_b2.py >"$out/code.txt" 2>&1 ;;
     breakdown)
       # shellcheck disable=SC2086
       timeout 240 "$py" tools/breakdown_decode.py ${BREAKDOWN_ARGS:---sparse b=2 b=2,topk=64 b=2,topk=128 b=2,topk=192 b=2,s_q=1 b=64} \
@@ -112,6 +116,6 @@ for d in $diag; do
 done
 rm -f "$out"/*.csv
 echo "total $(( $(date +%s) - t0 )) s"
-for f in breakdown.txt dense_timeline.txt timeline.txt trace.txt ncu_dense.txt ncu_sparse_sass.txt; do
+for f in code.txt breakdown.txt dense_timeline.txt timeline.txt trace.txt ncu_dense.txt ncu_sparse_sass.txt; do
   [[ -f $out/$f ]] && { echo "===== $f"; head -c 9000 "$out/$f"; }
 done
