@@ -4,6 +4,7 @@
 # Builds build-trace/ (the Python extension only, sparse decode with its clock64 trace compiled in) with all
 # cores, then runs, as selected by DIAG (space-separated; default "trace ncu-sparse ncu-dense"):
 #   trace       tools/trace_sparse_decode.py at h_q 128 (crossover) and 64            -> $OUT/trace.txt
+#   trace-b2    the same at b 2, h_q 128, L2 flushed and warm                          -> $OUT/trace.txt
 #   ncu-sparse  ncu source-level stall samples of the sparse kernel (b 128, h_q 128)  -> $OUT/ncu_sparse_*.txt
 #   ncu-dense   ncu speed-of-light + memory tables of dense decode (b 128, s_q 2, 32K) -> $OUT/ncu_dense.txt
 #   timeline    the whole-kernel per-CTA timeline (trace build) at b 2 and 64, h_q 128 -> $OUT/timeline.txt
@@ -86,6 +87,9 @@ for d in $diag; do
     trace)
       { timeout 60 "$py" tools/trace_sparse_decode.py --b 128 --h-q 128
         timeout 60 "$py" tools/trace_sparse_decode.py --b 128 --h-q 64; } >"$out/trace.txt" 2>&1 ;;
+    trace-b2)
+      { timeout 60 "$py" tools/trace_sparse_decode.py --b 2 --h-q 128
+        timeout 60 "$py" tools/trace_sparse_decode.py --b 2 --h-q 128 --no-flush; } >"$out/trace.txt" 2>&1 ;;
     ncu-sparse)
       timeout 240 ncu --clock-control none -k regex:sparse_decode_kernel --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis \

@@ -112,14 +112,19 @@ def timeline(tl):
 
 
 def switches(sw):
-    """WG0's request switches (cycles): from the last block's O_L through the epilogue to the next Q barrier."""
-    rows = [k for k in range(SW_COUNT - 1) if sw[k, 0] != 0 and sw[k, 5] != 0]
+    """WG0's request switches (cycles): from the last block's O_L through the epilogue to the next Q barrier. The
+    partition's last request has no next Q: its row stops at the stores issued."""
+    rows = [k for k in range(SW_COUNT - 1) if sw[k, 0] != 0 and sw[k, 3] != 0]
     if not rows:
         return
     print("  request switches (WG0 thread 0, cycles per step: " + ", ".join(SW_STEPS) + "; total)")
     for k in rows:
-        d = [sw[k, e + 1] - sw[k, e] for e in range(3)] + [sw[k, 4] - sw[k, 3], sw[k, 5] - sw[k, 4]]
-        print(f"    request {k} -> {k + 1}: " + " ".join(f"{x:7d}" for x in d) + f"   total {sw[k, 5] - sw[k, 0]:7d}")
+        if sw[k, 5] != 0:
+            d = [sw[k, e + 1] - sw[k, e] for e in range(3)] + [sw[k, 4] - sw[k, 3], sw[k, 5] - sw[k, 4]]
+            print(f"    request {k} -> {k + 1}: " + " ".join(f"{x:7d}" for x in d) + f"   total {sw[k, 5] - sw[k, 0]:7d}")
+        else:
+            d = [sw[k, e + 1] - sw[k, e] for e in range(3)]
+            print(f"    request {k} (last): " + " ".join(f"{x:7d}" for x in d) + f"   total {sw[k, 3] - sw[k, 0]:7d}")
 
 
 def main():
