@@ -10,6 +10,9 @@ all SMs would wait for the same line (the timeline's GPU-wide 11.04 us event). T
                the main kernel's partial path and the combine run): their code is in L2 again;
   flush+copy   the memset, then a device copy of 8 MB (control: DRAM / L2 traffic of the tiny call's size
                without running our code);
+  flush+pg2M   the memset, then a read of one word per 2 MB of the KV cache (every large page's translation
+               used once; 27 lines of L2): is the head waiting on page-table walks?
+  flush+pg64K  the same with one word per 64 KB;
   warm         right after the previous call (no memset).
 
 If flush+tiny lands well below flush while flush+copy does not, the head waits on code fetches.
@@ -38,10 +41,14 @@ def main():
         def call():
             openmla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices,
                                            attn_sink=sink, out=out, lse=lse)
-        return call
+        return call, k_cache
 
-    call = make_call(2, bsd.S_K)
-    tiny = make_call(1, 4096)
+    call, k_cache = make_call(2, bsd.S_K)
+    words = k_cache.view(torch.uint8).reshape(-1)
+    touch = {m: torch.arange(0, words.numel(), stride, device="cuda") for m, stride in
+             (("flush+pg2M", 2 << 20), ("flush+pg64K", 64 << 10))}
+    sink_buf = torch.empty(words.numel() // (64 << 10) + 1, dtype=torch.uint8, device="cuda")
+    tiny, _ = make_call(1, 4096)
     flush = torch.empty(8 << 30, dtype=torch.uint8, device="cuda")
     src = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -49,7 +56,7 @@ def main():
     tiny()
     torch.cuda.synchronize()
     results = {}
-    for mode in ("flush", "flush+tiny", "flush+copy", "warm") * 2:
+    for mode in ("flush", "flush+tiny", "flush+copy", "flush+pg2M", "flush+pg64K", "warm") * 2:
         times = []
         for _ in range(40):
             if mode != "warm":
@@ -58,6 +65,9 @@ def main():
                 tiny()
             if mode == "flush+copy":
                 dst.copy_(src)
+            if mode in touch:
+                idx = touch[mode]
+                torch.index_select(words, 0, idx, out=sink_buf[:idx.numel()])
             if mode == "warm":
                 call()
             # Keep the GPU busy while Python enqueues the timed call (else the events time the launch).
