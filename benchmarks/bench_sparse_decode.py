@@ -64,6 +64,9 @@ def _case(b, h_q, topk):
 
 def _all_cases():
     cases = [_case(b, 128, 2048) for b in (2, 64, 74, 128)]
+    # Small batches between the b = 2 row and the large ones (no FlashMLA figure: reported, not compared). They
+    # show where the kernel switches from the plain path to crossover pairs (heuristics, docs/sparse-decode.md).
+    cases += [_case(b, 128, 2048) for b in (4, 8, 16)]
     cases += [_case(148, 128, 16384), _case(148, 64, 16384)]
     cases.append(_case(128, 16, 2048))  # memory-bound: target = this run's copy ceiling (set in run())
     return cases

@@ -463,12 +463,14 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     load_q_tile<L>(p, smem, rec.begin_req, tid, 2 * T::kWarpgroupThreads);
     ptx::cp_async_commit();
   };
-  // The first Q tile. Plain path: requested before the barrier setup (perf-notes v12). Crossover: after it, so
-  // that 72 KB per CTA do not queue in front of the producers' dependent index and token loads, which are
-  // issued before the setup and let the producers arrive at it without waiting for them (perf-notes v13).
-  if constexpr (!kCrossover) load_first_q();
+  // The first Q tile. Crossover, and the plain path with host records (small batch): after the barrier setup, so
+  // that its 72 KB per CTA do not queue in front of the producers' dependent index and token loads, which are
+  // issued before the setup and let the producers arrive at it without waiting for them (perf-notes v13, v25).
+  // The plain path otherwise: before it (perf-notes v12; after it, h_q = 16 read 0.6 % slower).
+  const bool q_after_setup = kCrossover || p.uniform_blocks > 0;
+  if (!q_after_setup) load_first_q();
   init_sync(true);
-  if constexpr (kCrossover) load_first_q();
+  if (q_after_setup) load_first_q();
   uint32_t it = 0;
   uint32_t q_gen = 0;  // Q generation of the current request (0: the first, loaded above)
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
@@ -789,9 +791,13 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     load_indices<kRounds>(p, rec, n2, tok0, s_idx, idx_n2);
     OPENMLA_TIMELINE_AFTER(kProdIndex, static_cast<uint32_t>(idx_cur[0]));
     TokenData<L> d0, d1;  // d0: round 0 of the current block; d1: the unit after it
+    // The plain path also issues the first block's second round before the setup, except with host records (small
+    // batch), where the head's extra DRAM traffic made b = 2 slower (perf-notes v25: h_q = 64 -1.6 %, b = 2 +1.3 us).
+    const bool early_round1 = kRounds == 2 && p.uniform_blocks == 0;
     {
       const SparseCacheView& c = cursor_cache(p, cur);
       load_token<L>(c, idx_cur[0], usable(c, idx_cur[0]), lane4, d0);
+      if (early_round1) load_token<L>(c, idx_cur[1], usable(c, idx_cur[1]), lane4, d1);
     }
     init_sync(false);
     OPENMLA_TIMELINE_AFTER(kProdToken, d0.nope[0].x);
@@ -807,10 +813,11 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       bool valid[kRounds];
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) valid[r] = usable(c, idx_cur[r]);
-      // The next unit's gathers (a slot past the end of the partition has index -1: zeros, no load).
+      // The next unit's gathers (a slot past the end of the partition has index -1: zeros, no load); with
+      // early_round1 the first block's second round is already in flight.
       if constexpr (kRounds == 1)
         load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, db);
-      else
+      else if (it != 0 || !early_round1)
         load_token<L>(c, idx_cur[1], valid[1], lane4, db);
       // Two blocks ahead: the tokens into L2. Three ahead: the indices.
       {
