@@ -12,7 +12,8 @@ all SMs would wait for the same line (the timeline's GPU-wide 11.04 us event). T
                without running our code);
   flush+pg2M   the memset, then a read of one word per 2 MB of the KV cache (every large page's translation
                used once; 27 lines of L2): is the head waiting on page-table walks?
-  flush+pg64K  the same with one word per 64 KB;
+  flush+pg64K  the same with one word per 64 KB (session 6's tools/diag_tlb_b2.py "flush+touch", which this
+               script replaces);
   warm         right after the previous call (no memset).
 
 If flush+tiny lands well below flush while flush+copy does not, the head waits on code fetches.

@@ -54,6 +54,11 @@ PY
   if [[ $which == dense ]] && command -v cuobjdump >/dev/null; then
     offs=$("$py" tools/sass_loops.py --offsets "$bdir/CMakeFiles/openmla.dir/src/kernels/dense_decode/launch.cu.o" \
            --min-hgmma 80 2>/dev/null | head -1 | grep -oE 'loop 0x[0-9a-f]+.*')
+  elif command -v cuobjdump >/dev/null; then
+    # The V3.2 crossover kernel (second function): WG1's block loop (4 HGMMA) and WG0's (36 + 4).
+    obj="$bdir/CMakeFiles/openmla.dir/src/kernels/sparse_decode/launch.cu.o"
+    offs="WG1 $("$py" tools/sass_loops.py --offsets "$obj" --min-hgmma 4 2>/dev/null | sed -n 2p | grep -oE '0x[0-9a-f]+\.\.' | head -1)"
+    offs="$offs WG0 $("$py" tools/sass_loops.py --offsets "$obj" --min-hgmma 30 2>/dev/null | sed -n 2p | grep -oE '0x[0-9a-f]+\.\.' | head -1)"
   fi
   PYTHONPATH="$root/python:$root/.deps/py" "$py" benchmarks/run.py --suite "$suite" \
       --filter "${SWEEP_FILTER:-$default_filter}" --json "$out/n$n.json" >"$out/bench_$n.log" 2>&1

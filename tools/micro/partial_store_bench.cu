@@ -107,47 +107,43 @@ int main() {
                           "D smem + coalesced 16-byte", "E no stores"};
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0); cudaEventCreate(&e1);
+  auto launch = [&](int v, int n, float seed) {
+    switch (v) {
+      case 0: store_kernel<0><<<n, 256, smem>>>(out, kCols, seed); break;
+      case 1: store_kernel<1><<<n, 256, smem>>>(out, kCols, seed); break;
+      case 2: store_kernel<2><<<n, 256, smem>>>(out, kCols, seed); break;
+      case 3: store_kernel<3><<<n, 256, smem>>>(out, kCols, seed); break;
+      default: store_kernel<4><<<n, 256, smem>>>(out, kCols, seed); break;
+    }
+  };
+  // Sorted per-launch times (us) of variant v on n CTAs over 50 launches (after 10 warm-up launches).
+  auto time_variant = [&](int v, int n, bool flushed) {
+    std::vector<float> t;
+    for (int rep = 0; rep < 60; ++rep) {
+      if (flushed) cudaMemsetAsync(flush, rep & 0xff, flush_bytes);
+      cudaEventRecord(e0);
+      launch(v, n, 1.f + rep);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms;
+      cudaEventElapsedTime(&ms, e0, e1);
+      if (rep >= 10) t.push_back(ms * 1000.f);
+    }
+    std::sort(t.begin(), t.end());
+    return t;
+  };
   for (int flushed = 0; flushed < 2; ++flushed) {
     printf("%s (SMs %d, %d CTAs x 128 KB = %.1f MB)\n", flushed ? "L2 dirty-flushed before each launch (256 MB memset)" : "back to back (L2 warm)",
            sms, ctas, floats * 4 / 1e6);
     for (int v = 0; v < 5; ++v) {
-      std::vector<float> t;
-      for (int rep = 0; rep < 60; ++rep) {
-        if (flushed) cudaMemsetAsync(flush, rep & 0xff, flush_bytes);
-        cudaEventRecord(e0);
-        switch (v) {
-          case 0: store_kernel<0><<<ctas, 256, smem>>>(out, kCols, 1.f + rep); break;
-          case 1: store_kernel<1><<<ctas, 256, smem>>>(out, kCols, 1.f + rep); break;
-          case 2: store_kernel<2><<<ctas, 256, smem>>>(out, kCols, 1.f + rep); break;
-          case 3: store_kernel<3><<<ctas, 256, smem>>>(out, kCols, 1.f + rep); break;
-          default: store_kernel<4><<<ctas, 256, smem>>>(out, kCols, 1.f + rep); break;
-        }
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (rep >= 10) t.push_back(ms * 1000.f);
-      }
-      std::sort(t.begin(), t.end());
+      const std::vector<float> t = time_variant(v, ctas, flushed != 0);
       printf("  %-30s median %6.2f us  p10 %6.2f  p90 %6.2f\n", names[v], t[t.size() / 2], t[t.size() / 10], t[t.size() * 9 / 10]);
     }
   }
   // Per-SM or GPU-wide limit? The same 128 KB per CTA with 44, 88 and 132 CTAs (flushed).
   for (int n : {44, 88, 132}) {
-    for (int v = 0; v < 2; ++v) {
-      std::vector<float> t;
-      for (int rep = 0; rep < 60; ++rep) {
-        cudaMemsetAsync(flush, rep & 0xff, flush_bytes);
-        cudaEventRecord(e0);
-        if (v == 0) store_kernel<0><<<n, 256, smem>>>(out, kCols, 1.f + rep);
-        else store_kernel<4><<<n, 256, smem>>>(out, kCols, 1.f + rep);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (rep >= 10) t.push_back(ms * 1000.f);
-      }
-      std::sort(t.begin(), t.end());
+    for (int v : {0, 4}) {
+      const std::vector<float> t = time_variant(v, n, true);
       printf("  %3d CTAs %-22s median %6.2f us\n", n, v == 0 ? "A 8-byte stores" : "E no stores", t[t.size() / 2]);
     }
   }
