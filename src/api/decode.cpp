@@ -34,8 +34,6 @@ constexpr int64_t kMaxSparseSq = 65535;                                  // spar
 // Up to this batch (a packed record holds request numbers below 32) the host passes the sparse kernel its partition
 // records in the kernel parameters when the lengths are uniform, so the kernel's head skips the schedule load.
 constexpr int kSparseInKernelScheduleMaxBatch = 16;
-// Uniform schedules with at most this many blocks per partition use the plain (no crossover) kernel.
-constexpr int kSparsePlainMaxBlocks = 3;
 
 Status invalid(const std::string& msg) { return Status::invalid_argument(msg); }
 
@@ -627,11 +625,10 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
     uniform_payload = heuristics::decode_payload(
         static_cast<int64_t>(b) * (uniform_blocks + kernels::kDecodeRequestOverheadBlocks), num_sm_parts);
   }
-  // Crossover pairs halve the dequantisation per block but add a cluster handshake to the head and to every block.
-  // With at most kSparsePlainMaxBlocks blocks per CTA (known when the schedule is uniform) the plain path is faster
-  // (perf-notes sparse v25, H100, h_q = 128, topk 2048: b = 2, 3 blocks, -1.0 us; b = 4, 5 blocks, +1.0 us).
-  const bool few_blocks =
-      uniform_blocks > 0 && uniform_payload - kernels::kDecodeRequestOverheadBlocks <= detail::kSparsePlainMaxBlocks;
+  // Crossover pairs or the plain kernel (heuristics::sparse_use_crossover): the blocks per partition are known here
+  // when the schedule is uniform (payload = ceil(total / parts) + overhead).
+  const bool crossover = heuristics::sparse_use_crossover(
+      num_head_blocks, uniform_blocks > 0 ? uniform_payload - kernels::kDecodeRequestOverheadBlocks : 0);
   kernels::SparseDecodeParams params{
       .batch = b,
       .s_q = s_q,
@@ -639,7 +636,7 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
       .num_head_blocks = num_head_blocks,
       .num_sm_parts = num_sm_parts,
       .is_model1 = problem.cache_format == KVCacheFormat::kFp8Model1,
-      .crossover = num_head_blocks % 2 == 0 && !few_blocks,
+      .crossover = crossover,
       .softmax_scale = scale,
       .scale_log2 = static_cast<float>(static_cast<double>(scale) * kLog2e),
       .q = args.q.data,

@@ -54,6 +54,11 @@ int32_t sparse_request_blocks(int64_t topk, const int32_t* topk_length, int64_t 
   return static_cast<int32_t>(ceil_div(t, kDecodeBlockTokens));
 }
 
+bool sparse_use_crossover(int num_head_blocks, int64_t partition_blocks) {
+  const bool few_blocks = partition_blocks > 0 && partition_blocks <= kSparsePlainMaxBlocks;
+  return num_head_blocks % 2 == 0 && !few_blocks;
+}
+
 int64_t decode_total_work(const std::vector<int32_t>& blocks) {
   int64_t total = 0;
   for (int32_t n : blocks) total += static_cast<int64_t>(n) + kDecodeRequestOverheadBlocks;

@@ -99,6 +99,25 @@ TEST(DecodeScheduleHeuristics, SparseRequestBlocks) {
   EXPECT_EQ(heuristics::sparse_request_blocks(2048, nullptr, 512, &huge), 32 + 8);
 }
 
+// Crossover pairs need an even tile count and more than kSparsePlainMaxBlocks blocks per partition (perf-notes
+// sparse v25). The benchmark's rows on 132 SMs: h_q = 128, s_q = 2, topk 2048 -> 33 partitions of
+// ceil(b * (32 + 5) / 33) blocks: b = 2 -> 3 (plain), b = 4 -> 5 (crossover).
+TEST(DecodeScheduleHeuristics, SparseCrossoverChoice) {
+  const auto partition_blocks = [](int64_t b) {
+    return heuristics::decode_payload(b * (32 + kernels::kDecodeRequestOverheadBlocks), 33) -
+           kernels::kDecodeRequestOverheadBlocks;
+  };
+  EXPECT_EQ(partition_blocks(2), 3);
+  EXPECT_EQ(partition_blocks(4), 5);
+  EXPECT_FALSE(heuristics::sparse_use_crossover(2, partition_blocks(2)));
+  EXPECT_TRUE(heuristics::sparse_use_crossover(2, partition_blocks(4)));
+  EXPECT_TRUE(heuristics::sparse_use_crossover(2, 0));   // not uniform: the block count is not known on the host
+  EXPECT_TRUE(heuristics::sparse_use_crossover(4, heuristics::kSparsePlainMaxBlocks + 1));
+  EXPECT_FALSE(heuristics::sparse_use_crossover(2, 1));
+  EXPECT_FALSE(heuristics::sparse_use_crossover(1, 0));  // one tile (h_q <= 64): never
+  EXPECT_FALSE(heuristics::sparse_use_crossover(3, 100));  // odd tile count: never
+}
+
 // ---- The CPU twin on hand-derived cases -------------------------------------------------------------------
 
 // facts §3.3 worked example: 8 partitions, seqlens [4096, 0, 100, 8192] -> blocks [64, 1, 2, 128],
