@@ -1,6 +1,7 @@
 """Per-kernel breakdown of one decode call, from the CUDA activity trace (torch.profiler / CUPTI).
 
-For each case the call runs eagerly `--reps` times with the benchmark's L2 flush before each call; the
+For each case the call runs eagerly `--reps` times with the benchmark's L2 flush before each call (`--flush read`
+and `--flush none` replace it by a 256 MB read or by nothing, `--gap-us` idles the GPU between flush and call); the
 profiler records every kernel's start and end on the GPU. Printed per case, as medians over the
 calls: each kernel's duration, the gap between consecutive kernels of the call, and the span from the
 first kernel's start to the last kernel's end (the part of the call the GPU sees; the benchmark's graph
@@ -70,7 +71,10 @@ def dense_call(case, contiguous_pages=False):
     return call
 
 
-def profile(call, reps):
+def profile(call, reps, flush_mode="zero", gap_us=0.0):
+    """flush_mode: "zero" (the benchmark's: the 8 GB memset, which leaves the L2 full of dirty lines), "read" (a
+    256 MB read instead, which evicts our data and leaves clean lines), "none". gap_us: a sleep kernel of about that
+    long between the flush and the call (to see what the memset's aftermath costs the call)."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
@@ -78,12 +82,22 @@ def profile(call, reps):
     import harness
 
     flush = harness.flush_buffer()  # the benchmark's flush (size and "chill time" included)
+    reader = torch.empty(64 << 20, dtype=torch.int32, device="cuda").fill_(1) if flush_mode == "read" else None
+    sink = torch.empty(1, dtype=torch.int32, device="cuda")
+    clock_hz = torch.cuda.get_device_properties(0).clock_rate * 1e3  # kHz -> Hz (the SM clock the sleep counts)
     for _ in range(3):  # warm-up, and the schedule is planned on first use
         call()
     torch.cuda.synchronize()
     with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            flush.zero_()
+            if flush_mode == "zero":
+                flush.zero_()
+            elif flush_mode == "read":
+                torch.amax(reader, dim=0, out=sink)
+            if gap_us > 0:
+                torch.cuda._sleep(int(gap_us * 1e-6 * clock_hz))
+            elif flush_mode == "none":
+                torch.cuda._sleep(1)  # a kernel between calls: the report splits the stream at it
             call()
         torch.cuda.synchronize()
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
@@ -136,18 +150,23 @@ def main():
     ap.add_argument("--sparse", nargs="*", default=[], help="sparse FP8 (V3.2, sink on) cases")
     ap.add_argument("--dense", nargs="*", default=[], help="dense BF16 cases")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--flush", choices=["zero", "read", "none"], default="zero",
+                    help="before each call: the benchmark's 8 GB memset (zero), a 256 MB read (read), or nothing")
+    ap.add_argument("--gap-us", type=float, default=0.0, help="sleep this long between the flush and the call")
     ap.add_argument("--contiguous-pages", action="store_true",
                     help="dense: also time each case with its pages in order (not the benchmark's random permutation)")
     args = ap.parse_args()
     for text in args.sparse:
         case = parse_case(text, SPARSE_DEFAULTS)
-        report("sparse " + ",".join(f"{k}={v}" for k, v in case.items()), profile(sparse_call(case), args.reps))
+        label = "sparse " + ",".join(f"{k}={v}" for k, v in case.items()) + f" flush={args.flush} gap={args.gap_us:g}us"
+        report(label, profile(sparse_call(case), args.reps, args.flush, args.gap_us))
     for text in args.dense:
         case = parse_case(text, DENSE_DEFAULTS)
-        report("dense " + ",".join(f"{k}={v}" for k, v in case.items()), profile(dense_call(case), args.reps))
+        tag = ",".join(f"{k}={v}" for k, v in case.items()) + f" flush={args.flush} gap={args.gap_us:g}us"
+        report("dense " + tag, profile(dense_call(case), args.reps, args.flush, args.gap_us))
         if args.contiguous_pages:
-            report("dense, pages in order, " + ",".join(f"{k}={v}" for k, v in case.items()),
-                   profile(dense_call(case, contiguous_pages=True), args.reps))
+            report("dense, pages in order, " + tag,
+                   profile(dense_call(case, contiguous_pages=True), args.reps, args.flush, args.gap_us))
 
 
 if __name__ == "__main__":
