@@ -82,8 +82,7 @@ def profile(call, reps, flush_mode="zero", gap_us=0.0):
     import harness
 
     flush = harness.flush_buffer()  # the benchmark's flush (size and "chill time" included)
-    reader = torch.empty(64 << 20, dtype=torch.int32, device="cuda").fill_(1) if flush_mode == "read" else None
-    sink = torch.empty(1, dtype=torch.int32, device="cuda")
+    reader = torch.ones(64 << 20, dtype=torch.int32, device="cuda") if flush_mode == "read" else None
     clock_hz = torch.cuda.get_device_properties(0).clock_rate * 1e3  # kHz -> Hz (the SM clock the sleep counts)
     for _ in range(3):  # warm-up, and the schedule is planned on first use
         call()
@@ -93,7 +92,7 @@ def profile(call, reps, flush_mode="zero", gap_us=0.0):
             if flush_mode == "zero":
                 flush.zero_()
             elif flush_mode == "read":
-                torch.amax(reader, dim=0, out=sink)
+                torch.amax(reader)
             if gap_us > 0:
                 torch.cuda._sleep(int(gap_us * 1e-6 * clock_hz))
             elif flush_mode == "none":
@@ -156,17 +155,16 @@ def main():
     ap.add_argument("--contiguous-pages", action="store_true",
                     help="dense: also time each case with its pages in order (not the benchmark's random permutation)")
     args = ap.parse_args()
+    tag = lambda case: ",".join(f"{k}={v}" for k, v in case.items()) + f" flush={args.flush} gap={args.gap_us:g}us"
+    run = lambda call: profile(call, args.reps, args.flush, args.gap_us)
     for text in args.sparse:
         case = parse_case(text, SPARSE_DEFAULTS)
-        label = "sparse " + ",".join(f"{k}={v}" for k, v in case.items()) + f" flush={args.flush} gap={args.gap_us:g}us"
-        report(label, profile(sparse_call(case), args.reps, args.flush, args.gap_us))
+        report("sparse " + tag(case), run(sparse_call(case)))
     for text in args.dense:
         case = parse_case(text, DENSE_DEFAULTS)
-        tag = ",".join(f"{k}={v}" for k, v in case.items()) + f" flush={args.flush} gap={args.gap_us:g}us"
-        report("dense " + tag, profile(dense_call(case), args.reps, args.flush, args.gap_us))
+        report("dense " + tag(case), run(dense_call(case)))
         if args.contiguous_pages:
-            report("dense, pages in order, " + tag,
-                   profile(dense_call(case, contiguous_pages=True), args.reps, args.flush, args.gap_us))
+            report("dense, pages in order, " + tag(case), run(dense_call(case, contiguous_pages=True)))
 
 
 if __name__ == "__main__":
