@@ -661,7 +661,6 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
       .schedule = records,
       .num_splits = num_splits,
       .uniform_blocks = uniform_blocks,
-      .uniform_payload = uniform_payload,
       .uniform_records = {},
   };
   // Every partition's record, packed; a record that does not pack sends the kernel back to the schedule.

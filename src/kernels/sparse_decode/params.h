@@ -61,7 +61,6 @@ struct SparseDecodeParams {
   // (pack_partition_record) in uniform_records, so the kernel's head reads its record from the
   // parameters instead of a cold load of `schedule` (perf-notes sparse v20). 0: read `schedule`.
   int uniform_blocks;
-  int64_t uniform_payload;  // the schedule's payload (informational: the kernel reads uniform_records)
   uint64_t uniform_records[kMaxDecodeSmParts];
 };
 
