@@ -33,7 +33,7 @@ constexpr int64_t kMaxCombineRows = 65535LL * kernels::kCombineWarps;  // combin
 constexpr int64_t kMaxSparseSq = 65535;                                  // sparse main kernel grid.y limit
 // Up to this batch (a packed record holds request numbers below 32) the host passes the sparse kernel its partition
 // records in the kernel parameters when the lengths are uniform, so the kernel's head skips the schedule load.
-constexpr int kSparseInKernelScheduleMaxBatch = 16;
+constexpr int kSparseHostRecordsMaxBatch = 16;
 
 Status invalid(const std::string& msg) { return Status::invalid_argument(msg); }
 
@@ -619,7 +619,7 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
   // the scheduler, one pass) and go to the kernel in its parameters (perf-notes sparse v20).
   int uniform_blocks = 0;
   int64_t uniform_payload = 0;
-  if (b <= detail::kSparseInKernelScheduleMaxBatch && !args.topk_length.defined() &&
+  if (b <= detail::kSparseHostRecordsMaxBatch && !args.topk_length.defined() &&
       (!has_extra || !args.extra_topk_length.defined())) {
     uniform_blocks = heuristics::sparse_request_blocks(problem.topk, nullptr, has_extra ? problem.extra_topk : 0, nullptr);
     uniform_payload = heuristics::decode_payload(
