@@ -39,7 +39,14 @@ def summarize(tr, cta, skip=4):
     t = tr[cta].astype(np.int64)
     used = [it for it in range(ITERS) if t[0, it, 0] != 0 and t[0, it, 4] != 0]
     if len(used) < skip + 4:
-        print(f"CTA {cta}: only {len(used)} blocks traced")
+        # Too few blocks for a steady state (b = 2: 3 per CTA): every stamp of every block, in cycles from the
+        # producer's first step start (the clock64 stamps of one CTA share one clock).
+        print(f"CTA {cta}: only {len(used)} blocks traced; raw stamps (cycles from the producer's first step):")
+        base = t[2, used[0], 0] if used else 0
+        for it in used:
+            for role, (name, steps) in STEPS.items():
+                n = len(steps) + 1
+                print(f"    block {it:3d} {name:9s} " + " ".join(f"{t[role, it, e] - base:7d}" for e in range(n)))
         return
     steady = used[skip:-1]
     print(f"\nCTA x={cta}: {len(used)} blocks traced, steady state = blocks {steady[0]}..{steady[-1]} (cycles)")
