@@ -1,0 +1,215 @@
+// Micro-benchmark (perf-notes, session 9): how long does the sparse decode head take on its own after the
+// benchmark's flush? 88 CTAs (one per SM, as b = 2) each read a schedule word, then one 64-slot index row,
+// then gather the 64 tokens (656 bytes each, V3.2 layout) of that block from a 43 MB FP8 cache into registers.
+// No shared-memory pipeline, no tensor work: only the chain of dependent loads that starts every CTA.
+// Per-CTA %globaltimer stamps (entry, index landed, first token landed, all tokens landed) give the times
+// from the earliest entry; medians over 50 launches.
+//   gathers: 0 = ld.global.nc.L1::no_allocate.L2::256B (ours), 1 = ld.global.nc.L1::evict_last.L2::256B,
+//            2 = plain ld.global
+//   span:    tokens drawn from the whole 43 MB cache, or from its first 2.6 MB
+//   threads: 128 (4 threads per token, 2 rounds of 32 tokens; the plain producer) or 384 with the other
+//            256 idle (the kernel's CTA shape)
+// Build: nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/hgb tools/micro/head_gather_bench.cu && /tmp/hgb
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+constexpr int kTokenBytes = 656, kBlock = 64, kRows = 4, kTopk = 2048, kCtas = 88;
+
+__device__ __forceinline__ uint64_t gtime() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+template <int kMode>
+__device__ __forceinline__ uint4 gather16(const uint8_t* p) {
+  uint4 v;
+  if constexpr (kMode == 0) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  } else if constexpr (kMode == 1) {
+    asm volatile("ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  } else {
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  }
+  return v;
+}
+
+// The kernel's parameter block, shaped like SparseDecodeParams: a flag, 160 packed records, pointers.
+struct HeadParams {
+  const int* sched;
+  const int* indices;
+  const uint8_t* cache;
+  uint64_t* stamps;
+  uint32_t* sink;
+  int pad[60];
+  int use_records;  // another line of the parameter bank
+  uint64_t records[160];
+};
+
+// Straight-line code standing in for the dequantisation (kBloat x ~5 KB of distinct instructions, executed once).
+template <int kBloat>
+__device__ __forceinline__ uint32_t bloat(uint32_t x) {
+  uint32_t a = x, b = x ^ 0x9e3779b9u, c = x + 7u, d = x * 3u;
+#pragma unroll
+  for (int i = 0; i < kBloat * 64; ++i) {
+    a = a * (2u * i + 1u) + b;
+    b = (b ^ (i * 0x01000193u)) + c;
+    c = c + (d >> (i % 13 + 1));
+    d = d * 0x2545f491u + static_cast<uint32_t>(i);
+  }
+  return a ^ b ^ c ^ d;
+}
+
+// stamps: per CTA 4 values (entry, index landed, first token landed, all landed (+ bloat code run)).
+// kRecords: the record comes from the parameter bank (flag, then the record by dynamic index), as in the kernel.
+template <int kMode, bool kRecords, int kBloat>
+__global__ void __launch_bounds__(384, 1) head_kernel(const __grid_constant__ HeadParams p) {
+  const uint64_t t0 = gtime();
+  if (threadIdx.x >= 128) return;
+  const int* indices = p.indices;
+  const uint8_t* cache = p.cache;
+  const int t = threadIdx.x;
+  const int cta = blockIdx.x;
+  int word;
+  if (kRecords && p.use_records) word = static_cast<int>(p.records[cta]);
+  else word = p.sched[cta];  // the schedule record: (row, block)
+  const int row = word & 0xffff, block = word >> 16;
+  const int tok = t / 4, part = t % 4;  // 4 threads per token, 32 tokens per round
+  const int* irow = indices + row * kTopk + block * kBlock;
+  const int i0 = irow[tok], i1 = irow[32 + tok];
+  uint64_t t1 = 0;
+  if (t == 0) t1 = gtime() + (i0 & 0);  // index landed (i0 used)
+  // 41 16-byte chunks per token: part p takes chunks p, p + 4, ... (11 or 10 each).
+  uint32_t acc = 0;
+  uint64_t t2 = 0;
+  uint4 a[11], b[11];
+#pragma unroll
+  for (int k = 0; k < 11; ++k) {
+    const int c = part + 4 * k;
+    if (c < 41) {
+      a[k] = gather16<kMode>(cache + static_cast<int64_t>(i0) * kTokenBytes + c * 16);
+      b[k] = gather16<kMode>(cache + static_cast<int64_t>(i1) * kTokenBytes + c * 16);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 11; ++k) {
+    const int c = part + 4 * k;
+    if (c < 41) {
+      acc += a[k].x ^ a[k].y ^ a[k].z ^ a[k].w;
+      if (k == 0 && t == 0) t2 = gtime() + (acc & 0);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 11; ++k) {
+    const int c = part + 4 * k;
+    if (c < 41) acc += b[k].x ^ b[k].y ^ b[k].z ^ b[k].w;
+  }
+  if constexpr (kBloat > 0) acc = bloat<kBloat>(acc);
+  // All 128 threads' tokens landed.
+  acc = __reduce_add_sync(0xffffffffu, acc);
+  __shared__ uint32_t red[4];
+  if (t % 32 == 0) red[t / 32] = acc;
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+  if (t == 0) {
+    const uint64_t t3 = gtime();
+    p.sink[cta] = red[0] + red[1] + red[2] + red[3];
+    p.stamps[cta * 4 + 0] = t0;
+    p.stamps[cta * 4 + 1] = t1;
+    p.stamps[cta * 4 + 2] = t2;
+    p.stamps[cta * 4 + 3] = t3;
+  }
+}
+
+int main() {
+  const int64_t cache_tokens = 65536;  // 43 MB
+  uint8_t* cache;
+  cudaMalloc(&cache, cache_tokens * kTokenBytes);
+  cudaMemset(cache, 0x11, cache_tokens * kTokenBytes);
+  int *indices_full, *indices_small, *sched;
+  cudaMalloc(&indices_full, kRows * kTopk * sizeof(int));
+  cudaMalloc(&indices_small, kRows * kTopk * sizeof(int));
+  cudaMalloc(&sched, kCtas * sizeof(int));
+  std::mt19937 rng(7);
+  std::vector<int> h(kRows * kTopk), hs(kRows * kTopk), hsched(kCtas);
+  for (int r = 0; r < kRows; ++r) {
+    // Distinct tokens per row, as top-k selects.
+    std::vector<int> perm(cache_tokens / 2);
+    for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int>(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int j = 0; j < kTopk; ++j) {
+      h[r * kTopk + j] = (r / 2) * static_cast<int>(cache_tokens / 2) + perm[j];
+      hs[r * kTopk + j] = j * 2 + (r & 1);  // the first 4096 tokens: 2.7 MB
+    }
+  }
+  // b = 2: 22 partitions per (s, head tile) row pair; CTA c = (head tile, s) x partition: its first block.
+  for (int c = 0; c < kCtas; ++c) {
+    const int part = c / 4, s = (c / 2) % 2, req = part / 11;
+    hsched[c] = (req * 2 + s) | (((part % 11) * 3 % 32) << 16);
+  }
+  cudaMemcpy(indices_full, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice);
+  cudaMemcpy(indices_small, hs.data(), hs.size() * sizeof(int), cudaMemcpyHostToDevice);
+  cudaMemcpy(sched, hsched.data(), hsched.size() * sizeof(int), cudaMemcpyHostToDevice);
+  uint64_t* stamps;
+  uint32_t* sink;
+  cudaMalloc(&stamps, kCtas * 4 * sizeof(uint64_t));
+  cudaMalloc(&sink, kCtas * sizeof(uint32_t));
+  uint8_t* flush;
+  const size_t flush_bytes = size_t(8) << 30;
+  if (cudaMalloc(&flush, flush_bytes) != cudaSuccess) { printf("no 8 GB flush buffer\n"); return 1; }
+  const int smem = 200 * 1024;  // one CTA per SM, as the kernel
+  HeadParams hp{};
+  hp.sched = sched;
+  hp.cache = cache;
+  hp.stamps = stamps;
+  hp.sink = sink;
+  hp.use_records = 1;
+  for (int c = 0; c < kCtas; ++c) hp.records[c] = static_cast<uint64_t>(hsched[c]);
+  std::vector<uint64_t> hst(kCtas * 4);
+  // One launcher per (mode, records, bloat) instantiation.
+  auto run = [&](auto kernel, const char* name, bool small, int flush_kind) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    hp.indices = small ? indices_small : indices_full;
+    std::vector<double> idx, first, all, last;
+    for (int rep = 0; rep < 40; ++rep) {
+      if (flush_kind == 1) cudaMemsetAsync(flush, rep & 0xff, flush_bytes);
+      kernel<<<kCtas, 384, smem>>>(hp);
+      cudaMemcpy(hst.data(), stamps, hst.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost);
+      if (rep < 5) continue;
+      uint64_t t0 = ~0ull;
+      for (int c = 0; c < kCtas; ++c) t0 = std::min(t0, hst[c * 4]);
+      std::vector<double> a, b, d;
+      for (int c = 0; c < kCtas; ++c) {
+        a.push_back((hst[c * 4 + 1] - t0) / 1e3);
+        b.push_back((hst[c * 4 + 2] - t0) / 1e3);
+        d.push_back((hst[c * 4 + 3] - t0) / 1e3);
+      }
+      std::sort(a.begin(), a.end()); std::sort(b.begin(), b.end()); std::sort(d.begin(), d.end());
+      idx.push_back(a[kCtas / 2]); first.push_back(b[kCtas / 2]); all.push_back(d[kCtas / 2]); last.push_back(d.back());
+    }
+    auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+    printf("  %-26s %-6s %-6s index %5.2f  first token %5.2f  done (median CTA) %5.2f  last CTA %5.2f us\n", name,
+           small ? "2.7MB" : "43MB", flush_kind ? "memset" : "warm", med(idx), med(first), med(all), med(last));
+  };
+  printf("sparse head micro-benchmark: %d CTAs, 64 tokens x 656 B each, stamps from the earliest CTA entry\n", kCtas);
+  for (int fk : {1, 0}) {
+    for (int small : {0, 1}) {
+      run(head_kernel<0, false, 0>, "no_allocate", small, fk);
+      run(head_kernel<1, false, 0>, "evict_last", small, fk);
+      run(head_kernel<2, false, 0>, "plain ld", small, fk);
+    }
+    run(head_kernel<0, true, 0>, "no_allocate, param records", false, fk);
+    run(head_kernel<0, false, 3>, "no_allocate, 16 KB code", false, fk);
+    run(head_kernel<0, false, 12>, "no_allocate, 64 KB code", false, fk);
+    run(head_kernel<0, true, 12>, "records + 64 KB code", false, fk);
+  }
+  cudaError_t err = cudaDeviceSynchronize();
+  printf("status: %s\n", cudaGetErrorString(err));
+  return 0;
+}
