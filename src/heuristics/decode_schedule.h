@@ -47,10 +47,11 @@ int32_t sparse_request_blocks(int64_t topk, const int32_t* topk_length, int64_t 
 
 // Sparse decode: do the head tiles run as crossover pairs (2-CTA clusters that share each block's dequantisation)?
 // They need an even number of 64-head tiles. Crossover also adds a cluster handshake to the head and to every block,
-// so with at most kSparsePlainMaxBlocks blocks per partition the plain kernel is faster (perf-notes sparse v25,
-// H100, h_q = 128, topk 2048: b = 2, 3 blocks, -1.1 us plain; b = 4, 5 blocks, +1 us plain). `partition_blocks`:
-// blocks per partition when the schedule is uniform and known on the host (ceil(total work / parts)), else 0.
-inline constexpr int64_t kSparsePlainMaxBlocks = 3;
+// so with at most kSparsePlainMaxBlocks blocks per partition the plain kernel is faster (H100, h_q = 128, topk 2048,
+// since the L1-allocating gathers of sparse v27: b = 2 (3 blocks) -1.5 us plain, b = 4 (5) -1.0 us, b = 8 (9)
+// -1.9 us, b = 16 (18) a tie; perf-notes sparse v25, v29). `partition_blocks`: blocks per partition when the
+// schedule is uniform and known on the host (ceil(total work / parts)), else 0.
+inline constexpr int64_t kSparsePlainMaxBlocks = 12;
 bool sparse_use_crossover(int num_head_blocks, int64_t partition_blocks);
 
 // Result of the CPU twin.

@@ -100,8 +100,8 @@ TEST(DecodeScheduleHeuristics, SparseRequestBlocks) {
 }
 
 // Crossover pairs need an even tile count and more than kSparsePlainMaxBlocks blocks per partition (perf-notes
-// sparse v25). The benchmark's rows on 132 SMs: h_q = 128, s_q = 2, topk 2048 -> 33 partitions of
-// ceil(b * (32 + 5) / 33) blocks: b = 2 -> 3 (plain), b = 4 -> 5 (crossover).
+// sparse v25, v29). The benchmark's rows on 132 SMs: h_q = 128, s_q = 2, topk 2048 -> 33 partitions of
+// ceil(b * (32 + 5) / 33) blocks: b = 2 -> 3, b = 4 -> 5, b = 8 -> 9 (plain), b = 16 -> 18 (crossover).
 TEST(DecodeScheduleHeuristics, SparseCrossoverChoice) {
   const auto partition_blocks = [](int64_t b) {
     return heuristics::decode_payload(b * (32 + kernels::kDecodeRequestOverheadBlocks), 33) -
@@ -109,8 +109,12 @@ TEST(DecodeScheduleHeuristics, SparseCrossoverChoice) {
   };
   EXPECT_EQ(partition_blocks(2), 3);
   EXPECT_EQ(partition_blocks(4), 5);
+  EXPECT_EQ(partition_blocks(8), 9);
+  EXPECT_EQ(partition_blocks(16), 18);
   EXPECT_FALSE(heuristics::sparse_use_crossover(2, partition_blocks(2)));
-  EXPECT_TRUE(heuristics::sparse_use_crossover(2, partition_blocks(4)));
+  EXPECT_FALSE(heuristics::sparse_use_crossover(2, partition_blocks(4)));
+  EXPECT_FALSE(heuristics::sparse_use_crossover(2, partition_blocks(8)));
+  EXPECT_TRUE(heuristics::sparse_use_crossover(2, partition_blocks(16)));
   EXPECT_TRUE(heuristics::sparse_use_crossover(2, 0));   // not uniform: the block count is not known on the host
   EXPECT_TRUE(heuristics::sparse_use_crossover(4, heuristics::kSparsePlainMaxBlocks + 1));
   EXPECT_FALSE(heuristics::sparse_use_crossover(2, 1));
