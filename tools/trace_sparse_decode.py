@@ -42,11 +42,12 @@ def summarize(tr, cta, skip=4):
         # Too few blocks for a steady state (b = 2: 3 per CTA): every stamp of every block, in cycles from the
         # producer's first step start (the clock64 stamps of one CTA share one clock).
         print(f"CTA {cta}: only {len(used)} blocks traced; raw stamps (cycles from the producer's first step):")
+        # The producer's plain-path events 4 and 5 (round 0 / round 1 stored) fall between its events 1 and 2.
         base = t[2, used[0], 0] if used else 0
         for it in used:
             for role, (name, steps) in STEPS.items():
-                n = len(steps) + 1
-                print(f"    block {it:3d} {name:9s} " + " ".join(f"{t[role, it, e] - base:7d}" for e in range(n)))
+                ev = [0, 1, 4, 5, 2, 3] if role == 2 and t[2, it, 4] else range(len(steps) + 1)
+                print(f"    block {it:3d} {name:9s} " + " ".join(f"{t[role, it, e] - base:7d}" for e in ev))
         return
     steady = used[skip:-1]
     print(f"\nCTA x={cta}: {len(used)} blocks traced, steady state = blocks {steady[0]}..{steady[-1]} (cycles)")

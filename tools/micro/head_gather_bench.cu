@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -48,7 +49,8 @@ struct HeadParams {
   const uint8_t* cache;
   uint64_t* stamps;
   uint32_t* sink;
-  int pad[60];
+  const uint8_t* q;  // 8 Q tiles of 64 heads x 576 bf16 (kExtra & 1)
+  int pad[58];
   int use_records;  // another line of the parameter bank
   uint64_t records[160];
 };
@@ -69,10 +71,24 @@ __device__ __forceinline__ uint32_t bloat(uint32_t x) {
 
 // stamps: per CTA 4 values (entry, index landed, first token landed, all landed (+ bloat code run)).
 // kRecords: the record comes from the parameter bank (flag, then the record by dynamic index), as in the kernel.
-template <int kMode, bool kRecords, int kBloat>
+// kExtra, the kernel's other head traffic: 1 = the other 256 threads load a 72 KB Q tile by 16-byte cp.async (11
+// CTAs share each of 8 tiles), 2 = the producer threads also load the index rows of the next two blocks and prefetch
+// the tokens of the block two ahead into L2 (prefetch.global.L2, 128 bytes each).
+template <int kMode, bool kRecords, int kBloat, int kExtra = 0>
 __global__ void __launch_bounds__(384, 1) head_kernel(const __grid_constant__ HeadParams p) {
   const uint64_t t0 = gtime();
-  if (threadIdx.x >= 128) return;
+  extern __shared__ __align__(1024) uint8_t qsm[];
+  if (threadIdx.x >= 128) {
+    if constexpr ((kExtra & 1) != 0) {
+      const int tile = (blockIdx.x % 8);
+      const uint8_t* src = p.q + static_cast<int64_t>(tile) * 64 * 1152;
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(qsm));
+      for (int i = threadIdx.x - 128; i < 64 * 72; i += 256)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + i * 16), "l"(src + i * 16) : "memory");
+      asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory");
+    }
+    return;
+  }
   const int* indices = p.indices;
   const uint8_t* cache = p.cache;
   const int t = threadIdx.x;
@@ -84,9 +100,22 @@ __global__ void __launch_bounds__(384, 1) head_kernel(const __grid_constant__ He
   const int tok = t / 4, part = t % 4;  // 4 threads per token, 32 tokens per round
   const int* irow = indices + row * kTopk + block * kBlock;
   const int i0 = irow[tok], i1 = irow[32 + tok];
+  int j0 = 0, j1 = 0;
+  if constexpr ((kExtra & 2) != 0) {
+    const int* irow1 = indices + row * kTopk + ((block + 1) % 32) * kBlock;
+    const int* irow2 = indices + row * kTopk + ((block + 2) % 32) * kBlock;
+    j0 = irow2[tok] + (irow1[tok] & 0);
+    j1 = irow2[32 + tok] + (irow1[32 + tok] & 0);
+  }
   uint64_t t1 = 0;
   if (t == 0) t1 = gtime() + (i0 & 0);  // index landed (i0 used)
   // 41 16-byte chunks per token: part p takes chunks p, p + 4, ... (11 or 10 each).
+  if constexpr ((kExtra & 4) != 0) {  // both rounds' tokens into L2 first (no L1 line held while in flight)
+    for (int k = part * 128; k < kTokenBytes; k += 512) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(cache + static_cast<int64_t>(i0) * kTokenBytes + k));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(cache + static_cast<int64_t>(i1) * kTokenBytes + k));
+    }
+  }
   uint32_t acc = 0;
   uint64_t t2 = 0;
   uint4 a[11], b[11];
@@ -112,6 +141,12 @@ __global__ void __launch_bounds__(384, 1) head_kernel(const __grid_constant__ He
     if (c < 41) acc += b[k].x ^ b[k].y ^ b[k].z ^ b[k].w;
   }
   if constexpr (kBloat > 0) acc = bloat<kBloat>(acc);
+  if constexpr ((kExtra & 2) != 0) {
+    for (int k = part * 128; k < kTokenBytes; k += 512) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(cache + static_cast<int64_t>(j0) * kTokenBytes + k));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(cache + static_cast<int64_t>(j1) * kTokenBytes + k));
+    }
+  }
   // All 128 threads' tokens landed.
   acc = __reduce_add_sync(0xffffffffu, acc);
   __shared__ uint32_t red[4];
@@ -127,7 +162,7 @@ __global__ void __launch_bounds__(384, 1) head_kernel(const __grid_constant__ He
   }
 }
 
-int main() {
+int main(int argc, char** argv) {
   const int64_t cache_tokens = 65536;  // 43 MB
   uint8_t* cache;
   cudaMalloc(&cache, cache_tokens * kTokenBytes);
@@ -163,7 +198,10 @@ int main() {
   uint8_t* flush;
   const size_t flush_bytes = size_t(8) << 30;
   if (cudaMalloc(&flush, flush_bytes) != cudaSuccess) { printf("no 8 GB flush buffer\n"); return 1; }
-  const int smem = 200 * 1024;  // one CTA per SM, as the kernel
+  // One CTA per SM, as the kernel. 200 KB already selects the 228 KB shared-memory carveout the kernel runs with
+  // (231,424 B + 1 KB), so L1 is as small as the kernel's; larger sizes must leave room for the 16 static bytes.
+  const int smem = argc > 1 ? atoi(argv[1]) : 200 * 1024;
+  printf("dynamic shared memory %d B per CTA\n", smem);
   HeadParams hp{};
   hp.sched = sched;
   hp.cache = cache;
@@ -198,6 +236,20 @@ int main() {
            small ? "2.7MB" : "43MB", flush_kind ? "memset" : "warm", med(idx), med(first), med(all), med(last));
   };
   printf("sparse head micro-benchmark: %d CTAs, 64 tokens x 656 B each, stamps from the earliest CTA entry\n", kCtas);
+  uint8_t* q;
+  cudaMalloc(&q, 8 * 64 * 1152);
+  cudaMemset(q, 0x3c, 8 * 64 * 1152);
+  hp.q = q;
+  for (int fk : {1, 0}) {
+    run(head_kernel<1, false, 0, 0>, "evict_last", false, fk);
+    run(head_kernel<1, false, 0, 1>, "evict_last + Q cp.async", false, fk);
+    run(head_kernel<1, false, 0, 2>, "evict_last + idx/L2 prefetch", false, fk);
+    run(head_kernel<1, false, 0, 3>, "evict_last + both", false, fk);
+    run(head_kernel<1, true, 3, 3>, "+ records + 16 KB code", false, fk);
+    run(head_kernel<0, false, 0, 0>, "no_allocate", false, fk);
+    run(head_kernel<1, false, 0, 4>, "evict_last, L2 prefetch first", false, fk);
+    run(head_kernel<1, false, 0, 5>, "evict_last, L2 pf first + Q", false, fk);
+  }
   for (int fk : {1, 0}) {
     for (int small : {0, 1}) {
       run(head_kernel<0, false, 0>, "no_allocate", small, fk);
