@@ -3,13 +3,16 @@
 // then gather the 64 tokens (656 bytes each, V3.2 layout) of that block from a 43 MB FP8 cache into registers.
 // No shared-memory pipeline, no tensor work: only the chain of dependent loads that starts every CTA.
 // Per-CTA %globaltimer stamps (entry, index landed, first token landed, all tokens landed) give the times
-// from the earliest entry; medians over 50 launches.
-//   gathers: 0 = ld.global.nc.L1::no_allocate.L2::256B (ours), 1 = ld.global.nc.L1::evict_last.L2::256B,
-//            2 = plain ld.global
+// from the earliest entry; medians over 35 launches, after the benchmark's 8 GB memset and warm. CTAs of 384
+// threads (the kernel's shape): 128 gather (4 threads per token, 2 rounds of 32 tokens: the plain producer).
+//   gathers (kMode): 0 = ld.global.nc.L1::no_allocate.L2::256B (the kernel's before sparse v27),
+//            1 = ld.global.nc.L1::evict_last.L2::256B, 2 = plain ld.global
 //   span:    tokens drawn from the whole 43 MB cache, or from its first 2.6 MB
-//   threads: 128 (4 threads per token, 2 rounds of 32 tokens; the plain producer) or 384 with the other
-//            256 idle (the kernel's CTA shape)
-// Build: nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/hgb tools/micro/head_gather_bench.cu && /tmp/hgb
+//   kRecords: the record from the parameter bank by dynamic index (as the kernel), not a global word
+//   kBloat:  ~16 KB / 64 KB of straight-line code run once after the gathers (cold code after the flush)
+//   kExtra:  the kernel's other head traffic (Q tile by the other 256 threads, next index rows and the L2 prefetch
+//            two blocks ahead), or the block's tokens prefetched into L2 before the gathers
+// Build: nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/hgb tools/micro/head_gather_bench.cu && /tmp/hgb [smem bytes]
 #include <cuda_runtime.h>
 
 #include <algorithm>
