@@ -7,6 +7,8 @@
 #   trace-b2    the same at b 2, h_q 128, L2 flushed and warm                          -> $OUT/trace.txt
 #   ncu-sparse  ncu source-level stall samples of the sparse kernel (b 128, h_q 128)  -> $OUT/ncu_sparse_*.txt
 #   ncu-dense   ncu speed-of-light + memory tables of dense decode (b 128, s_q 2, 32K) -> $OUT/ncu_dense.txt
+#   ncu-b2      ncu warp-state stalls and stalled SASS lines of the b = 2 main kernel, every cache flushed
+#               before it (--cache-control all) and not (none)               -> $OUT/ncu_b2_{all,none}_*.txt
 #   timeline    the whole-kernel per-CTA timeline (trace build) at b 2 and 64, h_q 128 -> $OUT/timeline.txt
 #   dense-timeline  the dense kernel's request timeline (trace build) at b 128, s_q 2 (4K, 32K) and s_q 1 4K
 #               -> $OUT/dense_timeline.txt
@@ -97,6 +99,17 @@ for d in $diag; do
         >"$out/ncu_sparse.log" 2>&1
       ncu -i "$out/ncu_sparse.ncu-rep" --print-details all >"$out/ncu_sparse_details.txt" 2>&1
       ncu_sass_top "$out/ncu_sparse.ncu-rep" "$out/ncu_sparse_sass.txt" ;;
+    ncu-b2)
+      # The b = 2 row's main kernel with every cache flushed before it (ncu --cache-control all: L2 and the SMs'
+      # caches, instruction caches included) and without: warp-state stalls (is the first block waiting for its
+      # instructions?) and the most stalled SASS lines.
+      for cc in all none; do
+        timeout 240 ncu --clock-control none --cache-control "$cc" -k regex:sparse_decode_kernel --launch-skip 1 \
+          --launch-count 1 --section WarpStateStats --section SourceCounters --import-source yes -f \
+          -o "$out/ncu_b2_$cc" "$py" tools/profile_sparse_decode.py --b 2 --h-q 128 >"$out/ncu_b2_$cc.log" 2>&1
+        ncu -i "$out/ncu_b2_$cc.ncu-rep" --print-details all >"$out/ncu_b2_${cc}_details.txt" 2>&1
+        ncu_sass_top "$out/ncu_b2_$cc.ncu-rep" "$out/ncu_b2_${cc}_sass.txt"
+      done ;;
     timeline)
       { timeout 60 "$py" tools/trace_sparse_decode.py --timeline-only --b 2 --h-q 128
         timeout 60 "$py" tools/trace_sparse_decode.py --timeline-only --b 2 --h-q 128 --no-flush

@@ -111,6 +111,7 @@ class Case:
     provided_out: bool = True  # NaN-filled out / lse passed in (else the API allocates them)
     lse_contiguous: bool = False
     cache_dtype: str = "uint8"  # how the byte cache is typed: uint8, int8 or float8_e4m3fn
+    big_values: bool = False   # every third token x 2^20 (quantisation scales above 2^7), q x 2^-20
 
     def __str__(self):
         s = f"{self.layout}-b{self.b}-sq{self.s_q}-hq{self.h_q}-{self.main}"
@@ -127,6 +128,8 @@ class Case:
             s += "-alloc"
         if self.cache_dtype != "uint8":
             s += "-" + self.cache_dtype
+        if self.big_values:
+            s += "-big"
         return s
 
 
@@ -272,7 +275,7 @@ def garbage_indices(shape, num_tokens, gen):
 
 
 def make_paged(layout, b, s_q, sel: Sel, *, varlen, all_invalid, zero_reqs, rng, gen, lengths=None,
-               cache_dtype="uint8"):
+               cache_dtype="uint8", big_values=False):
     """A paged FP8 cache and a selection into it (see the module docstring). `zero_reqs`: requests whose
     length is forced to 0 (when sel.lens). `lengths`: given per-request lengths instead of random ones."""
     torch = _torch()
@@ -330,7 +333,10 @@ def make_paged(layout, b, s_q, sel: Sel, *, varlen, all_invalid, zero_reqs, rng,
     storage = torch.full(((num_blocks - 1) * stride + page * bpt,), 255, dtype=torch.uint8, device=DEVICE)
     cache_u8 = torch.as_strided(storage, (num_blocks, page, 1, bpt), (stride, bpt, bpt, 1))
     kv = (torch.randn((num_blocks, page, 1, d_qk), generator=gen, device=DEVICE, dtype=torch.bfloat16) / 10)
-    om.quantize_kv_cache(kv.clamp_(-1, 1), layout, out=cache_u8)
+    kv.clamp_(-1, 1)
+    if big_values:  # scales above 2^7: the kernel's two-multiply dequantisation (kernel.cuh, store_tiles)
+        kv.view(-1, d_qk)[::3] *= 2.0 ** 20
+    om.quantize_kv_cache(kv, layout, out=cache_u8)
     selected = torch.zeros(num_tokens, dtype=torch.bool, device=DEVICE)
     selected[indices[used].long()] = True
     poison = ~selected.view(num_blocks, page)
@@ -360,13 +366,15 @@ def make_inputs(case: Case, seed=0, lengths=None, extra_lengths=None):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     zero_reqs = {i for i in range(case.b) if rng.random() < 0.5} if case.zero_len else set()
     common = dict(varlen=case.varlen, all_invalid=case.all_invalid, zero_reqs=zero_reqs, rng=rng, gen=gen,
-                  cache_dtype=case.cache_dtype)
+                  cache_dtype=case.cache_dtype, big_values=case.big_values)
     main = make_paged(case.layout, case.b, case.s_q, case.main, lengths=lengths, **common)
     extra = None
     if case.extra is not None:
         extra = make_paged(case.layout, case.b, case.s_q, case.extra, lengths=extra_lengths, **common)
     d_qk = D_QK[case.layout]
     q = torch.randn((case.b, case.s_q, case.h_q, d_qk), generator=gen, device=DEVICE).clamp_(-1, 1)
+    if case.big_values:  # the big tokens' logits as usual (exact power-of-two scaling), the others' near 0
+        q *= 2.0 ** -20
     return Inputs(case, q.to(torch.bfloat16), main, extra, make_sink(case.sink, case.h_q, gen), d_qk ** -0.55)
 
 
@@ -485,6 +493,29 @@ CORNER = [
     Case("v32", 32, 3, 32, Sel(2046, 2048, 53, lens=True), Sel(256, 64, 256, lens=True), zero_len=True),
     Case("model1", 321, 1, 64, Sel(512, 64, 61, lens=True), sink="random", zero_len=True),
 ]
+
+
+@gpu
+@pytest.mark.parametrize("case", [
+    Case("v32", 4, 2, 128, Sel(1024, 576, 61), big_values=True),  # plain kernel
+    Case("model1", 4, 2, 128, Sel(1024, 576, 61, lens=True), big_values=True),
+    Case("v32", 74, 1, 128, Sel(512, 64, 64), sink="random", big_values=True),  # crossover pairs
+    Case("model1", 74, 3, 128, Sel(2046, 2048, 64), Sel(512, 100, 69), big_values=True),
+    Case("v32", 9, 3, 64, Sel(2046, 2048, 576), big_values=True),
+], ids=str)
+def test_scales_above_2_pow_7(case):
+    """Every third cache token has quantisation scales above 2^7, which the kernel dequantises with two multiplies
+    per value (a single multiply by scale * 2^120 would overflow bf16); the other tokens take the single multiply,
+    so both paths meet in one block. q is scaled by 2^-20, so the big tokens' logits are the usual ones; their V
+    rows are 2^20 larger, so out is compared after the same exact scaling by 2^-20 (the tolerances are absolute
+    below 1e-3)."""
+    torch = _torch()
+    inp = make_inputs(case)
+    out, lse = decode(inp)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = reference(inp)
+    s = 2.0 ** -20
+    _ref().check_sparse_decode(out * s, lse, ref_out * s, ref_lse, what=f" [{case}]")
 
 
 @gpu
