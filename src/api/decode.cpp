@@ -663,11 +663,12 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
       .uniform_blocks = uniform_blocks,
       .uniform_records = {},
   };
-  // Every partition's record, packed; a record that does not pack sends the kernel back to the schedule.
+  // Every partition's record, packed; a record that does not pack sends the kernel back to the schedule. The pass
+  // takes the payload computed above (the same formula) instead of computing it again.
   if (uniform_blocks > 0) {
     const heuristics::DecodeScheduleHost host = heuristics::build_decode_schedule(
         std::vector<int32_t>(static_cast<size_t>(b), uniform_blocks), std::vector<bool>(static_cast<size_t>(b), false),
-        num_sm_parts);
+        num_sm_parts, uniform_payload);
     if (!host.all_assigned) params.uniform_blocks = 0;
     for (int part = 0; params.uniform_blocks > 0 && part < num_sm_parts; ++part)
       if (!kernels::pack_partition_record(host.records[part], params.uniform_records[part])) params.uniform_blocks = 0;

@@ -66,8 +66,9 @@ int64_t decode_total_work(const std::vector<int32_t>& blocks);
 int64_t decode_payload(int64_t total_work, int num_sm_parts);
 
 // The greedy pass over per-request block counts. `empty[i]` marks requests whose record end_block is 0
-// (may be empty: no request is empty). `payload_override` > 0 replaces the computed payload; tests use it
-// to drive the "not every request assigned" guard, which then produces the failure encoding documented
+// (may be empty: no request is empty). `payload_override` > 0 replaces the computed payload: the sparse host path
+// passes the payload it already computed for the crossover choice; tests use it to drive the "not every request
+// assigned" guard, which then produces the failure encoding documented
 // in docs/decode-schedule.md (every record idle, num_splits = 0 ... 0, -1).
 DecodeScheduleHost build_decode_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
                                          int num_sm_parts, int64_t payload_override = 0);
