@@ -30,24 +30,70 @@ namespace openmla {
 // Number of int32 fields in one partition record of the schedule (see docs/decode-schedule.md).
 inline constexpr int kDecodeScheduleRecordInts = 8;
 
-// Static description of a decode problem: everything the schedule and the workspace depend on. The
-// per-step values (sequence lengths, top-k lengths) are tensors passed to plan_decode().
+// Static description of a decode problem: everything the schedule, the workspace and the kernel choice depend on.
+// The per-step values (sequence lengths, top-k lengths) are tensors passed to plan_decode(). One struct per
+// family; DecodeProblem (below) is the older single struct, kept as a compatibility form.
+
+// Dense decode over a paged BF16/FP16 cache.
+struct DenseDecodeProblem {
+  int64_t batch = 0;             // b >= 1
+  int64_t s_q = 1;               // query tokens per request (MTP / speculative: > 1)
+  int64_t h_q = 0;               // query heads, a multiple of h_kv
+  int64_t h_kv = 1;              // KV heads
+  int64_t d_qk = 576;            // must be 576 (512 NoPE + 64 RoPE)
+  int64_t d_v = 512;             // must be 512
+  int64_t page_block_size = 64;  // tokens per cache page; must be 64 for now
+  KVCacheFormat cache_format = KVCacheFormat::kBFloat16;  // kBFloat16 or kFloat16 (the dtype of q and the cache)
+  bool causal = false;           // bottom-right aligned; ignored when s_q == 1
+  int num_sms = 0;               // SMs to schedule over; 0: the current device's count
+};
+
+// Sparse top-k decode over an FP8 paged cache (one latent KV head, no causal mask: the indices select).
+struct SparseDecodeProblem {
+  int64_t batch = 0;             // b >= 1
+  int64_t s_q = 1;               // query tokens per request, <= 65535
+  int64_t h_q = 0;               // query heads, any value >= 1
+  int64_t d_qk = 576;            // 576 (kFp8V32) or 512 (kFp8Model1): must match cache_format
+  int64_t d_v = 512;             // must be 512
+  int64_t page_block_size = 64;  // tokens per page of the main cache, any value >= 1
+  KVCacheFormat cache_format = KVCacheFormat::kFp8V32;  // kFp8V32 or kFp8Model1, both caches
+  int64_t topk = 0;              // top-k slots per query token, any value >= 1
+  int64_t extra_topk = 0;        // slots per query token of the extra cache; 0: no extra cache
+  int64_t extra_page_block_size = 0;  // tokens per page of the extra cache (>= 1 when extra_topk > 0)
+  int num_sms = 0;               // SMs to schedule over; 0: the current device's count
+};
+
+// Compatibility form (the single problem struct of earlier versions): `sparse` selects the family, and the
+// fields of the other family are ignored (dense: topk, extra_topk, extra_page_block_size; sparse: causal, and
+// h_kv must be 1). Every function below takes it too and behaves as before; new code should use the family
+// structs, to which it converts with as_dense() / as_sparse().
 struct DecodeProblem {
-  int64_t batch = 0;            // b >= 1
-  int64_t s_q = 1;              // query tokens per request (MTP / speculative: > 1)
-  int64_t h_q = 0;              // query heads, a multiple of h_kv
-  int64_t h_kv = 1;             // KV heads
-  int64_t d_qk = 576;           // 576 (V3.2 geometry) or 512 (MODEL1, sparse only)
-  int64_t d_v = 512;            // must be 512
-  int64_t page_block_size = 64; // tokens per cache page
+  int64_t batch = 0;
+  int64_t s_q = 1;
+  int64_t h_q = 0;
+  int64_t h_kv = 1;
+  int64_t d_qk = 576;
+  int64_t d_v = 512;
+  int64_t page_block_size = 64;
   KVCacheFormat cache_format = KVCacheFormat::kBFloat16;
-  bool causal = false;          // bottom-right aligned; ignored when s_q == 1
-  // Sparse decode only (sparse == true): top-k slots per query, optional extra cache.
+  bool causal = false;
   bool sparse = false;
   int64_t topk = 0;
-  int64_t extra_topk = 0;            // 0: no extra cache
+  int64_t extra_topk = 0;
   int64_t extra_page_block_size = 0;
-  int num_sms = 0;                   // SMs to schedule over; 0: the current device's count
+  int num_sms = 0;
+
+  DenseDecodeProblem as_dense() const {
+    return DenseDecodeProblem{.batch = batch, .s_q = s_q, .h_q = h_q, .h_kv = h_kv, .d_qk = d_qk, .d_v = d_v,
+                              .page_block_size = page_block_size, .cache_format = cache_format, .causal = causal,
+                              .num_sms = num_sms};
+  }
+  SparseDecodeProblem as_sparse() const {
+    return SparseDecodeProblem{.batch = batch, .s_q = s_q, .h_q = h_q, .d_qk = d_qk, .d_v = d_v,
+                               .page_block_size = page_block_size, .cache_format = cache_format, .topk = topk,
+                               .extra_topk = extra_topk, .extra_page_block_size = extra_page_block_size,
+                               .num_sms = num_sms};
+  }
 };
 
 struct DecodeWorkspaceSizes {
@@ -64,7 +110,11 @@ struct DecodeWorkspaceSizes {
 
 inline constexpr int kMaxDecodeSmParts = 160;
 
-Status get_decode_workspace_sizes(const DecodeProblem& problem, DecodeWorkspaceSizes* sizes);
+// Checks the problem's geometry (what the schedule and the workspace depend on; the rest is checked by the decode
+// call) and fills `sizes`. Host-only: launches nothing; queries the SM count only when problem.num_sms == 0.
+Status get_decode_workspace_sizes(const DenseDecodeProblem& problem, DecodeWorkspaceSizes* sizes);
+Status get_decode_workspace_sizes(const SparseDecodeProblem& problem, DecodeWorkspaceSizes* sizes);
+Status get_decode_workspace_sizes(const DecodeProblem& problem, DecodeWorkspaceSizes* sizes);  // compatibility form
 
 // The schedule: caller-owned device memory, filled by plan_decode() (layout: docs/decode-schedule.md).
 struct DecodeSchedule {
@@ -87,11 +137,17 @@ struct DecodeSplitBuffers {
   TensorRef partial_lse;  // (>= partial_rows,) float32, contiguous
 };
 
-// Fills `schedule` on the GPU. Dense: `cache_seqlens` (b,) int32 (negative lengths count as 0). Sparse:
-// `topk_length` (b,) int32 and `extra_topk_length` (b,) int32 may be absent (undefined TensorRef); given
-// values are clamped to [0, topk] / [0, extra_topk]; cache_seqlens is ignored. The schedule stays valid
-// for every call with the same problem and the same length VALUES (reuse it across layers of one step).
+// Fills `schedule` on the GPU, on `stream`, without host synchronisation (graph-capturable). The schedule stays
+// valid for every call with the same problem and the same length VALUES (reuse it across layers of one step).
 // With problem.num_sms > 0 every check runs before any CUDA call; 0 queries the tensors' device.
+//   Dense: `cache_seqlens` (b,) int32 (negative lengths count as 0).
+//   Sparse: `topk_length` and `extra_topk_length` (b,) int32 may be absent (undefined TensorRef); given values
+//   are clamped to [0, topk] / [0, extra_topk]; extra_topk_length only with problem.extra_topk > 0.
+Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens, const DecodeSchedule& schedule,
+                   cudaStream_t stream);
+Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_length, const TensorRef& extra_topk_length,
+                   const DecodeSchedule& schedule, cudaStream_t stream);
+// Compatibility form: dense problems read cache_seqlens and ignore the top-k lengths; sparse problems the reverse.
 Status plan_decode(const DecodeProblem& problem, const TensorRef& cache_seqlens, const TensorRef& topk_length,
                    const TensorRef& extra_topk_length, const DecodeSchedule& schedule, cudaStream_t stream);
 
@@ -109,6 +165,8 @@ struct DenseDecodeArgs {
   TensorRef lse;            // (b, h_q, s_q) float32, any strides
 };
 
+Status dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args, cudaStream_t stream);
+// Compatibility form: problem.sparse must be false.
 Status dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args, cudaStream_t stream);
 
 // Sparse top-k decode over an FP8 paged cache (DeepSeek-V3.2 sparse attention). Each query token attends
@@ -117,10 +175,10 @@ Status dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args, c
 // is -1, when it lies outside [0, num_blocks * page_block_size), or when its position is at or beyond the
 // request's topk_length. The extra cache, if given, is a second selection attended under the same softmax.
 //
-// problem: sparse = true, cache_format = kFp8V32 (d_qk 576, 656 B/token) or kFp8Model1 (d_qk 512,
-// 584 B/token), h_kv = 1, d_v = 512, causal = false, any h_q >= 1 (64-head tiles; h_q = 128 pairs two tiles
-// in a CTA cluster that share the dequantisation), any s_q >= 1, topk >= 1 (any value), page_block_size
-// >= 1; extra_topk >= 1 and extra_page_block_size >= 1 when an extra cache is given, else 0.
+// problem: cache_format = kFp8V32 (d_qk 576, 656 B/token) or kFp8Model1 (d_qk 512, 584 B/token), d_v = 512,
+// any h_q >= 1 (64-head tiles; h_q = 128 pairs two tiles in a CTA cluster that share the dequantisation), any
+// s_q >= 1, topk >= 1 (any value), page_block_size >= 1; extra_topk >= 1 and extra_page_block_size >= 1 when
+// an extra cache is given, else 0.
 struct SparseDecodeArgs {
   TensorRef q;                  // (b, s_q, h_q, d_qk) bf16; last dim contiguous, byte strides % 16 == 0
   TensorRef k_cache;            // (num_blocks, page_block_size, 1, bytes_per_token) uint8 / int8 / float8_e4m3
@@ -138,6 +196,8 @@ struct SparseDecodeArgs {
   TensorRef lse;                // (b, h_q, s_q) float32, any strides
 };
 
+Status sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args, cudaStream_t stream);
+// Compatibility form: problem.sparse must be true, h_kv 1 and causal false.
 Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args, cudaStream_t stream);
 
 }  // namespace openmla

@@ -3,15 +3,16 @@
 // Thin on purpose: arrays become TensorRefs, keyword arguments become a DecodeProblem, the C++ API does
 // every check, and its Status becomes the matching Python exception with the message unchanged.
 // The flash_mla-compatible layer (schedule caching, output allocation) is python/openmla/decode.py.
+#include <atomic>
 #include <string>
 
 #include <nanobind/stl/string.h>
 
-#include "api/decode_internal.h"
 #include "bind_common.h"
 #include "openmla/decode.h"
+#include "openmla/testing.h"
 
-#if defined(OPENMLA_SPARSE_TRACE)
+#if defined(OPENMLA_HAS_TRACE)
 #include <vector>
 #include <nanobind/stl/vector.h>
 namespace openmla::kernels {
@@ -25,6 +26,10 @@ Status clear_dense_decode_timeline();
 namespace openmla::py {
 
 namespace {
+
+// Test hook of the Python tests (_set_dense_merge_publish_always): the options every dense_decode call of this
+// module passes to the library (openmla/testing.h). The library itself keeps no such state.
+std::atomic<bool> g_test_merge_publish_always{false};
 
 // The DecodeProblem fields accepted as keyword arguments, in the order the header declares them.
 constexpr const char* kProblemFields =
@@ -152,7 +157,8 @@ void dense(const Array& q, const Array& k_cache, const Array& block_table, const
   Status status;
   {
     nb::gil_scoped_release release;
-    status = dense_decode(problem, args, to_stream(stream));
+    const testing::DenseDecodeOptions options{.merge_publish_always = g_test_merge_publish_always.load()};
+    status = testing::dense_decode(problem, args, options, to_stream(stream));
   }
   throw_if_error(status);
 }
@@ -248,11 +254,12 @@ void bind_decode(nb::module_& m) {
         "bf16, written; lse: (b, h_q, s_q) float32 any strides, written (never changed by the sink). "
         "softmax_scale 0 means d_qk ** -0.5.");
 
-  // Testing only (api/decode_internal.h): split chunks of dense decode always publish before they may merge.
-  m.def("_set_dense_merge_publish_always", &detail::set_dense_merge_publish_always, nb::arg("on"));
+  // Testing only (openmla/testing.h, DenseDecodeOptions): this module's dense_decode calls make split chunks always
+  // publish before they may merge. Off by default.
+  m.def("_set_dense_merge_publish_always", [](bool on) { g_test_merge_publish_always.store(on); }, nb::arg("on"));
 
-#if defined(OPENMLA_SPARSE_TRACE)
-  // Diagnostics build only (CMake -DOPENMLA_SPARSE_TRACE=ON): the clock64 trace of the last sparse launch,
+#if defined(OPENMLA_HAS_TRACE)
+  // Diagnostics build only (CMake -DOPENMLA_TRACE=ON): the clock64 trace of the last sparse launch,
   // flat, in kernel.cuh's Trace order (cta, role, block, event), then the per-CTA %globaltimer timeline.
   // tools/trace_sparse_decode.py reads it.
   auto reader = [](Status (*copy)(unsigned long long*, size_t)) {

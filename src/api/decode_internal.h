@@ -1,28 +1,33 @@
-// Internal entry points of api/decode.cpp, exposed for the C++ tests: the full argument validation of
-// each public decode function, without launching anything. With problem.num_sms > 0 they make no CUDA
-// call at all (tests run them with fake device pointers on machines without a GPU).
+// Internal entry points of the decode API (api/decode_plan.cpp, api/dense_decode.cpp, api/sparse_decode.cpp,
+// api/decode_compat.cpp), exposed for the C++ tests: the full argument validation of each public decode function,
+// without launching anything. With problem.num_sms > 0 they make no CUDA call at all (tests run them with fake
+// device pointers on machines without a GPU). Only src/api and tests/ include this header.
 #pragma once
 
 #include "openmla/decode.h"
 
 namespace openmla::detail {
 
-// Validates `problem` for get_decode_workspace_sizes / plan_decode (geometry only).
-Status validate_decode_problem(const DecodeProblem& problem);
+// What get_decode_workspace_sizes / plan_decode check of a problem: the geometry the schedule and the workspace
+// depend on (the family's other fields are checked by the decode call).
+Status validate_schedule_problem(const DenseDecodeProblem& problem);
+Status validate_schedule_problem(const SparseDecodeProblem& problem);
 
 // Every check of plan_decode; on success *num_sm_parts is the partition count the schedule uses.
-Status validate_plan_decode(const DecodeProblem& problem, const TensorRef& cache_seqlens, const TensorRef& topk_length,
+Status validate_plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens,
+                            const DecodeSchedule& schedule, int* num_sm_parts);
+Status validate_plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_length,
                             const TensorRef& extra_topk_length, const DecodeSchedule& schedule, int* num_sm_parts);
 
-// Every check of dense_decode; on success *num_sm_parts is the partition count of the schedule.
-Status validate_dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args, int* num_sm_parts);
+// Every check of dense_decode / sparse_decode; on success *num_sm_parts is the partition count of the schedule.
+Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args, int* num_sm_parts);
+Status validate_sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args, int* num_sm_parts);
 
-// Every check of sparse_decode; on success *num_sm_parts is the partition count of the schedule.
-Status validate_sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args, int* num_sm_parts);
-
-// Testing only: when on, every split chunk of dense decode publishes its partial before it may merge (it never
-// takes the "the other chunk is already done" path), so the tests reach the merge by the last publisher, which
-// otherwise happens only when two chunks finish at the same moment. Process-wide; off by default.
-void set_dense_merge_publish_always(bool on);
+// The compatibility form (DecodeProblem) as a family's problem, with the checks of the fields the family struct
+// does not have: `sparse` must select the family; a sparse problem needs h_kv = 1 and causal = false.
+// `for_decode` false: the looser rules of get_decode_workspace_sizes / plan_decode, which as before accept
+// any h_kv that divides h_q and either causal flag for a sparse problem.
+Status to_dense_problem(const DecodeProblem& problem, DenseDecodeProblem* out);
+Status to_sparse_problem(const DecodeProblem& problem, bool for_decode, SparseDecodeProblem* out);
 
 }  // namespace openmla::detail

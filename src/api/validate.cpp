@@ -1,5 +1,7 @@
+// Argument checks shared by every kernel family (api/validate.h).
 #include "api/validate.h"
 
+#include <cmath>
 
 namespace openmla::detail {
 
@@ -126,13 +128,47 @@ Status check_fits_int32(const TensorRef& t, const char* name) {
   return Status::ok();
 }
 
-Status cuda_status(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::ok();
-  MessageStream os;
-  os << what << ": CUDA error " << cudaGetErrorName(err) << " (" << cudaGetErrorString(err) << ")";
-  return Status::cuda_error(os.str());
+Status check_cuda_tensor(const TensorRef& t, const char* name, std::initializer_list<DType> dtypes, int ndim) {
+  OPENMLA_RETURN_IF_ERROR(check_on_cuda(t, name));
+  OPENMLA_RETURN_IF_ERROR(check_dtype(t, name, dtypes));
+  return check_ndim(t, name, ndim);
 }
 
-Status last_cuda_error(const char* what) { return cuda_status(cudaGetLastError(), what); }
+Status check_lengths(const TensorRef& t, const char* name, int64_t n, const char* what) {
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(t, name, {DType::kInt32}, 1));
+  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 0, n, what));
+  return check_contiguous(t, name);
+}
+
+Status check_same_device_all(const TensorRef& ref, const char* ref_name,
+                             std::initializer_list<std::pair<const TensorRef*, const char*>> others) {
+  for (const auto& [t, name] : others)
+    if (t->defined()) OPENMLA_RETURN_IF_ERROR(check_same_device(ref, ref_name, *t, name));
+  return Status::ok();
+}
+
+Status check_softmax_scale(float softmax_scale) {
+  if (std::isfinite(softmax_scale)) return Status::ok();
+  MessageStream os;
+  os << "argument 'softmax_scale' is " << softmax_scale << "; expected a finite value (0: d_qk ** -0.5)";
+  return invalid(os.str());
+}
+
+Status device_sm_count(int device_id, int* num_sms, const char* why) {
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(num_sms, cudaDevAttrMultiProcessorCount, device_id), why);
+  return Status::ok();
+}
+
+Status check_current_device(int device_id, const char* tensor_name) {
+  int current = -1;
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device_id) {
+    MessageStream os;
+    os << "argument '" << tensor_name << "' is on cuda:" << device_id << " but the current device is cuda:" << current
+       << "; call cudaSetDevice(" << device_id << ") first (the stream must belong to that device)";
+    return invalid(os.str());
+  }
+  return Status::ok();
+}
 
 }  // namespace openmla::detail

@@ -1,18 +1,30 @@
-// Argument validation shared by every public entry point. Each check returns a Status whose message
-// names the argument, what was expected and what was given.
+// Argument checks shared by every kernel family's API (decode, KV cache, prefill). Each check returns a Status
+// whose message names the argument, what was expected and what was given. A family's own rules (its shapes,
+// its problem fields) live in its api/<family>.cpp and are built from these; checks shared by the families
+// of one kind live beside them (api/decode_common.h for the decode calls).
+//
+// Ordering rule of every public entry point: all argument checks run before the first CUDA call, so a bad call
+// launches nothing and the checks can be tested without a GPU. The only CUDA queries a check may make are the
+// SM count (device_sm_count) and the current device (check_current_device), both right before launching.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 
+#include "common/cuda_check.h"
 #include "openmla/status.h"
 #include "openmla/types.h"
 
 namespace openmla::detail {
+
+inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 // Builds error messages with `<<` but without iostreams: std::ostringstream formats numbers through the
 // process-wide locale, and inside a Python process whose other extensions (torch) bring their own
@@ -38,12 +50,22 @@ class MessageStream {
   std::string text_;
 };
 
+inline Status invalid(const std::string& message) { return Status::invalid_argument(message); }
+
+// "argument 'problem.<field>' is <value>; <requirement>": a bad field of a family's problem struct.
+template <typename T>
+Status invalid_field(const char* field, T value, const std::string& requirement) {
+  MessageStream os;
+  os << "argument 'problem." << field << "' is " << value << "; " << requirement;
+  return invalid(os.str());
+}
+
 std::string shape_string(const TensorRef& t);
 std::string stride_string(const TensorRef& t);
 
+// ---- One tensor ------------------------------------------------------------------------------------------------
 Status check_defined(const TensorRef& t, const char* name);
 Status check_on_cuda(const TensorRef& t, const char* name);
-Status check_same_device(const TensorRef& a, const char* a_name, const TensorRef& b, const char* b_name);
 Status check_dtype(const TensorRef& t, const char* name, std::initializer_list<DType> allowed);
 Status check_ndim(const TensorRef& t, const char* name, int ndim);
 Status check_dim(const TensorRef& t, const char* name, int dim, int64_t expected, const char* what = nullptr);
@@ -55,15 +77,25 @@ Status check_strides_multiple(const TensorRef& t, const char* name, int64_t elem
 Status check_pointer_aligned(const TensorRef& t, const char* name, int64_t bytes);
 // Every stride (in elements) and extent must fit in int32 where kernels index with 32-bit arithmetic.
 Status check_fits_int32(const TensorRef& t, const char* name);
+// A defined CUDA tensor of one of `dtypes` with `ndim` dimensions.
+Status check_cuda_tensor(const TensorRef& t, const char* name, std::initializer_list<DType> dtypes, int ndim);
+// A (n,) int32 contiguous CUDA vector (per-request lengths: cache_seqlens, topk_length, ...); `what` names n.
+Status check_lengths(const TensorRef& t, const char* name, int64_t n, const char* what = "batch");
 
-// Wraps the last CUDA error (cudaGetLastError) into a Status naming `what`.
-Status last_cuda_error(const char* what);
-Status cuda_status(cudaError_t err, const char* what);
+// ---- Several tensors -------------------------------------------------------------------------------------------
+Status check_same_device(const TensorRef& a, const char* a_name, const TensorRef& b, const char* b_name);
+// Every DEFINED tensor of `others` is on `ref`'s device (absent optional arguments are skipped).
+Status check_same_device_all(const TensorRef& ref, const char* ref_name,
+                             std::initializer_list<std::pair<const TensorRef*, const char*>> others);
+
+// ---- Scalars ---------------------------------------------------------------------------------------------------
+// softmax_scale must be finite (0 means the family's default, d_qk ** -0.5).
+Status check_softmax_scale(float softmax_scale);
+
+// ---- The device (the only CUDA calls a check makes) --------------------------------------------------------------
+// The SM count of CUDA device `device_id`; `why` goes into the error message of a failed query.
+Status device_sm_count(int device_id, int* num_sms, const char* why);
+// Refuses to launch on a device other than the tensors' (kernels would fault on foreign pointers).
+Status check_current_device(int device_id, const char* tensor_name);
 
 }  // namespace openmla::detail
-
-#define OPENMLA_CUDA_RETURN_IF_ERROR(call, what)                                          \
-  do {                                                                                    \
-    cudaError_t openmla_err_ = (call);                                                    \
-    if (openmla_err_ != cudaSuccess) return ::openmla::detail::cuda_status(openmla_err_, what); \
-  } while (0)

@@ -1,6 +1,7 @@
-// Decode API: workspace sizes and every validation error of plan_decode / dense_decode. Uses fake,
-// aligned, non-null "device" pointers and problem.num_sms > 0: all checks run before any CUDA call, so
-// no GPU is needed and nothing is ever launched on the fake pointers.
+// Decode API: workspace sizes and every validation error of plan_decode / dense_decode / sparse_decode, through the
+// family structs (DenseDecodeProblem, SparseDecodeProblem) and the compatibility form (DecodeProblem), which must
+// give the same messages. Uses fake, aligned, non-null "device" pointers and problem.num_sms > 0: all checks run
+// before any CUDA call, so no GPU is needed and nothing is ever launched on the fake pointers.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 
 #include "api/decode_internal.h"
 #include "openmla/decode.h"
+#include "openmla/testing.h"
 
 namespace openmla {
 namespace {
@@ -18,6 +20,28 @@ namespace {
 void* fake_ptr(int i) { return reinterpret_cast<void*>(uintptr_t{0x10000000} + uintptr_t(i) * 0x1000000); }
 
 constexpr int kSms = 132;
+
+// The internal validators take the family structs; the mutation tables below edit the compatibility form (it has
+// every field, `sparse` included), converted the way the public compatibility functions convert it.
+Status validate_dense(const DecodeProblem& p, const DenseDecodeArgs& a, int* parts) {
+  DenseDecodeProblem dense;
+  OPENMLA_RETURN_IF_ERROR(detail::to_dense_problem(p, &dense));
+  return detail::validate_dense_decode(dense, a, parts);
+}
+
+Status validate_sparse(const DecodeProblem& p, const SparseDecodeArgs& a, int* parts) {
+  SparseDecodeProblem sparse;
+  OPENMLA_RETURN_IF_ERROR(detail::to_sparse_problem(p, /*for_decode=*/true, &sparse));
+  return detail::validate_sparse_decode(sparse, a, parts);
+}
+
+Status validate_plan(const DecodeProblem& p, const TensorRef& seqlens, const TensorRef& topk_len,
+                     const TensorRef& extra_len, const DecodeSchedule& sched, int* parts) {
+  if (!p.sparse) return detail::validate_plan_decode(p.as_dense(), seqlens, sched, parts);
+  SparseDecodeProblem sparse;
+  OPENMLA_RETURN_IF_ERROR(detail::to_sparse_problem(p, /*for_decode=*/false, &sparse));
+  return detail::validate_plan_decode(sparse, topk_len, extra_len, sched, parts);
+}
 
 DecodeProblem dense_problem() {
   DecodeProblem p;
@@ -116,32 +140,32 @@ TEST(DecodeApi, WorkspaceSizesErrors) {
 TEST(DecodeApi, ValidDenseCallPassesValidation) {
   const DecodeProblem p = dense_problem();
   int parts = 0;
-  const Status st = detail::validate_dense_decode(p, dense_args(p), &parts);
+  const Status st = validate_dense(p, dense_args(p), &parts);
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_EQ(parts, 132);
 
   // The merge counters are optional.
   DenseDecodeArgs a = dense_args(p);
   a.schedule.merge_counters = TensorRef{};
-  EXPECT_TRUE(detail::validate_dense_decode(p, a, &parts).is_ok());
+  EXPECT_TRUE(validate_dense(p, a, &parts).is_ok());
   // Larger split buffers than needed are fine (an engine sizes them for its largest batch).
   a = dense_args(p);
   a.split.partial_o.shape[0] += 1000;
   a.split.partial_lse.shape[0] += 1000;
-  EXPECT_TRUE(detail::validate_dense_decode(p, a, &parts).is_ok());
+  EXPECT_TRUE(validate_dense(p, a, &parts).is_ok());
   // fp16 everywhere.
   DecodeProblem p16 = p;
   p16.cache_format = KVCacheFormat::kFloat16;
   a = dense_args(p16);
   a.q.dtype = a.k_cache.dtype = a.out.dtype = DType::kFloat16;
-  EXPECT_TRUE(detail::validate_dense_decode(p16, a, &parts).is_ok());
+  EXPECT_TRUE(validate_dense(p16, a, &parts).is_ok());
   // Free strides (multiples of 8 elements) on q, k_cache, out; any strides on lse.
   a = dense_args(p);
   a.q.stride[0] = 4 * 16 * 576;
   a.k_cache.stride[0] = 64 * 576 + 8;
   a.out.stride[1] = 16 * 512 + 64;
   a.lse = make_tensor(fake_ptr(10), DType::kFloat32, {2, 16, 2}, {32, 1, 16});  // (b, s_q, h_q) storage
-  EXPECT_TRUE(detail::validate_dense_decode(p, a, &parts).is_ok());
+  EXPECT_TRUE(validate_dense(p, a, &parts).is_ok());
 }
 
 struct Mutation {
@@ -267,14 +291,16 @@ TEST(DecodeApi, DenseDecodeValidationErrors) {
     DenseDecodeArgs a = dense_args(p);
     m.apply(p, a);
     int parts = 0;
-    const Status st = detail::validate_dense_decode(p, a, &parts);
+    const Status st = validate_dense(p, a, &parts);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << m.what << ": " << st.message();
     EXPECT_NE(st.message().find(m.expect_in_message), std::string::npos)
         << m.what << ": message does not name " << m.expect_in_message << ": " << st.message();
-    // The public entry point fails the same way (and launches nothing).
+    // The public entry points fail the same way (and launch nothing): the compatibility form, and the family
+    // struct for every field it has.
     const Status pub = dense_decode(p, a, nullptr);
     EXPECT_EQ(pub.code(), StatusCode::kInvalidArgument) << m.what;
     EXPECT_EQ(pub.message(), st.message()) << m.what;
+    if (!p.sparse) EXPECT_EQ(dense_decode(p.as_dense(), a, nullptr).message(), st.message()) << m.what;
   }
 }
 
@@ -282,14 +308,14 @@ TEST(DecodeApi, PlanValidation) {
   const DecodeProblem p = dense_problem();
   const DenseDecodeArgs a = dense_args(p);
   int parts = 0;
-  Status st = detail::validate_plan_decode(p, a.cache_seqlens, {}, {}, a.schedule, &parts);
+  Status st = validate_plan(p, a.cache_seqlens, {}, {}, a.schedule, &parts);
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_EQ(parts, 132);
 
   const auto expect_error = [&](const DecodeProblem& pp, const TensorRef& seqlens, const TensorRef& topk_len,
                                 const TensorRef& extra_len, const DecodeSchedule& sched, const char* needle) {
     int n = 0;
-    const Status s = detail::validate_plan_decode(pp, seqlens, topk_len, extra_len, sched, &n);
+    const Status s = validate_plan(pp, seqlens, topk_len, extra_len, sched, &n);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << needle << ": " << s.message();
     EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
     const Status pub = plan_decode(pp, seqlens, topk_len, extra_len, sched, nullptr);
@@ -330,10 +356,10 @@ TEST(DecodeApi, PlanValidation) {
   DecodeSchedule ssched = a.schedule;
   ssched.metadata.shape[0] = 33;  // 132 / 2 / 2
   ssched.merge_counters.shape[0] = 2 * 2 * 2;  // (request, query position, 64-head tile)
-  st = detail::validate_plan_decode(sp, {}, {}, {}, ssched, &parts);
+  st = validate_plan(sp, {}, {}, {}, ssched, &parts);
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_EQ(parts, 33);
-  st = detail::validate_plan_decode(sp, {}, a.cache_seqlens, {}, ssched, &parts);
+  st = validate_plan(sp, {}, a.cache_seqlens, {}, ssched, &parts);
   EXPECT_TRUE(st.is_ok()) << st.message();
   expect_error(sp, {}, a.cache_seqlens, a.cache_seqlens, ssched, "extra_topk_length");
   TensorRef bad_len = a.cache_seqlens;
@@ -398,13 +424,13 @@ void add_sparse_options(DecodeProblem& p, SparseDecodeArgs& a) {
 TEST(DecodeApi, ValidSparseCallsPassValidation) {
   int parts = 0;
   DecodeProblem p = sparse_problem();
-  Status st = detail::validate_sparse_decode(p, sparse_args(p), &parts);
+  Status st = validate_sparse(p, sparse_args(p), &parts);
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_EQ(parts, 33);
   // Every optional input, with the V3.2 layout too (FlashMLA's Hopper kernel allows them only with MODEL1).
   SparseDecodeArgs a = sparse_args(p);
   add_sparse_options(p, a);
-  st = detail::validate_sparse_decode(p, a, &parts);
+  st = validate_sparse(p, a, &parts);
   EXPECT_TRUE(st.is_ok()) << st.message();
   // MODEL1, int8 bytes, small head counts (64-head tiles padded), a page of 1 token, s_q = 3.
   for (int64_t h_q : {8, 16, 32, 64, 100}) {
@@ -419,7 +445,7 @@ TEST(DecodeApi, ValidSparseCallsPassValidation) {
     const int64_t want_parts = std::max<int64_t>(132 / 3 / ((h_q + 63) / 64), 1);
     ma.schedule.metadata.shape[0] = want_parts;
     ma.split.partial_o.shape[0] = ma.split.partial_lse.shape[0] = (m.batch + want_parts) * m.s_q * m.h_q;
-    st = detail::validate_sparse_decode(m, ma, &parts);
+    st = validate_sparse(m, ma, &parts);
     EXPECT_TRUE(st.is_ok()) << "h_q " << h_q << ": " << st.message();
     EXPECT_EQ(parts, want_parts);
   }
@@ -500,14 +526,150 @@ TEST(DecodeApi, SparseDecodeValidationErrors) {
     SparseDecodeArgs a = sparse_args(p);
     m.apply(p, a);
     int parts = 0;
-    const Status st = detail::validate_sparse_decode(p, a, &parts);
+    const Status st = validate_sparse(p, a, &parts);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << m.what << ": " << st.message();
     EXPECT_NE(st.message().find(m.expect_in_message), std::string::npos)
         << m.what << ": message does not name " << m.expect_in_message << ": " << st.message();
     const Status pub = sparse_decode(p, a, nullptr);
     EXPECT_EQ(pub.code(), StatusCode::kInvalidArgument) << m.what;
     EXPECT_EQ(pub.message(), st.message()) << m.what;
+    // The family struct has no sparse / h_kv / causal fields: those mutations are compatibility-form errors only.
+    if (p.sparse && p.h_kv == 1 && !p.causal)
+      EXPECT_EQ(sparse_decode(p.as_sparse(), a, nullptr).message(), st.message()) << m.what;
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Family structs and the compatibility form
+// ---------------------------------------------------------------------------------------------------------
+TEST(DecodeApi, CompatibilityFormConvertsFieldForField) {
+  DecodeProblem p = sparse_problem();
+  p.extra_topk = 70;
+  p.extra_page_block_size = 53;
+  const SparseDecodeProblem s = p.as_sparse();
+  EXPECT_EQ(s.batch, p.batch);
+  EXPECT_EQ(s.s_q, p.s_q);
+  EXPECT_EQ(s.h_q, p.h_q);
+  EXPECT_EQ(s.d_qk, p.d_qk);
+  EXPECT_EQ(s.d_v, p.d_v);
+  EXPECT_EQ(s.page_block_size, p.page_block_size);
+  EXPECT_EQ(s.cache_format, p.cache_format);
+  EXPECT_EQ(s.topk, p.topk);
+  EXPECT_EQ(s.extra_topk, 70);
+  EXPECT_EQ(s.extra_page_block_size, 53);
+  EXPECT_EQ(s.num_sms, p.num_sms);
+  const DecodeProblem q = dense_problem();
+  const DenseDecodeProblem d = q.as_dense();
+  EXPECT_EQ(d.batch, q.batch);
+  EXPECT_EQ(d.s_q, q.s_q);
+  EXPECT_EQ(d.h_q, q.h_q);
+  EXPECT_EQ(d.h_kv, q.h_kv);
+  EXPECT_EQ(d.d_qk, q.d_qk);
+  EXPECT_EQ(d.d_v, q.d_v);
+  EXPECT_EQ(d.page_block_size, q.page_block_size);
+  EXPECT_EQ(d.cache_format, q.cache_format);
+  EXPECT_EQ(d.causal, q.causal);
+  EXPECT_EQ(d.num_sms, q.num_sms);
+}
+
+TEST(DecodeApi, FamilyStructsSizeTheWorkspaceAsTheCompatibilityForm) {
+  for (const DecodeProblem& p : {dense_problem(), sparse_problem()}) {
+    DecodeWorkspaceSizes compat, family;
+    ASSERT_TRUE(get_decode_workspace_sizes(p, &compat).is_ok());
+    const Status st = p.sparse ? get_decode_workspace_sizes(p.as_sparse(), &family)
+                               : get_decode_workspace_sizes(p.as_dense(), &family);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_EQ(family.num_sm_parts, compat.num_sm_parts);
+    EXPECT_EQ(family.metadata_ints, compat.metadata_ints);
+    EXPECT_EQ(family.num_splits_ints, compat.num_splits_ints);
+    EXPECT_EQ(family.partial_rows, compat.partial_rows);
+    EXPECT_EQ(family.partial_o_bytes, compat.partial_o_bytes);
+    EXPECT_EQ(family.partial_lse_bytes, compat.partial_lse_bytes);
+    EXPECT_EQ(family.merge_counter_ints, compat.merge_counter_ints);
+  }
+  DecodeWorkspaceSizes s;
+  EXPECT_NE(get_decode_workspace_sizes(DenseDecodeProblem{.batch = 0, .h_q = 16}, &s).message().find("problem.batch"),
+            std::string::npos);
+  EXPECT_NE(get_decode_workspace_sizes(SparseDecodeProblem{.batch = 1, .h_q = 16, .num_sms = kSms}, &s)
+                .message()
+                .find("problem.topk"),
+            std::string::npos);
+  EXPECT_NE(get_decode_workspace_sizes(SparseDecodeProblem{.batch = 1, .h_q = 16, .topk = 8}, nullptr)
+                .message()
+                .find("'sizes'"),
+            std::string::npos);
+}
+
+// The compatibility form keeps the rules it had: sizing and planning a sparse problem accept any h_kv that divides
+// h_q and either causal flag (sparse_decode rejects them), and its geometry errors name problem.h_kv / h_q.
+TEST(DecodeApi, CompatibilityFormKeepsItsRules) {
+  DecodeProblem p = sparse_problem();
+  p.h_kv = 2;
+  p.causal = true;
+  DecodeWorkspaceSizes s;
+  EXPECT_TRUE(get_decode_workspace_sizes(p, &s).is_ok());
+  SparseDecodeArgs a = sparse_args(sparse_problem());
+  int parts = 0;
+  const Status plan = validate_plan(p, {}, {}, {}, a.schedule, &parts);
+  EXPECT_TRUE(plan.is_ok()) << plan.message();
+  EXPECT_NE(sparse_decode(p, a, nullptr).message().find("problem.h_kv"), std::string::npos);
+  p.h_kv = 1;
+  EXPECT_NE(sparse_decode(p, a, nullptr).message().find("problem.causal"), std::string::npos);
+  p = sparse_problem();
+  p.h_kv = 0;
+  EXPECT_NE(get_decode_workspace_sizes(p, &s).message().find("problem.h_kv"), std::string::npos);
+  p.h_kv = 3;
+  EXPECT_NE(get_decode_workspace_sizes(p, &s).message().find("problem.h_q"), std::string::npos);
+  // Planning follows `sparse`: a dense problem ignores the top-k lengths, a sparse one cache_seqlens.
+  const DecodeProblem d = dense_problem();
+  const DenseDecodeArgs da = dense_args(d);
+  TensorRef garbage = da.cache_seqlens;
+  garbage.dtype = DType::kFloat32;
+  EXPECT_TRUE(validate_plan(d, da.cache_seqlens, garbage, garbage, da.schedule, &parts).is_ok());
+  EXPECT_TRUE(validate_plan(sparse_problem(), garbage, {}, {}, a.schedule, &parts).is_ok());
+  // The family of a decode call must match.
+  EXPECT_NE(dense_decode(sparse_problem(), da, nullptr).message().find("problem.sparse"), std::string::npos);
+  EXPECT_NE(sparse_decode(dense_problem(), a, nullptr).message().find("problem.sparse"), std::string::npos);
+}
+
+TEST(DecodeApi, PlanWithFamilyStructs) {
+  const DecodeProblem d = dense_problem();
+  const DenseDecodeArgs da = dense_args(d);
+  int parts = 0;
+  ASSERT_TRUE(detail::validate_plan_decode(d.as_dense(), da.cache_seqlens, da.schedule, &parts).is_ok());
+  EXPECT_EQ(parts, 132);
+  EXPECT_NE(plan_decode(d.as_dense(), TensorRef{}, da.schedule, nullptr).message().find("'cache_seqlens'"),
+            std::string::npos);
+  DecodeSchedule sched = da.schedule;
+  sched.metadata.shape[0] = 66;
+  EXPECT_NE(plan_decode(d.as_dense(), da.cache_seqlens, sched, nullptr).message().find("schedule.metadata"),
+            std::string::npos);
+
+  const SparseDecodeProblem sp = sparse_problem().as_sparse();
+  const SparseDecodeArgs sa = sparse_args(sparse_problem());
+  ASSERT_TRUE(detail::validate_plan_decode(sp, {}, {}, sa.schedule, &parts).is_ok());
+  EXPECT_EQ(parts, 33);
+  TensorRef lengths = make_tensor(fake_ptr(11), DType::kInt32, {sp.batch});
+  EXPECT_TRUE(detail::validate_plan_decode(sp, lengths, {}, sa.schedule, &parts).is_ok());
+  EXPECT_NE(plan_decode(sp, lengths, lengths, sa.schedule, nullptr).message().find("extra_topk_length"),
+            std::string::npos);
+  lengths.shape[0] = 7;
+  EXPECT_NE(plan_decode(sp, lengths, {}, sa.schedule, nullptr).message().find("'topk_length'"), std::string::npos);
+}
+
+// The test entry point with options validates exactly as the production one.
+TEST(DecodeApi, DenseDecodeWithOptionsValidatesTheSame) {
+  DecodeProblem p = dense_problem();
+  DenseDecodeArgs a = dense_args(p);
+  a.q.shape[2] = 8;
+  const testing::DenseDecodeOptions options{.merge_publish_always = true};
+  const Status want = dense_decode(p.as_dense(), a, nullptr);
+  EXPECT_EQ(want.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(testing::dense_decode(p.as_dense(), a, options, nullptr).message(), want.message());
+  EXPECT_EQ(testing::dense_decode(p, a, options, nullptr).message(), want.message());
+  p.sparse = true;
+  p.topk = 64;
+  EXPECT_NE(testing::dense_decode(p, a, options, nullptr).message().find("problem.sparse"), std::string::npos);
 }
 
 }  // namespace

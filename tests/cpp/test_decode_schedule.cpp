@@ -1,7 +1,7 @@
-// Decode schedule: the partition-count heuristics, per-request work sizes, the CPU twin of the GPU
-// scheduler (exact records on hand-derived cases, invariants on adversarial length lists), the GPU
-// algorithm's request-major walk run on the CPU against the twin, and the GPU kernel against the twin
-// (skipped without a Hopper GPU).
+// Decode schedule: the partition-count heuristics, per-request work sizes, the test oracle of the GPU scheduler
+// (decode_schedule_oracle.h: exact records on hand-derived cases, invariants on adversarial length lists), the
+// production host run of the GPU's own request-major walk (heuristics::walk_decode_schedule) against the oracle,
+// and the GPU kernel against the oracle (skipped without a Hopper GPU).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "decode_schedule_oracle.h"
+#include "heuristics/decode_launch.h"
 #include "heuristics/decode_schedule.h"
 #include "kernels/decode_scheduler/launch.h"
 #include "kernels/decode_scheduler/partition_walk.h"
@@ -47,7 +49,7 @@ void expect_records(const std::vector<DecodeScheduleRecord>& got, const std::vec
 // ---- Heuristics ------------------------------------------------------------------------------------------
 
 TEST(DecodeScheduleHeuristics, DenseNumSmParts) {
-  // facts §3.1: 132 SMs, h_q = 128, h_kv = 1.
+  // docs/decode-schedule.md section 1: 132 SMs, h_q = 128, h_kv = 1.
   EXPECT_EQ(heuristics::dense_num_sm_parts(1, 128, 1, 132), 66);
   EXPECT_EQ(heuristics::dense_num_sm_parts(2, 128, 1, 132), 33);
   EXPECT_EQ(heuristics::dense_num_sm_parts(1, 16, 1, 132), 132);
@@ -63,14 +65,9 @@ TEST(DecodeScheduleHeuristics, SparseNumSmParts) {
   EXPECT_EQ(heuristics::sparse_num_sm_parts(1, 64, 132), 132);
   EXPECT_EQ(heuristics::sparse_num_sm_parts(1, 128, 132), 66);
   EXPECT_EQ(heuristics::sparse_num_sm_parts(300, 128, 132), 1);
-  DecodeProblem p;
-  p.sparse = true;
-  p.s_q = 2;
-  p.h_q = 128;
-  EXPECT_EQ(heuristics::decode_num_sm_parts(p, 132), 33);
-  p.sparse = false;
-  p.s_q = 1;
-  EXPECT_EQ(heuristics::decode_num_sm_parts(p, 132), 66);
+  EXPECT_EQ(heuristics::decode_num_sm_parts(SparseDecodeProblem{.batch = 4, .s_q = 2, .h_q = 128}, 132), 33);
+  EXPECT_EQ(heuristics::decode_num_sm_parts(DenseDecodeProblem{.batch = 4, .s_q = 1, .h_q = 128}, 132), 66);
+  EXPECT_EQ(heuristics::decode_num_sm_parts(DenseDecodeProblem{.batch = 4, .s_q = 1, .h_q = 64, .h_kv = 8}, 132), 16);
 }
 
 TEST(DecodeScheduleHeuristics, DenseRequestBlocks) {
@@ -122,12 +119,12 @@ TEST(DecodeScheduleHeuristics, SparseCrossoverChoice) {
   EXPECT_FALSE(heuristics::sparse_use_crossover(3, 100));  // odd tile count: never
 }
 
-// ---- The CPU twin on hand-derived cases -------------------------------------------------------------------
+// ---- The oracle on hand-derived cases -------------------------------------------------------------------
 
-// facts §3.3 worked example: 8 partitions, seqlens [4096, 0, 100, 8192] -> blocks [64, 1, 2, 128],
+// docs/decode-schedule.md worked example: 8 partitions, seqlens [4096, 0, 100, 8192] -> blocks [64, 1, 2, 128],
 // total 215, payload ceil(215 / 8) + 5 = 32, i.e. 27 blocks of a long request per partition.
-TEST(DecodeScheduleTwin, WorkedExample) {
-  const DecodeScheduleHost s = heuristics::build_dense_decode_schedule({4096, 0, 100, 8192}, 8);
+TEST(DecodeScheduleOracle, WorkedExample) {
+  const DecodeScheduleHost s = oracle::build_dense_decode_schedule({4096, 0, 100, 8192}, 8);
   EXPECT_TRUE(s.all_assigned);
   EXPECT_EQ(heuristics::decode_payload(heuristics::decode_total_work({64, 1, 2, 128}), 8), 32);
   expect_records(s.records, {
@@ -143,10 +140,10 @@ TEST(DecodeScheduleTwin, WorkedExample) {
   EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 3, 4, 5, 10}));
 }
 
-TEST(DecodeScheduleTwin, SmallRequestsShareOnePartitionAndIdleTail) {
+TEST(DecodeScheduleOracle, SmallRequestsShareOnePartitionAndIdleTail) {
   // blocks [1, 2, 1], total 19, 4 parts: payload ceil(19/4) + 5 = 10.
   // p0: req 0 (6) -> budget 4 < 7: stop. p1: req 1 (7) -> 3: stop. p2: req 2 (6). p3 idle.
-  const DecodeScheduleHost s = heuristics::build_dense_decode_schedule({10, 100, 0}, 4);
+  const DecodeScheduleHost s = oracle::build_dense_decode_schedule({10, 100, 0}, 4);
   expect_records(s.records, {
                                 rec(0, 0, 0, 1, 0, 0, 0),
                                 rec(1, 1, 0, 2, 0, 0, 0),
@@ -156,32 +153,32 @@ TEST(DecodeScheduleTwin, SmallRequestsShareOnePartitionAndIdleTail) {
   EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 1, 2, 3}));
 }
 
-TEST(DecodeScheduleTwin, OnePartitionTakesEverything) {
-  const DecodeScheduleHost s = heuristics::build_dense_decode_schedule({64, 65, 1000}, 1);
+TEST(DecodeScheduleOracle, OnePartitionTakesEverything) {
+  const DecodeScheduleHost s = oracle::build_dense_decode_schedule({64, 65, 1000}, 1);
   expect_records(s.records, {rec(0, 2, 0, 16, 0, 0, 0)});
   EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 1, 2, 3}));
 }
 
-TEST(DecodeScheduleTwin, MidRequestStartAndEndFlags) {
+TEST(DecodeScheduleOracle, MidRequestStartAndEndFlags) {
   // blocks [10, 10], 2 parts: total 30, payload 20. p0: req 0 whole (15) -> budget 5: stop before req 1?
   // 5 - 5 = 0: yes, stop. p1: req 1 whole. Then with 3 parts: payload 15: p0 req 0 (15) exactly.
-  DecodeScheduleHost s = heuristics::build_dense_decode_schedule({640, 640}, 2);
+  DecodeScheduleHost s = oracle::build_dense_decode_schedule({640, 640}, 2);
   expect_records(s.records, {rec(0, 0, 0, 10, 0, 0, 0), rec(1, 1, 0, 10, 0, 0, 0)});
   // blocks [20, 20], 3 parts: total 50, payload 22. p0: req 0 takes 17 (split). p1: rest of req 0 (3+5=8)
   // then 14 left: req 1 takes 9 (split). p2: rest of req 1 (11 + 5 = 16).
-  s = heuristics::build_dense_decode_schedule({1280, 1280}, 3);
+  s = oracle::build_dense_decode_schedule({1280, 1280}, 3);
   expect_records(s.records, {rec(0, 0, 0, 17, 0, 1, 1), rec(0, 1, 17, 9, 1, 1, 1), rec(1, 1, 9, 20, 1, 1, 1)});
   EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 2, 4}));
 }
 
-TEST(DecodeScheduleTwin, FailureEncoding) {
+TEST(DecodeScheduleOracle, FailureEncoding) {
   // A payload that cannot hold one block (override) must be reported, not half-written.
-  const DecodeScheduleHost s = heuristics::build_decode_schedule({3, 4}, {}, 2, /*payload_override=*/5);
+  const DecodeScheduleHost s = oracle::build_decode_schedule({3, 4}, {}, 2, /*payload_override=*/5);
   EXPECT_FALSE(s.all_assigned);
   expect_records(s.records, {rec(2, 1, 0, 0, 0, 0, 0), rec(2, 1, 0, 0, 0, 0, 0)});
   EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 0, heuristics::kDecodeScheduleFailed}));
   // Progress but not enough partitions.
-  const DecodeScheduleHost t = heuristics::build_decode_schedule({30, 30}, {}, 2, /*payload_override=*/10);
+  const DecodeScheduleHost t = oracle::build_decode_schedule({30, 30}, {}, 2, /*payload_override=*/10);
   EXPECT_FALSE(t.all_assigned);
   EXPECT_EQ(t.num_splits.back(), heuristics::kDecodeScheduleFailed);
 }
@@ -258,32 +255,13 @@ void check_invariants(const DecodeScheduleHost& s, const std::vector<int32_t>& b
   }
 }
 
-// Runs the GPU kernel's request-major walk (partition_walk.h) on the CPU.
+// The GPU kernel's request-major walk (partition_walk.h) as production runs it on the host.
 DecodeScheduleHost run_walk(const std::vector<int32_t>& blocks, const std::vector<bool>& empty, int parts,
                             int64_t payload_override = 0) {
-  const int32_t batch = static_cast<int32_t>(blocks.size());
-  DecodeScheduleHost out;
-  out.records.assign(parts, DecodeScheduleRecord{-7, -7, -7, -7, -7, -7, -7, -7});
-  out.num_splits.assign(batch + 1, -7);
   const int64_t payload = payload_override > 0
                               ? payload_override
                               : heuristics::decode_payload(heuristics::decode_total_work(blocks), parts);
-  kernels::PartitionWalk walk;
-  walk.begin(batch, parts, payload, out.records.data(), out.num_splits.data());
-  for (int32_t i = 0; i < batch; ++i) {
-    if (!walk.add_request(i, blocks[i], !empty.empty() && empty[i])) {
-      out.all_assigned = false;
-      break;
-    }
-  }
-  if (out.all_assigned) {
-    walk.finish();
-  } else {  // the kernel's failure epilogue
-    for (auto& r : out.records) r = kernels::PartitionWalk::idle_record(batch);
-    std::fill(out.num_splits.begin(), out.num_splits.end(), 0);
-    out.num_splits[batch] = -1;
-  }
-  return out;
+  return heuristics::walk_decode_schedule(blocks, empty, parts, payload);
 }
 
 void expect_same_bytes(const DecodeScheduleHost& a, const DecodeScheduleHost& b, const std::string& what) {
@@ -296,7 +274,7 @@ void expect_same_bytes(const DecodeScheduleHost& a, const DecodeScheduleHost& b,
 }
 
 // Per-request work of dense cache_seqlens, from the heuristics' per-request rules (tested on their own
-// above): the inputs of the twin's greedy pass and of the GPU walk.
+// above): the inputs of the oracle's greedy pass and of the GPU walk.
 struct DenseWork {
   std::vector<int32_t> blocks;
   std::vector<bool> empty;
@@ -347,51 +325,52 @@ std::vector<SeqlenCase> adversarial_cases() {
 
 const int kPartCounts[] = {1, 2, 7, 33, 66, 132, 160};
 
-TEST(DecodeScheduleTwin, InvariantsOnAdversarialLists) {
+TEST(DecodeScheduleOracle, InvariantsOnAdversarialLists) {
   for (const auto& c : adversarial_cases()) {
     const auto [blocks, empty] = dense_work(c.seqlens);
     for (int parts : kPartCounts) {
       SCOPED_TRACE(c.name + " parts=" + std::to_string(parts));
-      const DecodeScheduleHost s = heuristics::build_dense_decode_schedule(c.seqlens, parts);
+      const DecodeScheduleHost s = oracle::build_dense_decode_schedule(c.seqlens, parts);
       check_invariants(s, blocks, empty, parts);
     }
   }
 }
 
-TEST(DecodeScheduleTwin, SparseInvariants) {
+TEST(DecodeScheduleOracle, SparseInvariants) {
   std::mt19937 rng(99);
   std::vector<int32_t> len(300), extra_len(300);
   for (auto& v : len) v = static_cast<int32_t>(rng() % 2200) - 50;  // some negative, some > topk
   for (auto& v : extra_len) v = static_cast<int32_t>(rng() % 600);
   for (int parts : kPartCounts) {
     SCOPED_TRACE("parts=" + std::to_string(parts));
-    const DecodeScheduleHost a = heuristics::build_sparse_decode_schedule(300, 2048, {}, 0, {}, parts);
+    const DecodeScheduleHost a = oracle::build_sparse_decode_schedule(300, 2048, {}, 0, {}, parts);
     check_invariants(a, std::vector<int32_t>(300, 32), {}, parts);
-    const DecodeScheduleHost b = heuristics::build_sparse_decode_schedule(300, 2048, len, 512, extra_len, parts);
+    const DecodeScheduleHost b = oracle::build_sparse_decode_schedule(300, 2048, len, 512, extra_len, parts);
     std::vector<int32_t> blocks;
     for (int i = 0; i < 300; ++i) blocks.push_back(heuristics::sparse_request_blocks(2048, &len[i], 512, &extra_len[i]));
     check_invariants(b, blocks, {}, parts);
   }
 }
 
-// The GPU kernel's walk (request-major) must give the twin's (partition-major) bytes.
-TEST(DecodeScheduleWalk, MatchesTwinOnAdversarialLists) {
+// The GPU kernel's walk (request-major), run on the host as production does, must give the oracle's
+// (partition-major) bytes.
+TEST(DecodeScheduleWalk, MatchesOracleOnAdversarialLists) {
   for (const auto& c : adversarial_cases()) {
     const auto [blocks, empty] = dense_work(c.seqlens);
     for (int parts : kPartCounts) {
-      expect_same_bytes(run_walk(blocks, empty, parts), heuristics::build_dense_decode_schedule(c.seqlens, parts),
+      expect_same_bytes(run_walk(blocks, empty, parts), oracle::build_dense_decode_schedule(c.seqlens, parts),
                         c.name + " parts=" + std::to_string(parts));
     }
   }
 }
 
-TEST(DecodeScheduleWalk, MatchesTwinOnFailure) {
-  expect_same_bytes(run_walk({3, 4}, {}, 2, 5), heuristics::build_decode_schedule({3, 4}, {}, 2, 5), "payload 5");
-  expect_same_bytes(run_walk({30, 30}, {}, 2, 10), heuristics::build_decode_schedule({30, 30}, {}, 2, 10),
+TEST(DecodeScheduleWalk, MatchesOracleOnFailure) {
+  expect_same_bytes(run_walk({3, 4}, {}, 2, 5), oracle::build_decode_schedule({3, 4}, {}, 2, 5), "payload 5");
+  expect_same_bytes(run_walk({30, 30}, {}, 2, 10), oracle::build_decode_schedule({30, 30}, {}, 2, 10),
                     "payload 10");
 }
 
-// ---- GPU scheduler vs the twin ----------------------------------------------------------------------------
+// ---- GPU scheduler vs the oracle ----------------------------------------------------------------------------
 
 class DecodeScheduleGpu : public ::testing::Test {
  protected:
@@ -455,17 +434,17 @@ class DecodeScheduleGpu : public ::testing::Test {
   }
 };
 
-TEST_F(DecodeScheduleGpu, DenseMatchesTwin) {
+TEST_F(DecodeScheduleGpu, DenseMatchesOracle) {
   for (const auto& c : adversarial_cases()) {
     for (int parts : kPartCounts) {
       expect_same_bytes(run_gpu(c.seqlens, parts, false, 0, {}, 0, {}),
-                        heuristics::build_dense_decode_schedule(c.seqlens, parts),
+                        oracle::build_dense_decode_schedule(c.seqlens, parts),
                         c.name + " parts=" + std::to_string(parts));
     }
   }
 }
 
-TEST_F(DecodeScheduleGpu, SparseMatchesTwin) {
+TEST_F(DecodeScheduleGpu, SparseMatchesOracle) {
   std::mt19937 rng(7);
   std::vector<int32_t> len(700), extra_len(700);
   for (auto& v : len) v = static_cast<int32_t>(rng() % 2200) - 50;
@@ -474,11 +453,11 @@ TEST_F(DecodeScheduleGpu, SparseMatchesTwin) {
     const std::string tag = " parts=" + std::to_string(parts);
     // topk only (no lengths: batch from a dummy length list of the right size).
     expect_same_bytes(run_gpu(std::vector<int32_t>(700, 0), parts, true, 2048, {}, 0, {}),
-                      heuristics::build_sparse_decode_schedule(700, 2048, {}, 0, {}, parts), "topk" + tag);
+                      oracle::build_sparse_decode_schedule(700, 2048, {}, 0, {}, parts), "topk" + tag);
     expect_same_bytes(run_gpu({}, parts, true, 2048, len, 0, {}),
-                      heuristics::build_sparse_decode_schedule(700, 2048, len, 0, {}, parts), "topk_length" + tag);
+                      oracle::build_sparse_decode_schedule(700, 2048, len, 0, {}, parts), "topk_length" + tag);
     expect_same_bytes(run_gpu({}, parts, true, 512, len, 512, extra_len),
-                      heuristics::build_sparse_decode_schedule(700, 512, len, 512, extra_len, parts), "extra" + tag);
+                      oracle::build_sparse_decode_schedule(700, 512, len, 512, extra_len, parts), "extra" + tag);
   }
 }
 
@@ -486,7 +465,7 @@ TEST_F(DecodeScheduleGpu, FailureIsFlaggedOnDevice) {
   const std::vector<int32_t> seqlens = {300, 4000, 0, 70};
   const auto [blocks, empty] = dense_work(seqlens);
   const DecodeScheduleHost gpu = run_gpu(seqlens, 3, false, 0, {}, 0, {}, /*payload_override=*/8);
-  const DecodeScheduleHost cpu = heuristics::build_decode_schedule(blocks, empty, 3, 8);
+  const DecodeScheduleHost cpu = oracle::build_decode_schedule(blocks, empty, 3, 8);
   EXPECT_FALSE(cpu.all_assigned);
   expect_same_bytes(gpu, cpu, "failure");
   EXPECT_EQ(gpu.num_splits.back(), heuristics::kDecodeScheduleFailed);
@@ -498,15 +477,15 @@ TEST_F(DecodeScheduleGpu, FailureIsFlaggedOnDevice) {
 namespace openmla {
 namespace {
 
-// Uniform lengths at small batch: the twin's records, which the host passes packed in the sparse kernel's
-// parameters, survive the packing exactly.
-TEST(DecodeScheduleTwin, UniformRecordsPackExactly) {
+// Uniform lengths at small batch: the records, which the host passes packed in the sparse kernel's parameters,
+// survive the packing exactly.
+TEST(DecodeScheduleOracle, UniformRecordsPackExactly) {
   for (int32_t batch : {1, 2, 3, 5, 8, 16}) {
     for (int32_t blocks : {1, 2, 3, 5, 32, 33, 100, 256}) {
       for (int parts : {1, 2, 5, 22, 33, 66, 132, 160}) {
         const std::vector<int32_t> n(static_cast<size_t>(batch), blocks);
         const heuristics::DecodeScheduleHost host =
-            heuristics::build_decode_schedule(n, std::vector<bool>(n.size(), false), parts);
+            oracle::build_decode_schedule(n, std::vector<bool>(n.size(), false), parts);
         ASSERT_TRUE(host.all_assigned);
         for (int part = 0; part < parts; ++part) {
           const kernels::DecodeScheduleRecord& want = host.records[part];
@@ -521,7 +500,7 @@ TEST(DecodeScheduleTwin, UniformRecordsPackExactly) {
 }
 
 // Records that do not fit the 64-bit packing are refused (the kernel then reads the schedule); the limits pack.
-TEST(DecodeScheduleTwin, PackedRecordLimits) {
+TEST(DecodeScheduleOracle, PackedRecordLimits) {
   const kernels::DecodeScheduleRecord edge{31, 30, (1 << 22) - 1, (1 << 22) - 1, 255, 1, 1, 0};
   uint64_t v = 0;
   ASSERT_TRUE(kernels::pack_partition_record(edge, v));

@@ -14,8 +14,8 @@
 #include <limits>
 #include <vector>
 
-#include "api/decode_internal.h"
 #include "openmla/decode.h"
+#include "openmla/testing.h"
 
 namespace {
 
@@ -70,14 +70,15 @@ bool run_case(const Case& c) {
   const int64_t num_blocks = 8;  // 0 + 2 + 4 used, 2 spare (NaN)
   const DType dtype = c.fp16 ? DType::kFloat16 : DType::kBFloat16;
 
-  openmla::DecodeProblem problem;
-  problem.batch = kB;
-  problem.s_q = kSq;
-  problem.h_q = kHq;
-  problem.h_kv = h_kv;
-  problem.causal = c.causal;
-  problem.cache_format = c.fp16 ? openmla::KVCacheFormat::kFloat16 : openmla::KVCacheFormat::kBFloat16;
-  problem.num_sms = c.num_sms;
+  const openmla::DenseDecodeProblem problem{
+      .batch = kB,
+      .s_q = kSq,
+      .h_q = kHq,
+      .h_kv = h_kv,
+      .cache_format = c.fp16 ? openmla::KVCacheFormat::kFloat16 : openmla::KVCacheFormat::kBFloat16,
+      .causal = c.causal,
+      .num_sms = c.num_sms,
+  };
   openmla::DecodeWorkspaceSizes ws;
   if (!report(c.name, "get_decode_workspace_sizes", openmla::get_decode_workspace_sizes(problem, &ws))) return false;
 
@@ -136,12 +137,11 @@ bool run_case(const Case& c) {
 
   cudaStream_t stream = nullptr;
   if (ok) ok = cudaStreamCreate(&stream) == cudaSuccess;
-  if (ok) ok = report(c.name, "plan_decode", openmla::plan_decode(problem, args.cache_seqlens, {}, {}, args.schedule, stream));
-  openmla::detail::set_dense_merge_publish_always(c.publish_always);
-  if (ok) ok = report(c.name, "dense_decode", openmla::dense_decode(problem, args, stream));
+  if (ok) ok = report(c.name, "plan_decode", openmla::plan_decode(problem, args.cache_seqlens, args.schedule, stream));
+  const openmla::testing::DenseDecodeOptions options{.merge_publish_always = c.publish_always};
+  if (ok) ok = report(c.name, "dense_decode", openmla::testing::dense_decode(problem, args, options, stream));
   if (ok) {
     const cudaError_t err = cudaStreamSynchronize(stream);
-    openmla::detail::set_dense_merge_publish_always(false);
     if (err != cudaSuccess) {
       std::printf("dense_decode sanitize [%s]: kernels failed: %s\n", c.name, cudaGetErrorString(err));
       ok = false;

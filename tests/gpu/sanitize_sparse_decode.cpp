@@ -189,21 +189,19 @@ bool run_case(const Case& c) {
     ok = build_cache(extra_side, c.name, stream);
   }
 
-  openmla::DecodeProblem problem;
-  problem.batch = c.b;
-  problem.s_q = c.s_q;
-  problem.h_q = c.h_q;
-  problem.h_kv = 1;
-  problem.d_qk = d_qk;
-  problem.d_v = kDv;
-  problem.page_block_size = c.page;
-  problem.cache_format = c.format;
-  problem.causal = false;
-  problem.sparse = true;
-  problem.topk = c.topk;
-  problem.extra_topk = c.extra_topk;
-  problem.extra_page_block_size = extra ? c.extra_page : 0;
-  problem.num_sms = c.num_sms;
+  const openmla::SparseDecodeProblem problem{
+      .batch = c.b,
+      .s_q = c.s_q,
+      .h_q = c.h_q,
+      .d_qk = d_qk,
+      .d_v = kDv,
+      .page_block_size = c.page,
+      .cache_format = c.format,
+      .topk = c.topk,
+      .extra_topk = c.extra_topk,
+      .extra_page_block_size = extra ? c.extra_page : 0,
+      .num_sms = c.num_sms,
+  };
   openmla::DecodeWorkspaceSizes ws;
   if (ok) ok = report(c.name, "get_decode_workspace_sizes", openmla::get_decode_workspace_sizes(problem, &ws));
 
@@ -259,7 +257,7 @@ bool run_case(const Case& c) {
   }
   if (ok)
     ok = report(c.name, "plan_decode",
-                openmla::plan_decode(problem, {}, topk_length_t, extra_topk_length_t, args.schedule, stream));
+                openmla::plan_decode(problem, topk_length_t, extra_topk_length_t, args.schedule, stream));
   if (ok) ok = report(c.name, "sparse_decode", openmla::sparse_decode(problem, args, stream));
   if (ok) {
     const cudaError_t err = cudaStreamSynchronize(stream);

@@ -1,7 +1,9 @@
+// Combine launcher (launch.h): the one place the output type and the slice count become template arguments.
 #include "kernels/combine/kernel.cuh"
+#include "kernels/combine/launch.h"
 #include "kernels/combine/params.h"
 
-#include "api/validate.h"
+#include "common/cuda_check.h"
 
 namespace openmla::kernels {
 
@@ -29,16 +31,14 @@ Status launch_combine_typed(const CombineParams& params, cudaStream_t stream) {
 }
 
 template <typename Element>
-Status launch_combine_sliced(const CombineParams& params, cudaStream_t stream) {
-  const int64_t ctas = static_cast<int64_t>(params.batch) *
-                       ((static_cast<int64_t>(params.s_q) * params.h_q + kCombineWarps - 1) / kCombineWarps);
-  return ctas < kCombineSliceBelowCtas ? launch_combine_typed<Element, kCombineMaxSlices>(params, stream)
-                                       : launch_combine_typed<Element, 1>(params, stream);
+Status launch_combine_sliced(const CombineParams& params, int slices, cudaStream_t stream) {
+  return slices == kCombineMaxSlices ? launch_combine_typed<Element, kCombineMaxSlices>(params, stream)
+                                     : launch_combine_typed<Element, 1>(params, stream);
 }
 
 }  // namespace
 
-Status launch_combine(const CombineParams& params, cudaStream_t stream) {
+Status launch_combine(const CombineParams& params, int slices, cudaStream_t stream) {
   if (params.batch < 1 || params.s_q < 1 || params.h_q < 1 || params.h_kv < 1 || params.q_per_kv < 1 ||
       params.h_q != params.h_kv * params.q_per_kv)
     return Status::internal("combine: inconsistent geometry");
@@ -47,8 +47,9 @@ Status launch_combine(const CombineParams& params, cudaStream_t stream) {
   if (params.partial_o == nullptr || params.partial_lse == nullptr || params.num_splits == nullptr ||
       params.out == nullptr || params.lse == nullptr)
     return Status::internal("combine: a required pointer is null");
-  return params.is_fp16 ? launch_combine_sliced<__half>(params, stream)
-                        : launch_combine_sliced<__nv_bfloat16>(params, stream);
+  if (slices != 1 && slices != kCombineMaxSlices) return Status::internal("combine: slices must be 1 or kCombineMaxSlices");
+  return params.is_fp16 ? launch_combine_sliced<__half>(params, slices, stream)
+                        : launch_combine_sliced<__nv_bfloat16>(params, slices, stream);
 }
 
 }  // namespace openmla::kernels

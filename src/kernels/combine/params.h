@@ -9,11 +9,8 @@
 // (the main kernel wrote their final out/lse).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
-#include "openmla/status.h"
 
 namespace openmla::kernels {
 
@@ -45,14 +42,8 @@ inline constexpr int kMaxMergeChunks = 2;
 
 inline constexpr int kCombineWarps = 8;  // rows per CTA: one warp per (request, query row, column slice)
 inline constexpr int kCombineHeadDim = 512;
-// Grids of fewer than kCombineSliceBelowCtas CTAs (b * ceil(s_q * h_q / kCombineWarps)) split each row's
-// columns over kCombineMaxSlices CTAs (grid z) for more loads in flight; larger grids use one slice.
+// Each row's columns are split over 1 or kCombineMaxSlices CTAs (grid z): the launch plan's choice
+// (heuristics::combine_slices: small grids take more slices for more loads in flight).
 inline constexpr int kCombineMaxSlices = 4;
-inline constexpr int64_t kCombineSliceBelowCtas = 256;
-
-// Launches the combine kernel on `stream` with programmatic dependent launch: its prologue overlaps the
-// tail of the main kernel launched just before on the same stream, and it waits on the grid dependency
-// (griddepcontrol.wait) before reading partials. Grid (b, ceil(s_q * h_q / kCombineWarps), 1 or kCombineMaxSlices).
-Status launch_combine(const CombineParams& params, cudaStream_t stream);
 
 }  // namespace openmla::kernels

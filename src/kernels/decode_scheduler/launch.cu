@@ -1,7 +1,7 @@
 #include "kernels/decode_scheduler/kernel.cuh"
 #include "kernels/decode_scheduler/launch.h"
 
-#include "api/validate.h"
+#include "common/cuda_check.h"
 #include "openmla/decode.h"
 
 namespace openmla::kernels {

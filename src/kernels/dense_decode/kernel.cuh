@@ -38,7 +38,7 @@ struct Timeline {
     kBlocks = 7,         // (value, not a time) blocks of the request in this partition
   };
 };
-#if defined(OPENMLA_SPARSE_TRACE)
+#if defined(OPENMLA_HAS_TRACE)
 __device__ unsigned long long g_dense_timeline[Timeline::kCtas][Timeline::kRequests][Timeline::kEvents];
 __device__ __forceinline__ void dense_stamp(int k, int ev, long long value = -1) {
   const unsigned cta = ptx::linear_cta_id();

@@ -1,12 +1,9 @@
-// Parameters of the dense MLA decode main kernel. Plain data, built by api/decode.cpp.
+// Parameters of the dense MLA decode main kernel. Plain data, built by api/dense_decode.cpp.
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "kernels/decode_scheduler/schedule_record.h"
-#include "openmla/status.h"
 
 namespace openmla::kernels {
 
@@ -57,16 +54,24 @@ struct DenseDecodeParams {
   // them zero): requests of kMaxMergeChunks chunks are merged inside this kernel (docs/dense-decode.md). Null:
   // the combine kernel merges every split request.
   int* merge_counters;
-  bool merge_publish_always;  // testing only (api/decode_internal.h): never merge before publishing
+  bool merge_publish_always;  // testing only (openmla/testing.h, DenseDecodeOptions): never merge before publishing
 
-  // Set by the launcher, not by callers: true when Q tiles are loaded by TMA (each CTA's 64 rows are 64
-  // consecutive heads of one query position and q's address and strides suit a tensor map), false for 16-byte
-  // cp.async (perf-notes dense v17).
+  // The launch plan's choice (heuristics::plan_dense_decode_launch): true when Q tiles are loaded by TMA (each
+  // CTA's 64 rows are 64 consecutive heads of one query position and q's address and strides suit a tensor map),
+  // false for 16-byte cp.async (docs/dense-decode.md, decision dense-v17).
   bool q_tma = false;
 };
 
-// Launches the main kernel on `stream`, grid (num_m_blocks, h_kv, num_sm_parts). `k_cache_tma` is
-// built by the launcher. The combine kernel is launched separately (kernels/combine).
-Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream);
+// q's strides (elements) as its TMA tensor map sees them: a size-1 dimension is never stepped, so its stride
+// (free in PyTorch) is replaced by the packed one. Used by the launch plan (may Q go by TMA?) and the launcher
+// (the map itself), so both see the same values.
+struct DenseQMapStrides {
+  int64_t head, position, request;
+};
+inline DenseQMapStrides dense_q_map_strides(int64_t batch, int64_t s_q, int64_t h_q, int64_t stride_b, int64_t stride_s,
+                                            int64_t stride_h) {
+  const int64_t position = s_q > 1 ? stride_s : stride_h * h_q;
+  return DenseQMapStrides{stride_h, position, batch > 1 ? stride_b : position * s_q};
+}
 
 }  // namespace openmla::kernels

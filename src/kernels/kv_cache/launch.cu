@@ -3,7 +3,7 @@
 #include "kernels/kv_cache/kernel.cuh"
 #include "kernels/kv_cache/launch.h"
 
-#include "api/validate.h"
+#include "common/cuda_check.h"
 
 namespace openmla::kernels::kv_cache {
 

@@ -2,7 +2,7 @@
 #include "kernels/sparse_decode/dequant_probe.h"
 #include "kernels/sparse_decode/kernel.cuh"
 
-#include "api/validate.h"
+#include "common/cuda_check.h"
 
 namespace openmla::kernels {
 

@@ -58,7 +58,7 @@ struct Trace {
     kProdFirstSent = 11,  // first block: V_L half stored and sent
   };
 };
-#if defined(OPENMLA_SPARSE_TRACE)
+#if defined(OPENMLA_HAS_TRACE)
 __device__ unsigned long long g_sparse_trace[Trace::kCtas][Trace::kRoles][Trace::kIters][Trace::kEvents];
 __device__ unsigned long long g_sparse_timeline[Trace::kTimelineCtas][Trace::kTimelineEvents];
 __device__ __forceinline__ void trace_stamp(int role, uint32_t it, int ev) {

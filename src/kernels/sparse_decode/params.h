@@ -1,13 +1,10 @@
 // Parameters of the sparse FP8 MLA decode main kernel. Plain data, built by api/sparse_decode.cpp.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "kernels/decode_scheduler/schedule_record.h"
 #include "openmla/decode.h"
-#include "openmla/status.h"
 
 namespace openmla::kernels {
 
@@ -30,7 +27,7 @@ struct SparseDecodeParams {
   int num_head_blocks;  // ceil(h_q / 64): grid.x
   int num_sm_parts;     // records in `schedule`: grid.z
   bool is_model1;       // cache layout: MODEL1 (d_qk 512, 584 B/token) or V3.2 (d_qk 576, 656 B/token)
-  bool crossover;       // head blocks paired in 2-CTA clusters that share the dequantisation
+  bool crossover;       // head blocks paired in 2-CTA clusters that share the dequantisation (launch plan)
   float softmax_scale;
   float scale_log2;     // softmax_scale * log2(e)
 
@@ -57,15 +54,12 @@ struct SparseDecodeParams {
   const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
   const int32_t* num_splits;             // (b + 1,)
   // > 0 when every request has this many blocks (no topk_length / extra_topk_length) and the batch is small:
-  // the host then computes every partition's record (the scheduler's CPU twin) and passes it packed
-  // (pack_partition_record) in uniform_records, so the kernel's head reads its record from the
-  // parameters instead of a cold load of `schedule` (perf-notes sparse v20). 0: read `schedule`.
+  // the launch plan (heuristics::plan_sparse_decode_launch) then runs the scheduler's partition walk on the host
+  // and passes every partition's record packed (pack_partition_record) in uniform_records, so the kernel's head
+  // reads its record from the parameters instead of a cold load of `schedule` (docs/sparse-decode.md, decision
+  // sparse-v20). 0: read `schedule`.
   int uniform_blocks;
   uint64_t uniform_records[kMaxDecodeSmParts];
 };
-
-// Launches the main kernel on `stream`: grid (num_head_blocks, s_q, num_sm_parts), 384 threads, clusters
-// of 2 along x when `crossover`. The combine kernel is launched separately (kernels/combine).
-Status launch_sparse_decode(const SparseDecodeParams& params, cudaStream_t stream);
 
 }  // namespace openmla::kernels

@@ -1,0 +1,149 @@
+// Public decode API, planning (include/openmla/decode.h): workspace sizes and plan_decode for each family.
+// Validate -> build the scheduler's params -> launch; every check runs before the first CUDA call.
+#include <cstdint>
+
+#include "api/decode_common.h"
+#include "api/decode_internal.h"
+#include "api/validate.h"
+#include "heuristics/decode_schedule.h"
+#include "kernels/decode_scheduler/launch.h"
+#include "openmla/decode.h"
+
+namespace openmla {
+
+namespace detail {
+
+namespace {
+
+constexpr int64_t kMaxSparseSq = 65535;  // sparse main kernel grid.y limit
+
+template <typename Problem>
+Status workspace_sizes(const Problem& problem, DecodeWorkspaceSizes* sizes) {
+  if (sizes == nullptr) return Status::invalid_argument("argument 'sizes' must not be null");
+  OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
+  int num_sms = problem.num_sms;
+  if (num_sms == 0) {
+    int device = 0;
+    OPENMLA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "cudaGetDevice (problem.num_sms == 0)");
+    OPENMLA_RETURN_IF_ERROR(device_sm_count(device, &num_sms, "querying the SM count (problem.num_sms == 0)"));
+  }
+  DecodeWorkspaceSizes s;
+  s.num_sm_parts = heuristics::decode_num_sm_parts(problem, num_sms);
+  s.metadata_ints = static_cast<int64_t>(s.num_sm_parts) * kDecodeScheduleRecordInts;
+  s.num_splits_ints = problem.batch + 1;
+  s.partial_rows = (problem.batch + s.num_sm_parts) * problem.s_q * problem.h_q;
+  s.partial_o_bytes = static_cast<size_t>(s.partial_rows) * static_cast<size_t>(problem.d_v) * sizeof(float);
+  s.partial_lse_bytes = static_cast<size_t>(s.partial_rows) * sizeof(float);
+  s.merge_counter_ints = heuristics::decode_merge_counter_count(problem);
+  *sizes = s;
+  return Status::ok();
+}
+
+// The scheduler's params common to both families.
+kernels::DecodeSchedulerParams scheduler_params(int64_t batch, int num_sm_parts, const DecodeSchedule& schedule,
+                                                int64_t merge_counter_count) {
+  const bool counters = schedule.merge_counters.defined();
+  return kernels::DecodeSchedulerParams{
+      .batch = static_cast<int>(batch),
+      .num_sm_parts = num_sm_parts,
+      .sparse = false,
+      .cache_seqlens = nullptr,
+      .topk = 0,
+      .topk_length = nullptr,
+      .extra_topk = 0,
+      .extra_topk_length = nullptr,
+      .records = static_cast<kernels::DecodeScheduleRecord*>(schedule.metadata.data),
+      .num_splits = static_cast<int32_t*>(schedule.num_splits.data),
+      .merge_counters = counters ? static_cast<int32_t*>(schedule.merge_counters.data) : nullptr,
+      .merge_counter_count = counters ? merge_counter_count : 0,
+      .payload_override = 0,
+  };
+}
+
+}  // namespace
+
+Status validate_schedule_problem(const DenseDecodeProblem& p) { return check_decode_geometry(geometry_of(p)); }
+
+Status validate_schedule_problem(const SparseDecodeProblem& p) {
+  OPENMLA_RETURN_IF_ERROR(check_decode_geometry(geometry_of(p)));
+  if (p.topk <= 0 || p.topk > kInt32Max)
+    return invalid_field("topk", p.topk, "sparse decode needs 1 <= topk < 2^31 (any value)");
+  if (p.extra_topk < 0 || p.extra_topk > kInt32Max)
+    return invalid_field("extra_topk", p.extra_topk, "expected 0 (no extra cache) or a positive value");
+  if (p.s_q > kMaxSparseSq)
+    return invalid_field("s_q", p.s_q, "sparse decode supports s_q <= 65535 (a grid dimension)");
+  return Status::ok();
+}
+
+Status validate_plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens,
+                            const DecodeSchedule& schedule, int* num_sm_parts) {
+  OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
+  OPENMLA_RETURN_IF_ERROR(check_lengths(cache_seqlens, "cache_seqlens", problem.batch));
+  OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(schedule, problem.batch));
+  OPENMLA_RETURN_IF_ERROR(
+      check_same_device(schedule.metadata, "schedule.metadata", schedule.num_splits, "schedule.num_splits"));
+  OPENMLA_RETURN_IF_ERROR(check_merge_counters(schedule, heuristics::decode_merge_counter_count(problem)));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(schedule.metadata, "schedule.metadata", cache_seqlens, "cache_seqlens"));
+  OPENMLA_RETURN_IF_ERROR(resolve_num_sm_parts(problem, schedule.metadata.device_id, num_sm_parts));
+  return check_schedule_parts(schedule, *num_sm_parts);
+}
+
+Status validate_plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_length,
+                            const TensorRef& extra_topk_length, const DecodeSchedule& schedule, int* num_sm_parts) {
+  OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
+  if (topk_length.defined()) OPENMLA_RETURN_IF_ERROR(check_lengths(topk_length, "topk_length", problem.batch));
+  if (extra_topk_length.defined()) {
+    if (problem.extra_topk == 0)
+      return invalid("argument 'extra_topk_length' was given but problem.extra_topk is 0 (no extra cache)");
+    OPENMLA_RETURN_IF_ERROR(check_lengths(extra_topk_length, "extra_topk_length", problem.batch));
+  }
+  OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(schedule, problem.batch));
+  OPENMLA_RETURN_IF_ERROR(
+      check_same_device(schedule.metadata, "schedule.metadata", schedule.num_splits, "schedule.num_splits"));
+  OPENMLA_RETURN_IF_ERROR(check_merge_counters(schedule, heuristics::decode_merge_counter_count(problem)));
+  OPENMLA_RETURN_IF_ERROR(check_same_device_all(schedule.metadata, "schedule.metadata",
+                                                {{&topk_length, "topk_length"},
+                                                 {&extra_topk_length, "extra_topk_length"}}));
+  OPENMLA_RETURN_IF_ERROR(resolve_num_sm_parts(problem, schedule.metadata.device_id, num_sm_parts));
+  return check_schedule_parts(schedule, *num_sm_parts);
+}
+
+}  // namespace detail
+
+Status get_decode_workspace_sizes(const DenseDecodeProblem& problem, DecodeWorkspaceSizes* sizes) {
+  return detail::workspace_sizes(problem, sizes);
+}
+
+Status get_decode_workspace_sizes(const SparseDecodeProblem& problem, DecodeWorkspaceSizes* sizes) {
+  return detail::workspace_sizes(problem, sizes);
+}
+
+Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens, const DecodeSchedule& schedule,
+                   cudaStream_t stream) {
+  int num_sm_parts = 0;
+  OPENMLA_RETURN_IF_ERROR(detail::validate_plan_decode(problem, cache_seqlens, schedule, &num_sm_parts));
+  OPENMLA_RETURN_IF_ERROR(detail::check_current_device(schedule.metadata.device_id, "schedule.metadata"));
+  kernels::DecodeSchedulerParams params = detail::scheduler_params(
+      problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
+  params.cache_seqlens = static_cast<const int32_t*>(cache_seqlens.data);
+  return kernels::launch_decode_scheduler(params, stream);
+}
+
+Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_length, const TensorRef& extra_topk_length,
+                   const DecodeSchedule& schedule, cudaStream_t stream) {
+  int num_sm_parts = 0;
+  OPENMLA_RETURN_IF_ERROR(
+      detail::validate_plan_decode(problem, topk_length, extra_topk_length, schedule, &num_sm_parts));
+  OPENMLA_RETURN_IF_ERROR(detail::check_current_device(schedule.metadata.device_id, "schedule.metadata"));
+  kernels::DecodeSchedulerParams params = detail::scheduler_params(
+      problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
+  params.sparse = true;
+  params.topk = static_cast<int>(problem.topk);
+  params.topk_length = topk_length.defined() ? static_cast<const int32_t*>(topk_length.data) : nullptr;
+  params.extra_topk = static_cast<int>(problem.extra_topk);
+  params.extra_topk_length =
+      extra_topk_length.defined() ? static_cast<const int32_t*>(extra_topk_length.data) : nullptr;
+  return kernels::launch_decode_scheduler(params, stream);
+}
+
+}  // namespace openmla

@@ -1,0 +1,180 @@
+// Public dense decode API (include/openmla/decode.h): validate -> launch plan -> build params -> launch the main
+// kernel and the combine. Every check runs before the first CUDA call.
+#include <cstdint>
+#include <string>
+
+#include "api/decode_common.h"
+#include "api/decode_internal.h"
+#include "api/validate.h"
+#include "heuristics/decode_launch.h"
+#include "heuristics/decode_schedule.h"
+#include "kernels/combine/launch.h"
+#include "kernels/dense_decode/launch.h"
+#include "openmla/decode.h"
+#include "openmla/testing.h"
+
+namespace openmla {
+
+namespace detail {
+
+namespace {
+constexpr int64_t kDenseHeadDimQK = 576;
+constexpr int64_t kDensePageSize = 64;
+}  // namespace
+
+Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args, int* num_sm_parts) {
+  // ---- The problem ---------------------------------------------------------------------------------
+  OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
+  if (problem.d_qk != kDenseHeadDimQK)
+    return invalid_field("d_qk", problem.d_qk, "dense decode supports only d_qk = 576 (512 NoPE + 64 RoPE)");
+  if (problem.page_block_size != kDensePageSize)
+    return invalid_field("page_block_size", problem.page_block_size,
+                         "dense decode supports only page_block_size = 64 for now");
+  if (problem.cache_format != KVCacheFormat::kBFloat16 && problem.cache_format != KVCacheFormat::kFloat16)
+    return invalid(std::string("argument 'problem.cache_format' is ") + kv_cache_format_name(problem.cache_format) +
+                   "; dense decode needs a bf16 or fp16 cache (FP8 caches are sparse-decode only)");
+  const DecodeGeometry g = geometry_of(problem);
+  const int64_t b = problem.batch, s_q = problem.s_q, h_q = problem.h_q, h_kv = problem.h_kv;
+
+  // ---- q ---------------------------------------------------------------------------------------------
+  const TensorRef& q = args.q;
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(q, "q", {DType::kBFloat16, DType::kFloat16}, 4));
+  const DType expected_dtype = problem.cache_format == KVCacheFormat::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
+  if (q.dtype != expected_dtype)
+    return invalid(std::string("argument 'q' has dtype ") + dtype_name(q.dtype) + " but problem.cache_format is " +
+                   kv_cache_format_name(problem.cache_format) + "; q and the cache must share one dtype");
+  OPENMLA_RETURN_IF_ERROR(check_dim(q, "q", 0, b, "batch"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(q, "q", 1, s_q, "s_q"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(q, "q", 2, h_q, "h_q"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(q, "q", 3, kDenseHeadDimQK, "d_qk"));
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(q, "q"));
+  OPENMLA_RETURN_IF_ERROR(check_strides_multiple(q, "q", 8, "TMA needs 16-byte strides"));
+  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(q, "q", 16));
+  OPENMLA_RETURN_IF_ERROR(check_fits_int32(q, "q"));
+
+  // ---- k_cache -----------------------------------------------------------------------------------------
+  const TensorRef& k = args.k_cache;
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(k, "k_cache", {q.dtype}, 4));
+  if (k.shape[0] < 1) return invalid("argument 'k_cache' has no page blocks; shape " + shape_string(k));
+  if (k.shape[0] > kInt32Max) return invalid("argument 'k_cache' has more than 2^31 - 1 page blocks");
+  OPENMLA_RETURN_IF_ERROR(check_dim(k, "k_cache", 1, kDensePageSize, "page size; only 64 is supported for now"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(k, "k_cache", 2, h_kv, "h_kv"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(k, "k_cache", 3, kDenseHeadDimQK, "d_qk"));
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(k, "k_cache"));
+  OPENMLA_RETURN_IF_ERROR(check_strides_multiple(k, "k_cache", 8, "TMA needs 16-byte strides"));
+  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(k, "k_cache", 16));
+
+  // ---- block_table, cache_seqlens ----------------------------------------------------------------------
+  const TensorRef& bt = args.block_table;
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(bt, "block_table", {DType::kInt32}, 2));
+  OPENMLA_RETURN_IF_ERROR(check_dim(bt, "block_table", 0, b, "batch"));
+  if (bt.shape[1] < 1) return invalid("argument 'block_table' has no columns; shape " + shape_string(bt));
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(bt, "block_table"));
+  OPENMLA_RETURN_IF_ERROR(check_fits_int32(bt, "block_table"));
+  OPENMLA_RETURN_IF_ERROR(check_lengths(args.cache_seqlens, "cache_seqlens", b));
+
+  // ---- out, lse, schedule and split buffers (shapes not depending on num_sm_parts) ----------------------
+  OPENMLA_RETURN_IF_ERROR(check_decode_outputs(g, args.out, args.lse, q.dtype));
+  OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(args.schedule, b));
+  OPENMLA_RETURN_IF_ERROR(check_merge_counters(args.schedule, heuristics::decode_merge_counter_count(problem)));
+  OPENMLA_RETURN_IF_ERROR(check_split_buffers(args.split, problem.d_v));
+
+  // ---- one device -------------------------------------------------------------------------------------------
+  OPENMLA_RETURN_IF_ERROR(check_same_device_all(
+      q, "q",
+      {{&k, "k_cache"}, {&bt, "block_table"}, {&args.cache_seqlens, "cache_seqlens"}, {&args.out, "out"},
+       {&args.lse, "lse"}, {&args.schedule.metadata, "schedule.metadata"},
+       {&args.schedule.num_splits, "schedule.num_splits"}, {&args.split.partial_o, "split.partial_o"},
+       {&args.split.partial_lse, "split.partial_lse"}}));
+
+  OPENMLA_RETURN_IF_ERROR(check_softmax_scale(args.softmax_scale));
+
+  // ---- sizes depending on num_sm_parts (the only check that may query the device) ----------------------------
+  OPENMLA_RETURN_IF_ERROR(resolve_num_sm_parts(problem, q.device_id, num_sm_parts));
+  return check_partition_sizes(g, *num_sm_parts, args.schedule, args.split);
+}
+
+namespace {
+
+Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args,
+                        const testing::DenseDecodeOptions& options, cudaStream_t stream) {
+  int num_sm_parts = 0;
+  OPENMLA_RETURN_IF_ERROR(validate_dense_decode(problem, args, &num_sm_parts));
+  OPENMLA_RETURN_IF_ERROR(check_current_device(args.q.device_id, "q"));
+
+  const heuristics::DenseDecodeLaunchPlan plan = heuristics::plan_dense_decode_launch(problem, args.q);
+  const int b = static_cast<int>(problem.batch), s_q = static_cast<int>(problem.s_q);
+  const int h_q = static_cast<int>(problem.h_q), h_kv = static_cast<int>(problem.h_kv);
+  const int q_per_kv = h_q / h_kv;
+  const int rows_per_kv_head = s_q * q_per_kv;
+  const SoftmaxScale scale = softmax_scale_of(args.softmax_scale, problem.d_qk);
+  const bool is_fp16 = args.q.dtype == DType::kFloat16;
+  const bool merge_counters = args.schedule.merge_counters.defined();
+
+  const kernels::DenseDecodeParams params{
+      .batch = b,
+      .s_q = s_q,
+      .h_q = h_q,
+      .h_kv = h_kv,
+      .q_per_kv = q_per_kv,
+      .rows_per_kv_head = rows_per_kv_head,
+      .num_m_blocks = (rows_per_kv_head + 63) / 64,
+      .num_sm_parts = num_sm_parts,
+      .causal = problem.causal && s_q > 1,  // one query token sees the whole cache either way
+      .is_fp16 = is_fp16,
+      .softmax_scale = scale.scale,
+      .scale_log2 = scale.scale_log2,
+      .q = args.q.data,
+      .q_stride_b = args.q.stride[0],
+      .q_stride_s = args.q.stride[1],
+      .q_stride_h = args.q.stride[2],
+      .k_cache = args.k_cache.data,
+      .k_stride_block = args.k_cache.stride[0],
+      .k_stride_row = args.k_cache.stride[1],
+      .k_stride_head = args.k_cache.stride[2],
+      .num_cache_blocks = args.k_cache.shape[0],
+      .block_table = static_cast<const int32_t*>(args.block_table.data),
+      .block_table_stride = args.block_table.stride[0],
+      .max_blocks_per_seq = static_cast<int>(args.block_table.shape[1]),
+      .cache_seqlens = static_cast<const int32_t*>(args.cache_seqlens.data),
+      .out = args.out.data,
+      .out_stride_b = args.out.stride[0],
+      .out_stride_s = args.out.stride[1],
+      .out_stride_h = args.out.stride[2],
+      .lse = static_cast<float*>(args.lse.data),
+      .lse_stride_b = args.lse.stride[0],
+      .lse_stride_h = args.lse.stride[1],
+      .lse_stride_s = args.lse.stride[2],
+      .partial_o = static_cast<float*>(args.split.partial_o.data),
+      .partial_lse = static_cast<float*>(args.split.partial_lse.data),
+      .schedule = static_cast<const kernels::DecodeScheduleRecord*>(args.schedule.metadata.data),
+      .num_splits = static_cast<const int32_t*>(args.schedule.num_splits.data),
+      .merge_counters = merge_counters ? static_cast<int*>(args.schedule.merge_counters.data) : nullptr,
+      .merge_publish_always = options.merge_publish_always,
+      .q_tma = plan.q_tma,
+  };
+  OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(params, stream));
+
+  // Always launched: which requests were split is only known on the device (num_splits), and a fixed
+  // launch sequence keeps the call graph-capturable. Unsplit requests exit in the prologue. With merge counters
+  // the main kernel already merged the requests of two chunks.
+  const kernels::CombineParams combine =
+      combine_params(geometry_of(problem), is_fp16, args.schedule, args.split, args.out, args.lse,
+                     /*attn_sink=*/nullptr, merge_counters ? kernels::kMaxMergeChunks : 1);
+  return kernels::launch_combine(combine, plan.combine_slices, stream);
+}
+
+}  // namespace
+
+}  // namespace detail
+
+Status dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args, cudaStream_t stream) {
+  return detail::run_dense_decode(problem, args, testing::DenseDecodeOptions{}, stream);
+}
+
+Status testing::dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args,
+                             const DenseDecodeOptions& options, cudaStream_t stream) {
+  return detail::run_dense_decode(problem, args, options, stream);
+}
+
+}  // namespace openmla

@@ -1,0 +1,84 @@
+// The launcher of one compiled variant of the dense decode main kernel (launch.h). Included only by the
+// instantiation units (instantiations/*.cu), one variant each, so the variants compile in parallel.
+#pragma once
+
+#include "common/cuda_check.h"
+#include "common/tensor_map.h"
+#include "kernels/dense_decode/kernel.cuh"
+#include "kernels/dense_decode/launch.h"
+#include "kernels/dense_decode/params.h"
+
+namespace openmla::kernels::dense_decode {
+
+template <bool kIsFp16>
+Status launch_variant(const DenseDecodeParams& p, cudaStream_t stream) {
+  // The cache as a 5-D tensor (64 columns, 64 rows of a page, 9 column tiles 128 B apart, kv heads, pages):
+  // one box is a group of 4 tiles (32 KB) for the V halves, or the single RoPE tile.
+  detail::TensorMapSpec spec{};
+  spec.dtype = kIsFp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  spec.rank = 5;
+  spec.dims[0] = Config::kTileCols;
+  spec.dims[1] = Config::kBlockN;
+  spec.dims[2] = Config::kNumTiles;
+  spec.dims[3] = static_cast<uint64_t>(p.h_kv);
+  spec.dims[4] = static_cast<uint64_t>(p.num_cache_blocks);
+  spec.byte_strides[0] = static_cast<uint64_t>(p.k_stride_row) * 2;
+  spec.byte_strides[1] = Config::kTileCols * 2;
+  spec.byte_strides[2] = static_cast<uint64_t>(p.k_stride_head) * 2;
+  spec.byte_strides[3] = static_cast<uint64_t>(p.k_stride_block) * 2;
+  spec.box[0] = Config::kTileCols;
+  spec.box[1] = Config::kBlockN;
+  spec.box[2] = Config::kVTilesPerHalf;
+  spec.box[3] = 1;
+  spec.box[4] = 1;
+  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  spec.l2_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  CUtensorMap k_map, k_map_rope;
+  OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&k_map, p.k_cache, spec, "dense decode k_cache"));
+  spec.box[2] = 1;
+  OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&k_map_rope, p.k_cache, spec, "dense decode k_cache (RoPE)"));
+
+  // Q by TMA when the launch plan says so (heuristics::plan_dense_decode_launch: each CTA's 64 rows are 64
+  // consecutive heads of one query position and q's address and strides are whole 16-byte units): a 4-D map
+  // (576 columns, heads, s_q, b), box 64 x 64, the 128-byte swizzle the cp.async path writes (docs/dense-decode.md,
+  // decision dense-v17). Otherwise the kernel loads Q by cp.async and never reads the map.
+  CUtensorMap q_map{};
+  if (p.q_tma) {
+    const DenseQMapStrides qs_strides =
+        dense_q_map_strides(p.batch, p.s_q, p.h_q, p.q_stride_b, p.q_stride_s, p.q_stride_h);
+    detail::TensorMapSpec qs{};
+    qs.dtype = spec.dtype;
+    qs.rank = 4;
+    qs.dims[0] = Config::kHeadDimQK;
+    qs.dims[1] = static_cast<uint64_t>(p.h_kv) * p.q_per_kv;
+    qs.dims[2] = static_cast<uint64_t>(p.s_q);
+    qs.dims[3] = static_cast<uint64_t>(p.batch);
+    qs.byte_strides[0] = static_cast<uint64_t>(qs_strides.head) * 2;
+    qs.byte_strides[1] = static_cast<uint64_t>(qs_strides.position) * 2;
+    qs.byte_strides[2] = static_cast<uint64_t>(qs_strides.request) * 2;
+    qs.box[0] = Config::kTileCols;
+    qs.box[1] = Config::kBlockM;
+    qs.box[2] = 1;
+    qs.box[3] = 1;
+    qs.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+    qs.l2_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+    OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&q_map, p.q, qs, "dense decode q"));
+  }
+
+  auto kernel = dense_decode_kernel<kIsFp16>;
+  const int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+                               "dense decode: setting the shared-memory size");
+  dim3 grid(p.num_m_blocks, p.h_kv, p.num_sm_parts);
+  kernel<<<grid, Config::kThreads, smem_bytes, stream>>>(p, k_map, k_map_rope, q_map);
+  return detail::last_cuda_error("dense decode kernel launch");
+}
+
+#if defined(OPENMLA_HAS_TRACE)
+template <bool kIsFp16>
+Status timeline_buffer(detail::TraceBuffer* out) {
+  return detail::trace_buffer(g_dense_timeline, out, "dense decode timeline: finding the buffer");
+}
+#endif
+
+}  // namespace openmla::kernels::dense_decode

@@ -1,0 +1,11 @@
+// Sparse decode main kernel: MODEL1 layout, crossover pairs.
+#include "kernels/sparse_decode/launch_variant.cuh"
+
+namespace openmla::kernels::sparse_decode {
+
+template Status launch_variant<Layout::kModel1, true>(const SparseDecodeParams& params, cudaStream_t stream);
+#if defined(OPENMLA_HAS_TRACE)
+template Status trace_buffers<Layout::kModel1, true>(TraceBuffers* out);
+#endif
+
+}  // namespace openmla::kernels::sparse_decode

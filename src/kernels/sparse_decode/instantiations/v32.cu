@@ -1,0 +1,11 @@
+// Sparse decode main kernel: V3.2 layout, plain kernel.
+#include "kernels/sparse_decode/launch_variant.cuh"
+
+namespace openmla::kernels::sparse_decode {
+
+template Status launch_variant<Layout::kV32, false>(const SparseDecodeParams& params, cudaStream_t stream);
+#if defined(OPENMLA_HAS_TRACE)
+template Status trace_buffers<Layout::kV32, false>(TraceBuffers* out);
+#endif
+
+}  // namespace openmla::kernels::sparse_decode

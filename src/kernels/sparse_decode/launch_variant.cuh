@@ -1,0 +1,45 @@
+// The launcher of one compiled variant of the sparse decode main kernel (launch.h). Included only by the
+// instantiation units (instantiations/*.cu), one variant each, so the variants compile in parallel.
+#pragma once
+
+#include "common/cuda_check.h"
+#include "kernels/sparse_decode/kernel.cuh"
+#include "kernels/sparse_decode/launch.h"
+#include "kernels/sparse_decode/params.h"
+
+namespace openmla::kernels::sparse_decode {
+
+template <Layout L, bool kCrossover>
+Status launch_variant(const SparseDecodeParams& p, cudaStream_t stream) {
+  using Smem = SharedStorage<L>;
+  auto kernel = sparse_decode_kernel<L, kCrossover>;
+  const int smem_bytes = static_cast<int>(sizeof(Smem)) + 1024;  // + slack to align to 1024
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+                               "sparse decode: setting the shared-memory size");
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(p.num_head_blocks, p.s_q, p.num_sm_parts);
+  config.blockDim = dim3(Common::kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = kCrossover ? 2 : 1;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  config.attrs = attrs;
+  config.numAttrs = 1;
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p), "sparse decode kernel launch");
+  return detail::last_cuda_error("sparse decode kernel launch");
+}
+
+#if defined(OPENMLA_HAS_TRACE)
+template <Layout L, bool kCrossover>
+Status trace_buffers(TraceBuffers* out) {
+  OPENMLA_RETURN_IF_ERROR(detail::trace_buffer(g_sparse_trace, &out->trace, "sparse decode trace: finding the buffer"));
+  OPENMLA_RETURN_IF_ERROR(
+      detail::trace_buffer(g_sparse_timeline, &out->timeline, "sparse decode trace: finding the timeline"));
+  return detail::trace_buffer(g_sparse_switch, &out->switches, "sparse decode trace: finding the switches");
+}
+#endif
+
+}  // namespace openmla::kernels::sparse_decode

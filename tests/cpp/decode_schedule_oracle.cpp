@@ -1,0 +1,103 @@
+#include "decode_schedule_oracle.h"
+
+#include <algorithm>
+
+namespace openmla::oracle {
+
+using kernels::DecodeScheduleRecord;
+using kernels::kDecodeRequestOverheadBlocks;
+
+// The partition-major form of the greedy pass (the GPU walks it request-major; both must agree), written apart
+// from partition_walk.h on purpose, so that one misreading of the rule cannot make both sides agree.
+heuristics::DecodeScheduleHost build_decode_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
+                                                     int num_sm_parts, int64_t payload_override) {
+  constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
+  const int32_t batch = static_cast<int32_t>(blocks.size());
+  heuristics::DecodeScheduleHost out;
+  out.records.assign(num_sm_parts, DecodeScheduleRecord{});
+  out.num_splits.assign(batch + 1, 0);
+
+  const int64_t payload = payload_override > 0
+                              ? payload_override
+                              : heuristics::decode_payload(heuristics::decode_total_work(blocks), num_sm_parts);
+  const auto is_empty = [&](int32_t r) { return !empty.empty() && empty[r]; };
+
+  int32_t req = 0;    // cursor: current request
+  int64_t block = 0;  // first block of `req` not yet assigned
+  int32_t split = 0;  // split ordinal of the next chunk of `req`
+  int32_t prefix = 0;
+  for (int p = 0; p < num_sm_parts; ++p) {
+    DecodeScheduleRecord& rec = out.records[p];
+    if (req >= batch) {  // idle partition: an inclusive [begin, end] loop over it is empty
+      rec = DecodeScheduleRecord{batch, batch - 1, 0, 0, 0, 0, 0, 0};
+      continue;
+    }
+    rec.begin_req = req;
+    rec.begin_block = static_cast<int32_t>(block);
+    rec.begin_split = split;
+    const bool first_partial = block > 0;
+    bool last_partial = false;
+    int64_t budget = payload;
+    while (req < batch) {
+      const int64_t remaining = blocks[req] - block;
+      if (budget >= remaining + kOverhead) {  // the rest of `req` fits: finish it here
+        budget -= remaining + kOverhead;
+        prefix += split + 1;
+        out.num_splits[req + 1] = prefix;
+        rec.end_req = req;
+        rec.end_block = is_empty(req) ? 0 : blocks[req];
+        last_partial = false;
+        ++req;
+        block = 0;
+        split = 0;
+      } else if (budget - kOverhead > 0) {  // take what fits and end the partition mid-request
+        block += budget - kOverhead;
+        rec.end_req = req;
+        rec.end_block = static_cast<int32_t>(block);
+        last_partial = true;
+        ++split;
+        break;
+      } else {
+        break;
+      }
+    }
+    if (rec.begin_req == rec.end_req) {
+      rec.is_first_req_split = rec.is_last_req_split = (first_partial || last_partial) ? 1 : 0;
+    } else {
+      rec.is_first_req_split = first_partial ? 1 : 0;
+      rec.is_last_req_split = last_partial ? 1 : 0;
+    }
+    rec.pad = 0;
+  }
+
+  if (req < batch) {  // cannot happen with the computed payload; report it instead of half a schedule
+    out.all_assigned = false;
+    for (auto& rec : out.records) rec = DecodeScheduleRecord{batch, batch - 1, 0, 0, 0, 0, 0, 0};
+    std::fill(out.num_splits.begin(), out.num_splits.end(), 0);
+    out.num_splits[batch] = heuristics::kDecodeScheduleFailed;
+  }
+  return out;
+}
+
+heuristics::DecodeScheduleHost build_dense_decode_schedule(const std::vector<int32_t>& cache_seqlens, int num_sm_parts) {
+  std::vector<int32_t> blocks(cache_seqlens.size());
+  std::vector<bool> empty(cache_seqlens.size());
+  for (size_t i = 0; i < cache_seqlens.size(); ++i) {
+    blocks[i] = heuristics::dense_request_blocks(cache_seqlens[i]);
+    empty[i] = heuristics::dense_request_empty(cache_seqlens[i]);
+  }
+  return build_decode_schedule(blocks, empty, num_sm_parts);
+}
+
+heuristics::DecodeScheduleHost build_sparse_decode_schedule(int64_t batch, int64_t topk, const std::vector<int32_t>& topk_length,
+                                                int64_t extra_topk, const std::vector<int32_t>& extra_topk_length,
+                                                int num_sm_parts) {
+  std::vector<int32_t> blocks(batch);
+  for (int64_t i = 0; i < batch; ++i) {
+    blocks[i] = heuristics::sparse_request_blocks(topk, topk_length.empty() ? nullptr : &topk_length[i], extra_topk,
+                                      extra_topk_length.empty() ? nullptr : &extra_topk_length[i]);
+  }
+  return build_decode_schedule(blocks, {}, num_sm_parts);
+}
+
+}  // namespace openmla::oracle
