@@ -4,7 +4,6 @@
 # in .deps/wheels (that folder is what gets carried to the GPU machine).
 #
 #   .deps/wheels/       the pinned wheels, downloaded once
-#   .deps/cutlass/      CuTe/CUTLASS headers (include/ and tools/util/include/) from nvidia-cutlass
 #   .deps/nanobind/     nanobind (CMake package + sources), from its wheel
 #   .deps/py/           pytest, numpy, ml_dtypes for the Python tests (only where Python lacks them)
 #   .deps/googletest/   a copy of the system GoogleTest sources (for machines without it, e.g. the GPU box)
@@ -14,7 +13,6 @@ root=$PWD
 deps=$root/.deps
 mkdir -p "$deps/wheels"
 
-CUTLASS_VERSION=4.2.0.0
 NANOBIND_VERSION=3.1.0
 PY_TEST_PINS=(pytest==8.3.4 numpy==2.2.6 ml_dtypes==0.5.1)
 
@@ -35,27 +33,6 @@ fetch_wheel() {  # name version
   fi
   ls "$deps/wheels/${norm}-${version}-"*.whl | head -n1
 }
-
-# CuTe / CUTLASS headers: unpack the wheel's header trees only (no Python dependencies).
-if [[ ! -f "$deps/cutlass/.version" || "$(cat "$deps/cutlass/.version")" != "$CUTLASS_VERSION" ]]; then
-  whl=$(fetch_wheel nvidia-cutlass "$CUTLASS_VERSION")
-  rm -rf "$deps/cutlass" "$deps/cutlass.tmp"
-  mkdir -p "$deps/cutlass.tmp"
-  "$py" - "$whl" "$deps/cutlass.tmp" <<'PY'
-import sys, zipfile
-whl, out = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(whl) as z:
-    for n in z.namelist():
-        if n.startswith(("cutlass_library/source/include/", "cutlass_library/source/tools/util/include/")):
-            z.extract(n, out)
-PY
-  mkdir -p "$deps/cutlass"
-  mv "$deps/cutlass.tmp/cutlass_library/source/include" "$deps/cutlass/include"
-  mkdir -p "$deps/cutlass/tools/util"
-  mv "$deps/cutlass.tmp/cutlass_library/source/tools/util/include" "$deps/cutlass/tools/util/include"
-  rm -rf "$deps/cutlass.tmp"
-  echo "$CUTLASS_VERSION" > "$deps/cutlass/.version"
-fi
 
 # nanobind: the wheel carries the CMake package and sources; unpack it as a plain folder.
 if [[ ! -f "$deps/nanobind/.version" || "$(cat "$deps/nanobind/.version")" != "$NANOBIND_VERSION" ]]; then
@@ -87,4 +64,4 @@ if [[ ! -d "$deps/googletest" && -f /usr/src/googletest/CMakeLists.txt ]]; then
   cp -r /usr/src/googletest "$deps/googletest"
 fi
 
-echo "setup_deps: ready in .deps (cutlass $CUTLASS_VERSION, nanobind $NANOBIND_VERSION)"
+echo "setup_deps: ready in .deps (nanobind $NANOBIND_VERSION)"
