@@ -100,8 +100,8 @@ Status check_partition_sizes(const DecodeGeometry& g, int num_sm_parts, const De
        {std::pair{&split.partial_o, "split.partial_o"}, std::pair{&split.partial_lse, "split.partial_lse"}}) {
     if (t->shape[0] < needed_rows) {
       MessageStream os;
-      os << "argument '" << name << "' has " << t->shape[0] << " rows, but this problem needs at least "
-         << needed_rows << " ((batch + num_sm_parts) * s_q * h_q with num_sm_parts = " << num_sm_parts
+      os << "argument '" << name << "' has " << t->shape[0] << " rows, but this problem needs at least " << needed_rows
+         << " ((batch + num_sm_parts) * s_q * h_q with num_sm_parts = " << num_sm_parts
          << "); size it with get_decode_workspace_sizes()";
       return invalid(os.str());
     }

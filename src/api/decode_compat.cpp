@@ -18,8 +18,8 @@ Status to_dense_problem(const DecodeProblem& problem, DenseDecodeProblem* out) {
 
 Status to_sparse_problem(const DecodeProblem& problem, bool for_decode, SparseDecodeProblem* out) {
   // The geometry with the problem's own h_kv, so its errors read as before the family structs.
-  OPENMLA_RETURN_IF_ERROR(check_decode_geometry(DecodeGeometry{problem.batch, problem.s_q, problem.h_q, problem.h_kv,
-                                                               problem.d_v, problem.num_sms}));
+  OPENMLA_RETURN_IF_ERROR(check_decode_geometry(
+      DecodeGeometry{problem.batch, problem.s_q, problem.h_q, problem.h_kv, problem.d_v, problem.num_sms}));
   if (for_decode) {
     if (!problem.sparse) return invalid("argument 'problem.sparse' is false; sparse_decode needs a sparse problem");
     if (problem.h_kv != 1)

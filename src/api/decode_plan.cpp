@@ -101,9 +101,9 @@ Status validate_plan_decode(const SparseDecodeProblem& problem, const TensorRef&
   OPENMLA_RETURN_IF_ERROR(
       check_same_device(schedule.metadata, "schedule.metadata", schedule.num_splits, "schedule.num_splits"));
   OPENMLA_RETURN_IF_ERROR(check_merge_counters(schedule, heuristics::decode_merge_counter_count(problem)));
-  OPENMLA_RETURN_IF_ERROR(check_same_device_all(schedule.metadata, "schedule.metadata",
-                                                {{&topk_length, "topk_length"},
-                                                 {&extra_topk_length, "extra_topk_length"}}));
+  OPENMLA_RETURN_IF_ERROR(
+      check_same_device_all(schedule.metadata, "schedule.metadata",
+                            {{&topk_length, "topk_length"}, {&extra_topk_length, "extra_topk_length"}}));
   OPENMLA_RETURN_IF_ERROR(resolve_num_sm_parts(problem, schedule.metadata.device_id, num_sm_parts));
   return check_schedule_parts(schedule, *num_sm_parts);
 }
@@ -123,8 +123,8 @@ Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seq
   int num_sm_parts = 0;
   OPENMLA_RETURN_IF_ERROR(detail::validate_plan_decode(problem, cache_seqlens, schedule, &num_sm_parts));
   OPENMLA_RETURN_IF_ERROR(detail::check_current_device(schedule.metadata.device_id, "schedule.metadata"));
-  kernels::DecodeSchedulerParams params = detail::scheduler_params(
-      problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
+  kernels::DecodeSchedulerParams params =
+      detail::scheduler_params(problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
   params.cache_seqlens = static_cast<const int32_t*>(cache_seqlens.data);
   return kernels::launch_decode_scheduler(params, stream);
 }
@@ -135,8 +135,8 @@ Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_len
   OPENMLA_RETURN_IF_ERROR(
       detail::validate_plan_decode(problem, topk_length, extra_topk_length, schedule, &num_sm_parts));
   OPENMLA_RETURN_IF_ERROR(detail::check_current_device(schedule.metadata.device_id, "schedule.metadata"));
-  kernels::DecodeSchedulerParams params = detail::scheduler_params(
-      problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
+  kernels::DecodeSchedulerParams params =
+      detail::scheduler_params(problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
   params.sparse = true;
   params.topk = static_cast<int>(problem.topk);
   params.topk_length = topk_length.defined() ? static_cast<const int32_t*>(topk_length.data) : nullptr;

@@ -80,12 +80,16 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
   OPENMLA_RETURN_IF_ERROR(check_split_buffers(args.split, problem.d_v));
 
   // ---- one device -------------------------------------------------------------------------------------------
-  OPENMLA_RETURN_IF_ERROR(check_same_device_all(
-      q, "q",
-      {{&k, "k_cache"}, {&bt, "block_table"}, {&args.cache_seqlens, "cache_seqlens"}, {&args.out, "out"},
-       {&args.lse, "lse"}, {&args.schedule.metadata, "schedule.metadata"},
-       {&args.schedule.num_splits, "schedule.num_splits"}, {&args.split.partial_o, "split.partial_o"},
-       {&args.split.partial_lse, "split.partial_lse"}}));
+  OPENMLA_RETURN_IF_ERROR(check_same_device_all(q, "q",
+                                                {{&k, "k_cache"},
+                                                 {&bt, "block_table"},
+                                                 {&args.cache_seqlens, "cache_seqlens"},
+                                                 {&args.out, "out"},
+                                                 {&args.lse, "lse"},
+                                                 {&args.schedule.metadata, "schedule.metadata"},
+                                                 {&args.schedule.num_splits, "schedule.num_splits"},
+                                                 {&args.split.partial_o, "split.partial_o"},
+                                                 {&args.split.partial_lse, "split.partial_lse"}}));
 
   OPENMLA_RETURN_IF_ERROR(check_softmax_scale(args.softmax_scale));
 

@@ -23,14 +23,16 @@ namespace {
 Status check_fp8_cache(const TensorRef& k, const char* name, int64_t page_size, const char* page_field,
                        int64_t bytes_per_token) {
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(k, name, {DType::kUInt8, DType::kInt8, DType::kFloat8E4M3}, 4));
-  if (k.shape[0] < 1) return invalid(std::string("argument '") + name + "' has no page blocks; shape " + shape_string(k));
+  if (k.shape[0] < 1)
+    return invalid(std::string("argument '") + name + "' has no page blocks; shape " + shape_string(k));
   OPENMLA_RETURN_IF_ERROR(check_dim(k, name, 1, page_size, page_field));
   OPENMLA_RETURN_IF_ERROR(check_dim(k, name, 2, 1, "h_kv (sparse decode reads one latent head)"));
   OPENMLA_RETURN_IF_ERROR(check_dim(k, name, 3, bytes_per_token, "bytes per token of the cache format"));
   if (k.stride[3] != 1 || (page_size > 1 && k.stride[1] != bytes_per_token)) {
     MessageStream os;
-    os << "argument '" << name << "' has strides " << stride_string(k) << "; each page must be contiguous (stride(1) == "
-       << bytes_per_token << ", stride(3) == 1); only the page stride stride(0) is free";
+    os << "argument '" << name << "' has strides " << stride_string(k)
+       << "; each page must be contiguous (stride(1) == " << bytes_per_token
+       << ", stride(3) == 1); only the page stride stride(0) is free";
     return invalid(os.str());
   }
   if (k.stride[0] % 16 != 0 || k.stride[0] < page_size * bytes_per_token) {
@@ -85,8 +87,8 @@ Status validate_sparse_decode(const SparseDecodeProblem& problem, const SparseDe
   }
   if (problem.d_qk != d_qk)
     return invalid_field("d_qk", problem.d_qk,
-                         std::string("the ") + kv_cache_format_name(problem.cache_format) + " layout has d_qk = " +
-                             std::to_string(d_qk));
+                         std::string("the ") + kv_cache_format_name(problem.cache_format) +
+                             " layout has d_qk = " + std::to_string(d_qk));
   if (problem.page_block_size < 1 || problem.page_block_size > kInt32Max)
     return invalid_field("page_block_size", problem.page_block_size, "expected >= 1");
   const bool has_extra = args.extra_k_cache.defined();
@@ -116,8 +118,8 @@ Status validate_sparse_decode(const SparseDecodeProblem& problem, const SparseDe
   OPENMLA_RETURN_IF_ERROR(check_fits_int32(q, "q"));
 
   // ---- caches, indices, lengths, sink ---------------------------------------------------------------
-  OPENMLA_RETURN_IF_ERROR(check_fp8_cache(args.k_cache, "k_cache", problem.page_block_size, "page_block_size",
-                                          bytes_per_token));
+  OPENMLA_RETURN_IF_ERROR(
+      check_fp8_cache(args.k_cache, "k_cache", problem.page_block_size, "page_block_size", bytes_per_token));
   OPENMLA_RETURN_IF_ERROR(check_index_rows(args.indices, "indices", b, s_q, problem.topk, "topk"));
   if (args.topk_length.defined()) OPENMLA_RETURN_IF_ERROR(check_lengths(args.topk_length, "topk_length", b));
   if (args.attn_sink.defined()) {
@@ -143,13 +145,20 @@ Status validate_sparse_decode(const SparseDecodeProblem& problem, const SparseDe
   OPENMLA_RETURN_IF_ERROR(check_split_buffers(args.split, problem.d_v));
 
   // ---- one device -------------------------------------------------------------------------------------------
-  OPENMLA_RETURN_IF_ERROR(check_same_device_all(
-      q, "q",
-      {{&args.k_cache, "k_cache"}, {&args.indices, "indices"}, {&args.topk_length, "topk_length"},
-       {&args.attn_sink, "attn_sink"}, {&args.extra_k_cache, "extra_k_cache"}, {&args.extra_indices, "extra_indices"},
-       {&args.extra_topk_length, "extra_topk_length"}, {&args.out, "out"}, {&args.lse, "lse"},
-       {&args.schedule.metadata, "schedule.metadata"}, {&args.schedule.num_splits, "schedule.num_splits"},
-       {&args.split.partial_o, "split.partial_o"}, {&args.split.partial_lse, "split.partial_lse"}}));
+  OPENMLA_RETURN_IF_ERROR(check_same_device_all(q, "q",
+                                                {{&args.k_cache, "k_cache"},
+                                                 {&args.indices, "indices"},
+                                                 {&args.topk_length, "topk_length"},
+                                                 {&args.attn_sink, "attn_sink"},
+                                                 {&args.extra_k_cache, "extra_k_cache"},
+                                                 {&args.extra_indices, "extra_indices"},
+                                                 {&args.extra_topk_length, "extra_topk_length"},
+                                                 {&args.out, "out"},
+                                                 {&args.lse, "lse"},
+                                                 {&args.schedule.metadata, "schedule.metadata"},
+                                                 {&args.schedule.num_splits, "schedule.num_splits"},
+                                                 {&args.split.partial_o, "split.partial_o"},
+                                                 {&args.split.partial_lse, "split.partial_lse"}}));
 
   OPENMLA_RETURN_IF_ERROR(check_softmax_scale(args.softmax_scale));
 

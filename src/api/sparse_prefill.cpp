@@ -4,7 +4,6 @@
 // tested without a GPU (args.num_sms > 0: no CUDA call at all before the launch).
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <string>
 
 #include "api/sparse_prefill_internal.h"
@@ -20,15 +19,6 @@ namespace {
 
 constexpr int64_t kHeadDimV = 512;
 constexpr int64_t kHeadTile = 64;
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-
-Status invalid(const std::string& msg) { return Status::invalid_argument(msg); }
-
-Status check_cuda_tensor(const TensorRef& t, const char* name, std::initializer_list<DType> dtypes, int ndim) {
-  OPENMLA_RETURN_IF_ERROR(check_on_cuda(t, name));
-  OPENMLA_RETURN_IF_ERROR(check_dtype(t, name, dtypes));
-  return check_ndim(t, name, ndim);
-}
 
 // A bf16 operand read or written in 16-byte units: last dim contiguous, other strides whole 16-byte units (the
 // stride of a size-1 dimension is never used), base 16-byte aligned.

@@ -23,8 +23,8 @@ inline Status last_cuda_error(const char* what) { return cuda_status(cudaGetLast
 }  // namespace openmla::detail
 
 // Returns from the enclosing function with a kCudaError Status if the CUDA runtime call `call` fails.
-#define OPENMLA_CUDA_RETURN_IF_ERROR(call, what)                                                 \
-  do {                                                                                           \
-    cudaError_t openmla_err_ = (call);                                                           \
-    if (openmla_err_ != cudaSuccess) return ::openmla::detail::cuda_status(openmla_err_, what);  \
+#define OPENMLA_CUDA_RETURN_IF_ERROR(call, what)                                                \
+  do {                                                                                          \
+    cudaError_t openmla_err_ = (call);                                                          \
+    if (openmla_err_ != cudaSuccess) return ::openmla::detail::cuda_status(openmla_err_, what); \
   } while (0)

@@ -20,13 +20,13 @@ int combine_slices(int64_t batch, int64_t s_q, int64_t h_q) {
 
 DenseDecodeLaunchPlan plan_dense_decode_launch(const DenseDecodeProblem& problem, const TensorRef& q) {
   constexpr int64_t kRows = kernels::dense_decode::Config::kBlockM;  // rows of one CTA tile
-  constexpr int64_t kElemsPer16B = 8;                                 // 16-bit elements
+  constexpr int64_t kElemsPer16B = 8;                                // 16-bit elements
   const int64_t q_per_kv = problem.h_q / problem.h_kv;
   const kernels::DenseQMapStrides s =
       kernels::dense_q_map_strides(problem.batch, problem.s_q, problem.h_q, q.stride[0], q.stride[1], q.stride[2]);
   DenseDecodeLaunchPlan plan;
-  plan.q_tma = q_per_kv % kRows == 0 && reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && s.head > 0 &&
-               s.position > 0 && s.request > 0 && s.head % kElemsPer16B == 0 && s.position % kElemsPer16B == 0 &&
+  plan.q_tma = q_per_kv % kRows == 0 && reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && s.head > 0 && s.position > 0 &&
+               s.request > 0 && s.head % kElemsPer16B == 0 && s.position % kElemsPer16B == 0 &&
                s.request % kElemsPer16B == 0;
   plan.combine_slices = combine_slices(problem.batch, problem.s_q, problem.h_q);
   return plan;
@@ -46,11 +46,12 @@ SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& prob
   int64_t uniform_payload = 0;
   if (problem.batch <= kSparseHostRecordsMaxBatch && !has_topk_length && !has_extra_topk_length) {
     plan.uniform_blocks = sparse_request_blocks(problem.topk, nullptr, problem.extra_topk, nullptr);
-    uniform_payload = decode_payload(problem.batch * (plan.uniform_blocks + kDecodeRequestOverheadBlocks), num_sm_parts);
+    uniform_payload =
+        decode_payload(problem.batch * (plan.uniform_blocks + kDecodeRequestOverheadBlocks), num_sm_parts);
   }
   // Blocks per partition of a uniform schedule: payload = ceil(total / parts) + overhead.
-  plan.crossover = sparse_use_crossover(
-      num_head_blocks, plan.uniform_blocks > 0 ? uniform_payload - kDecodeRequestOverheadBlocks : 0);
+  plan.crossover = sparse_use_crossover(num_head_blocks,
+                                        plan.uniform_blocks > 0 ? uniform_payload - kDecodeRequestOverheadBlocks : 0);
   if (plan.uniform_blocks == 0) return plan;
 
   // Every partition's record from the scheduler's own walk, with the payload computed above (the same formula the

@@ -18,7 +18,7 @@ namespace openmla::heuristics {
 // ---- Combine --------------------------------------------------------------------------------------------------
 // Column slices per partial row (grid z of the combine kernel): grids of fewer than kCombineSliceBelowCtas CTAs
 // (b * ceil(s_q * h_q / 8)) split each row's 512 columns over kCombineMaxSlices CTAs for more loads in flight;
-// larger grids fill the machine with one slice (docs/decode-schedule.md, combine; measured as sparse-v18).
+// larger grids fill the machine with one slice (docs/decode-schedule.md, decision combine-v18).
 inline constexpr int64_t kCombineSliceBelowCtas = 256;
 int combine_slices(int64_t batch, int64_t s_q, int64_t h_q);
 

@@ -12,9 +12,7 @@ using kernels::kDecodeRequestOverheadBlocks;
 
 namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int clamp_parts(int64_t parts) {
-  return static_cast<int>(std::clamp<int64_t>(parts, 1, kMaxDecodeSmParts));
-}
+int clamp_parts(int64_t parts) { return static_cast<int>(std::clamp<int64_t>(parts, 1, kMaxDecodeSmParts)); }
 constexpr int64_t kTileRows = 64;  // query rows (dense) or heads (sparse) of one main-kernel CTA
 }  // namespace
 

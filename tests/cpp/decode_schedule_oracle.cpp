@@ -79,7 +79,8 @@ heuristics::DecodeScheduleHost build_decode_schedule(const std::vector<int32_t>&
   return out;
 }
 
-heuristics::DecodeScheduleHost build_dense_decode_schedule(const std::vector<int32_t>& cache_seqlens, int num_sm_parts) {
+heuristics::DecodeScheduleHost build_dense_decode_schedule(const std::vector<int32_t>& cache_seqlens,
+                                                           int num_sm_parts) {
   std::vector<int32_t> blocks(cache_seqlens.size());
   std::vector<bool> empty(cache_seqlens.size());
   for (size_t i = 0; i < cache_seqlens.size(); ++i) {
@@ -89,13 +90,14 @@ heuristics::DecodeScheduleHost build_dense_decode_schedule(const std::vector<int
   return build_decode_schedule(blocks, empty, num_sm_parts);
 }
 
-heuristics::DecodeScheduleHost build_sparse_decode_schedule(int64_t batch, int64_t topk, const std::vector<int32_t>& topk_length,
-                                                int64_t extra_topk, const std::vector<int32_t>& extra_topk_length,
-                                                int num_sm_parts) {
+heuristics::DecodeScheduleHost build_sparse_decode_schedule(int64_t batch, int64_t topk,
+                                                            const std::vector<int32_t>& topk_length, int64_t extra_topk,
+                                                            const std::vector<int32_t>& extra_topk_length,
+                                                            int num_sm_parts) {
   std::vector<int32_t> blocks(batch);
   for (int64_t i = 0; i < batch; ++i) {
     blocks[i] = heuristics::sparse_request_blocks(topk, topk_length.empty() ? nullptr : &topk_length[i], extra_topk,
-                                      extra_topk_length.empty() ? nullptr : &extra_topk_length[i]);
+                                                  extra_topk_length.empty() ? nullptr : &extra_topk_length[i]);
   }
   return build_decode_schedule(blocks, {}, num_sm_parts);
 }

@@ -31,7 +31,7 @@ TEST(DecodeLaunchPlan, CombineSlicesOnlyForSmallGrids) {
   EXPECT_EQ(heuristics::combine_slices(128, 1, 128), 1);
   EXPECT_EQ(heuristics::combine_slices(255, 1, 8), kernels::kCombineMaxSlices);  // one CTA per request
   EXPECT_EQ(heuristics::combine_slices(256, 1, 8), 1);
-  EXPECT_EQ(heuristics::combine_slices(1, 1, 9), kernels::kCombineMaxSlices);   // a partial CTA counts
+  EXPECT_EQ(heuristics::combine_slices(1, 1, 9), kernels::kCombineMaxSlices);  // a partial CTA counts
 }
 
 // ---- Dense decode ------------------------------------------------------------------------------------------------
@@ -60,10 +60,10 @@ TEST(DecodeLaunchPlan, DenseQByTmaWhenTilesAreWholeHeadRuns) {
 
 TEST(DecodeLaunchPlan, DenseQByTmaNeedsSixteenByteUnits) {
   const DenseDecodeProblem p{.batch = 4, .s_q = 2, .h_q = 128};
-  EXPECT_FALSE(dense_plan(p, static_cast<char*>(aligned_ptr()) + 8).q_tma);  // address
-  EXPECT_FALSE(dense_plan(p, aligned_ptr(), -1, -1, 580).q_tma);              // head stride: 1160 bytes
-  EXPECT_FALSE(dense_plan(p, aligned_ptr(), -1, 128 * 576 + 4).q_tma);        // position stride
-  EXPECT_FALSE(dense_plan(p, aligned_ptr(), 2 * 128 * 576 + 4).q_tma);        // request stride
+  EXPECT_FALSE(dense_plan(p, static_cast<char*>(aligned_ptr()) + 8).q_tma);            // address
+  EXPECT_FALSE(dense_plan(p, aligned_ptr(), -1, -1, 580).q_tma);                       // head stride: 1160 bytes
+  EXPECT_FALSE(dense_plan(p, aligned_ptr(), -1, 128 * 576 + 4).q_tma);                 // position stride
+  EXPECT_FALSE(dense_plan(p, aligned_ptr(), 2 * 128 * 576 + 4).q_tma);                 // request stride
   EXPECT_TRUE(dense_plan(p, aligned_ptr(), 4 * 128 * 576, 2 * 128 * 576, 576).q_tma);  // padded, whole units
   // A size-1 dimension is never stepped: its stride (free in PyTorch) does not matter.
   EXPECT_TRUE(dense_plan({.batch = 1, .s_q = 2, .h_q = 128}, aligned_ptr(), 3).q_tma);
@@ -83,15 +83,14 @@ TEST(DecodeLaunchPlan, DenseCombineSlices) {
 TEST(DecodeLaunchPlan, SparseCrossoverOnTheBenchmarkRows) {
   // 132 SMs, h_q = 128, s_q = 2, topk 2048: 33 partitions of ceil(b * (32 + 5) / 33) blocks.
   const auto plan = [](int64_t b, int64_t h_q = 128) {
-    return heuristics::plan_sparse_decode_launch(
-        SparseDecodeProblem{.batch = b, .s_q = 2, .h_q = h_q, .topk = 2048},
-        heuristics::sparse_num_sm_parts(2, h_q, 132), false, false);
+    return heuristics::plan_sparse_decode_launch(SparseDecodeProblem{.batch = b, .s_q = 2, .h_q = h_q, .topk = 2048},
+                                                 heuristics::sparse_num_sm_parts(2, h_q, 132), false, false);
   };
-  EXPECT_FALSE(plan(2).crossover);   // 3 blocks per partition
-  EXPECT_FALSE(plan(4).crossover);   // 5
-  EXPECT_FALSE(plan(8).crossover);   // 9
-  EXPECT_TRUE(plan(16).crossover);   // 18
-  EXPECT_TRUE(plan(64).crossover);   // not known on the host (batch above the host-records limit)
+  EXPECT_FALSE(plan(2).crossover);        // 3 blocks per partition
+  EXPECT_FALSE(plan(4).crossover);        // 5
+  EXPECT_FALSE(plan(8).crossover);        // 9
+  EXPECT_TRUE(plan(16).crossover);        // 18
+  EXPECT_TRUE(plan(64).crossover);        // not known on the host (batch above the host-records limit)
   EXPECT_FALSE(plan(64, 64).crossover);   // one tile: never
   EXPECT_FALSE(plan(64, 192).crossover);  // three tiles: never
   EXPECT_TRUE(plan(64, 256).crossover);
@@ -165,8 +164,12 @@ TEST(DecodeLaunchPlan, SparsePlanMatchesTheEarlierDecisionBitForBit) {
           for (int parts : {1, 2, 5, 22, 33, 66, 132, 160}) {
             for (int lengths = 0; lengths < 4; ++lengths) {
               const bool has_topk_length = lengths & 1, has_extra_topk_length = (lengths & 2) && extra_topk > 0;
-              const SparseDecodeProblem p{.batch = batch, .s_q = 2, .h_q = h_q, .topk = topk,
-                                          .extra_topk = extra_topk, .extra_page_block_size = extra_topk ? 64 : 0};
+              const SparseDecodeProblem p{.batch = batch,
+                                          .s_q = 2,
+                                          .h_q = h_q,
+                                          .topk = topk,
+                                          .extra_topk = extra_topk,
+                                          .extra_page_block_size = extra_topk ? 64 : 0};
               const OldDecision want = old_decision(p, parts, has_topk_length, has_extra_topk_length);
               const heuristics::SparseDecodeLaunchPlan got =
                   heuristics::plan_sparse_decode_launch(p, parts, has_topk_length, has_extra_topk_length);

@@ -17,8 +17,8 @@ struct Config {
   static constexpr int kNumVTiles = kHeadDimV / kTileCols;       // 8 tiles carry V
   static constexpr int kVTilesPerHalf = kNumVTiles / 2;          // 4 tiles = 256 columns per warpgroup
   static constexpr int kRopeTile = kNumTiles - 1;                // tile 8: RoPE dims, QK^T only
-  // TMA granularity: one copy per tile GROUP (tiles 0-3 = V_L, 4-7 = V_R, 8 = RoPE), because issuing a TMA
-  // costs ~100 cycles the whole warpgroup waits for (perf-notes v8); one mbarrier per group.
+  // TMA granularity: one copy per tile GROUP (tiles 0-3 = V_L, 4-7 = V_R, 8 = RoPE), because issuing a TMA costs
+  // ~100 cycles the whole warpgroup waits for (docs/dense-decode.md, decision dense-v8); one mbarrier per group.
   static constexpr int kNumTileGroups = 3;
   static constexpr int kTileBytes = kBlockN * kTileCols * 2;     // 8192
   static constexpr int kSwizzleAtomBytes = 1024;                 // 8 rows x 128 B

@@ -26,7 +26,7 @@ struct Common {
   // __launch_bounds__(384, 1)); the CTA owns 384 x kLaunchRegs registers and setmaxnreg only moves them between
   // warpgroups: .inc blocks until enough are free (a split summing above 3 x kLaunchRegs deadlocks), .inc below
   // the current count is an illegal instruction. WG0 holds O_L + S + P, WG1 O_R, the producer two units of
-  // token bytes (perf-notes sparse v4).
+  // token bytes (docs/sparse-decode.md, decision sparse-v4).
   static constexpr int kLaunchRegs = 168;
   static constexpr int kRegsWg0 = 200;
   static constexpr int kRegsWg1 = 168;
@@ -41,11 +41,11 @@ struct Common {
 
   static constexpr float kMaxInit = -1e30f;  // finite: exp2(m_old - m_new) never sees inf - inf
 
-  // K buffer layout (perf-notes sparse v7, v10). The first kGroupTiles tiles are split into two halves of 4
-  // tiles (V_L = tiles 0-3, V_R = tiles 4-7); inside a half, rows 8g..8g+7 of its 4 tiles are 4 consecutive
-  // 1024-byte swizzle atoms: tile t, row group g at (t / 4) * kHalfBytes + g * kGroupStride + (t % 4) * 1024.
-  // 32 consecutive tokens of a half are then one contiguous 16 KB range (the crossover sends each half of its
-  // 32 tokens to the peer with one bulk copy, as soon as that half of the buffer is free). Descriptors:
+  // K buffer layout (docs/sparse-decode.md, decisions sparse-v7, sparse-v10). The first kGroupTiles tiles are
+  // split into two halves of 4 tiles (V_L = tiles 0-3, V_R = tiles 4-7); inside a half, rows 8g..8g+7 of its 4
+  // tiles are 4 consecutive 1024-byte swizzle atoms: tile t, row group g at (t / 4) * kHalfBytes + g * kGroupStride
+  // + (t % 4) * 1024. 32 consecutive tokens of a half are then one contiguous 16 KB range (the crossover sends each
+  // half of its 32 tokens to the peer with one bulk copy, as soon as that half of the buffer is free). Descriptors:
   // K-major SBO = kGroupStride; the MN-major V view of a half LBO = one atom (next 64 columns), SBO =
   // kGroupStride (next 8 tokens). Tiles from kGroupTiles on (V3.2's RoPE tile) are plain 8 KB tiles after them.
   static constexpr int kGroupTiles = 8;

@@ -26,7 +26,8 @@ Status launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream) {
   g_last_crossover = p.crossover;
 #endif
   if (p.is_model1)
-    return p.crossover ? launch_variant<Layout::kModel1, true>(p, stream) : launch_variant<Layout::kModel1, false>(p, stream);
+    return p.crossover ? launch_variant<Layout::kModel1, true>(p, stream)
+                       : launch_variant<Layout::kModel1, false>(p, stream);
   return p.crossover ? launch_variant<Layout::kV32, true>(p, stream) : launch_variant<Layout::kV32, false>(p, stream);
 }
 

@@ -1,7 +1,7 @@
 // The typed launcher of the sparse prefill kernel, included by one instantiation unit per head dimension.
 #pragma once
 
-#include "api/validate.h"
+#include "common/cuda_check.h"
 #include "kernels/sparse_prefill/kernel.cuh"
 #include "kernels/sparse_prefill/launch.h"
 
