@@ -1,7 +1,8 @@
 // Trace builds only (CMake -DOPENMLA_TRACE=ON): host helpers that read and clear the __device__ arrays the kernels
 // stamp their timelines into (openmla/testing.h; tools/trace_*_decode.py read them through the Python module).
-// Every compilation unit that instantiates a kernel has its own copy of these arrays (whole-program compilation),
-// so a unit hands out the address of its copies (trace_buffer) and the readers copy from the unit that launched.
+// Every compilation unit that instantiates a kernel has its own copy of these arrays (whole-program compilation):
+// a reader either runs in the unit that launched (the *_symbol helpers), or the unit hands out the address of its
+// copies (trace_buffer) and the reader copies from the unit of the variant that launched last.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,6 +38,28 @@ inline Status copy_trace_buffer(unsigned long long* host, size_t offset, const T
 // Zeroes `buffer` (entries a CTA never stamps then read as 0).
 inline Status clear_trace_buffer(const TraceBuffer& buffer, const char* what) {
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemset(buffer.address, 0, buffer.bytes), what);
+  return Status::ok();
+}
+
+// Number of 64-bit values of a __device__ array of unsigned long long.
+template <typename Symbol>
+constexpr size_t symbol_values(const Symbol& symbol) {
+  return sizeof(symbol) / sizeof(unsigned long long);
+}
+
+// Copies the calling unit's `symbol` to host[offset, offset + its size); the caller checked the room and synchronised.
+template <typename Symbol>
+Status copy_symbol(unsigned long long* host, size_t offset, const Symbol& symbol, const char* what) {
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(host + offset, symbol, sizeof(symbol)), what);
+  return Status::ok();
+}
+
+// Zeroes the calling unit's `symbol` (entries a CTA never stamps then read as 0).
+template <typename Symbol>
+Status clear_symbol(const Symbol& symbol, const char* what) {
+  void* address = nullptr;
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaGetSymbolAddress(&address, symbol), what);
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemset(address, 0, sizeof(symbol)), what);
   return Status::ok();
 }
 

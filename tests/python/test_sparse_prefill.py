@@ -171,7 +171,10 @@ def run_and_check(case: Case, seed=0, rows=None):
     assert not bool(ref[0].isnan().any()), "the inputs select poisoned rows"
     if rows is not None:
         out, mx, lse = out[rows], mx[rows], lse[rows]
-    _ref().check_sparse_prefill(out, mx, lse, ref, what=f" [{case}]")
+    # Logits of q scaled up (q_scale > 1) are sums of larger, cancelling terms: their fp32 rounding (tensor-core
+    # accumulation order against the reference's) grows with q, so the absolute tolerance of max_logits and lse
+    # does too (observed: 1.7e-5 at q_scale 30 for logits near 0; a wrong max or sum is off by far more).
+    _ref().check_sparse_prefill(out, mx, lse, ref, what=f" [{case}]", stat_abs_tol=1e-6 * case.q_scale)
     return q, kv, indices, lengths, sink
 
 

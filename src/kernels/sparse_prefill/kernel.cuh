@@ -21,6 +21,13 @@
 #include "kernels/sparse_prefill/config.h"
 #include "kernels/sparse_prefill/params.h"
 
+#ifndef OPENMLA_SP_CONSUMER_FENCE
+#define OPENMLA_SP_CONSUMER_FENCE 1
+#endif
+#ifndef OPENMLA_SP_EVICT_LAST
+#define OPENMLA_SP_EVICT_LAST 1
+#endif
+
 namespace openmla::kernels::sparse_prefill {
 
 using tile::desc_k_major;
@@ -52,6 +59,32 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Optional clock64 trace (trace builds: CMake OPENMLA_TRACE; tools/trace_sparse_prefill.py
+// reads it through openmla._openmla._sparse_prefill_trace): thread 0 of each warpgroup of CTAs 0 and 1 stamps each
+// step of its first kPairs block pairs (counted over the CTA's tiles). Compiled out otherwise.
+// ---------------------------------------------------------------------------------------------------
+struct Trace {
+  static constexpr int kCtas = 2, kRoles = 3, kPairs = 96, kEvents = 8;
+  // WG0 (role 0): 0 pair start, 1 S0 = Q K0^T done, 2 m0 published, 3 P0 V0_L done, 4 a1 received, 5 P0 stored,
+  //   6 P1 V1_L done, 7 tile epilogue done (last pair of a tile only).
+  // WG1 (role 1): 0 pair start, 1 S1 = Q K1^T done, 2 m0 received, 3 P1 stored + a1 published, 4 P1 V1_R done,
+  //   5 P0 received, 6 P0 V0_R done, 7 tile epilogue done.
+  // Producer (role 2): 0 pair start, then the fill of K0 V_L, K1 V_R, K0 V_R, K0 RoPE, K1 RoPE, K1 V_L issued
+  //   (events 1-6, each after its free wait), 7 the next pair's rows prefetched.
+};
+#if defined(OPENMLA_HAS_TRACE)
+#define OPENMLA_PREFILL_TRACE_ON 1
+__device__ unsigned long long g_sparse_prefill_trace[Trace::kCtas][Trace::kRoles][Trace::kPairs][Trace::kEvents];
+__device__ __forceinline__ void trace_stamp(int role, uint32_t pair, int ev) {
+  if (blockIdx.x < Trace::kCtas && pair < Trace::kPairs && threadIdx.x % 128 == 0)
+    g_sparse_prefill_trace[blockIdx.x][role][pair][ev] = clock64();
+}
+#define OPENMLA_PREFILL_STAMP(role, pair, ev) ::openmla::kernels::sparse_prefill::trace_stamp(role, pair, ev)
+#else
+#define OPENMLA_PREFILL_STAMP(role, pair, ev) ((void)0)
+#endif
 
 // ---------------------------------------------------------------------------------------------------
 // Work of one tile
@@ -95,7 +128,12 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
   const auto* kv = static_cast<const uint8_t*>(p.kv);
   const int64_t kv_row_bytes = p.kv_stride_s * 2;
   // Every kv row is read by both head tiles of a token (h_q = 128) and by other tokens: keep them in L2.
+#if OPENMLA_SP_EVICT_LAST
   const uint64_t policy = ptx::make_l2_evict_last_policy();
+#else
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+#endif
   uint32_t use[2] = {0, 0};  // fills of each K buffer so far: free/full parity
 
   // Fills tile group `grp` of buffer `buf` with this thread's 4 rows x the group's tiles (row indices in `ridx`,
@@ -122,6 +160,7 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
 
   int tile = blockIdx.x;
   uint32_t tile_iter = 0;
+  uint32_t pair_count = 0;  // trace only
   TileWork w = tile_work(p, tile);
   int idx_next = load_pair_index(p, w, 0, warp, lane);
   for (; tile < p.num_tiles; tile += p.grid, ++tile_iter) {
@@ -139,6 +178,7 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
     if (w.num_blocks == 0) idx_next = load_pair_index(p, wn, 0, warp, lane);
     for (int blk0 = 0; blk0 < w.num_blocks; blk0 += 2) {
       const bool has_k1 = blk0 + 1 < w.num_blocks;
+      OPENMLA_PREFILL_STAMP(2, pair_count, 0);
       const int idx = idx_next;
       // The next pair's indices (of this tile or the next) are requested now and their rows pulled into L2 at
       // the end of this pair, once the index load has landed.
@@ -154,16 +194,24 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
       // Issue order = release order of the consumers (K0 V_L after WG0's P0 V_L, K1 V_R after WG1's P1 V_R, the
       // rest at the end of the pair), and within a buffer the order its Q K^T reads the tiles.
       fill(0, 0, ridx0, true, valid & 0xffffu);
+      OPENMLA_PREFILL_STAMP(2, pair_count, 1);
       if (has_k1) fill(1, 1, ridx1, true, valid >> 16);
+      OPENMLA_PREFILL_STAMP(2, pair_count, 2);
       fill(0, 1, ridx0, false, 0);
+      OPENMLA_PREFILL_STAMP(2, pair_count, 3);
       if constexpr (T::kNumGroups == 3) fill(0, 2, ridx0, false, 0);
+      OPENMLA_PREFILL_STAMP(2, pair_count, 4);
       if (has_k1) {
         if constexpr (T::kNumGroups == 3) fill(1, 2, ridx1, false, 0);
+        OPENMLA_PREFILL_STAMP(2, pair_count, 5);
         fill(1, 0, ridx1, false, 0);
+        OPENMLA_PREFILL_STAMP(2, pair_count, 6);
       }
       ++use[0];
       if (has_k1) ++use[1];
       if (idx_next >= 0) bulk_prefetch_l2(kv + static_cast<int64_t>(idx_next) * kv_row_bytes, T::kHeadDimQK * 2);
+      OPENMLA_PREFILL_STAMP(2, pair_count, 7);
+      ++pair_count;
     }
     w = wn;
   }
@@ -185,7 +233,9 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage<kDQK>& sme
     const int t = (i + kFirstTile) % T::kNumTiles;
     if (t % T::kVTilesPerHalf == 0) {
       ptx::mbarrier_wait_parity(&smem.full[buf][t / T::kVTilesPerHalf], phase);
+#if OPENMLA_SP_CONSUMER_FENCE
       ptx::fence_proxy_async_shared();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+#endif
     }
 #pragma unroll
     for (int kk = 0; kk < T::kTileCols / 16; ++kk)
@@ -276,6 +326,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
   auto handoff = [&](Handoff h) { return &smem.handoff[static_cast<int>(h)]; };
 
   uint32_t tile_iter = 0;
+  uint32_t pair_count = 0;  // trace only
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += p.grid, ++tile_iter) {
     const TileWork w = tile_work(p, tile);
     ptx::mbarrier_wait_parity(&smem.q_full, tile_iter & 1);
@@ -293,11 +344,13 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
       const bool last_pair = blk0 + 2 >= w.num_blocks;
       const uint32_t ph0 = use[0] & 1, ph1 = use[1] & 1;
       const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
+      OPENMLA_PREFILL_STAMP(kWg, pair_count, 0);
       float s[32];
       uint32_t pa[4][4];
       if constexpr (kWg == 0) {
         // S0 = Q K0^T; m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
         gemm_qk<kDQK, 0>(s, smem, 0, ph0);
+        OPENMLA_PREFILL_STAMP(0, pair_count, 1);
         if (last_pair) arrive(&smem.q_free);
         mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[0]) >> frag.col);
         float mx[2], m0[2], a0[2], sum[2];
@@ -318,13 +371,16 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
           }
         }
         arrive(handoff(Handoff::kMax0Ready));
+        OPENMLA_PREFILL_STAMP(0, pair_count, 2);
         scale_rows(o, a0[0], a0[1]);
         to_a_fragments(s, pa);
         gemm_pv_rs(o, pa, smem.k[0][0]);
         arrive(&smem.free_[0][0]);
+        OPENMLA_PREFILL_STAMP(0, pair_count, 3);
 
         // a1 and P1 from WG1; P0 rescaled to m1 goes to WG1.
         ptx::mbarrier_wait_parity(handoff(Handoff::kScale1Ready), handoff_phase);
+        OPENMLA_PREFILL_STAMP(0, pair_count, 4);
         float a1[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -341,15 +397,19 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         }
         store_p(s, p_tile[0], frag);
         arrive(handoff(Handoff::kP0Ready));
+        OPENMLA_PREFILL_STAMP(0, pair_count, 5);
         // O_L = a1 O_L + P1 V1_L.
         scale_rows(o, a1[0], a1[1]);
         if (has_k1) {
           ptx::mbarrier_wait_parity(&smem.full[1][0], ph1);
+#if OPENMLA_SP_CONSUMER_FENCE
           ptx::fence_proxy_async_shared();
+#endif
           gemm_pv_ss(o, p_tile[1], smem.k[1][0]);
           arrive(&smem.free_[1][0]);
           if constexpr (T::kNumGroups == 3) arrive(&smem.free_[1][2]);  // P1 lived in K1's RoPE tile
         }
+        OPENMLA_PREFILL_STAMP(0, pair_count, 6);
       } else {
         // S1 = Q K1^T (V_R tiles first).
         float mx[2] = {-INFINITY, -INFINITY};
@@ -358,9 +418,11 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
           mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[1]) >> frag.col);
           row_max(s, mx);
         }
+        OPENMLA_PREFILL_STAMP(1, pair_count, 1);
         if (last_pair) arrive(&smem.q_free);
         // m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); O_R = a0 a1 O_R + P1 V1_R.
         ptx::mbarrier_wait_parity(handoff(Handoff::kMax0Ready), handoff_phase);
+        OPENMLA_PREFILL_STAMP(1, pair_count, 2);
         float m1[2], a01[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -380,6 +442,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
           store_p(s, p_tile[1], frag);
         }
         arrive(handoff(Handoff::kScale1Ready));
+        OPENMLA_PREFILL_STAMP(1, pair_count, 3);
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a01[i] + sum[i];
         scale_rows(o, a01[0], a01[1]);
@@ -388,17 +451,23 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
           gemm_pv_rs(o, pa, smem.k[1][T::kVTilesPerHalf]);
           arrive(&smem.free_[1][1]);
         }
+        OPENMLA_PREFILL_STAMP(1, pair_count, 4);
         // O_R += P0 V0_R.
         ptx::mbarrier_wait_parity(handoff(Handoff::kP0Ready), handoff_phase);
+        OPENMLA_PREFILL_STAMP(1, pair_count, 5);
         ptx::mbarrier_wait_parity(&smem.full[0][1], ph0);
+#if OPENMLA_SP_CONSUMER_FENCE
         ptx::fence_proxy_async_shared();
+#endif
         gemm_pv_ss(o, p_tile[0], smem.k[0][T::kVTilesPerHalf]);
         arrive(&smem.free_[0][1]);
         if constexpr (T::kNumGroups == 3) arrive(&smem.free_[0][2]);  // P0 lived in K0's RoPE tile
+        OPENMLA_PREFILL_STAMP(1, pair_count, 6);
       }
       ++use[0];
       if (has_k1) ++use[1];
       handoff_phase ^= 1;
+      ++pair_count;
     }
 
     // ---------------------------------------------------------------- epilogue
@@ -412,7 +481,9 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
       const float l = quad_sum(l_run[i]);
       if (lane % 4 == 0) smem.row_sum[par][kWg][frag.row[i]] = l;
     }
-    ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kRowSums), 2 * T::kWarpgroupThreads);
+    // Not the aligned bar.sync: the warps may arrive here diverged (after the mbarrier spin loops), which
+    // compute-sanitizer synccheck reports for bar.sync.
+    ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kRowSums), 2 * T::kWarpgroupThreads);
     float inv[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

@@ -14,6 +14,13 @@ Status launch_sparse_prefill(const SparsePrefillParams& p, cudaStream_t stream) 
   return p.d_qk == 576 ? launch_sparse_prefill_typed<576>(p, stream) : launch_sparse_prefill_typed<512>(p, stream);
 }
 
+#if defined(OPENMLA_HAS_TRACE)
+Status sparse_prefill_trace(int d_qk, unsigned long long* host, size_t count, bool clear) {
+  return d_qk == 576 ? sparse_prefill_trace_typed<576>(host, count, clear)
+                     : sparse_prefill_trace_typed<512>(host, count, clear);
+}
+#endif
+
 namespace sparse_prefill {
 
 // Q as a 4-D tensor (d_qk columns, heads, tokens, 1), box 64 columns x 64 heads: one box per 64 x 64 swizzled

@@ -13,6 +13,13 @@ namespace openmla::kernels {
 template <int kDQK>
 Status launch_sparse_prefill_typed(const SparsePrefillParams& p, cudaStream_t stream);
 
+#if defined(OPENMLA_HAS_TRACE)
+template <int kDQK>
+Status sparse_prefill_trace_typed(unsigned long long* host, size_t count, bool clear);
+// Trace builds: copies (or clears) the clock64 trace of the last launch with head dimension d_qk.
+Status sparse_prefill_trace(int d_qk, unsigned long long* host, size_t count, bool clear);
+#endif
+
 namespace sparse_prefill {
 Status make_q_tensor_map(const SparsePrefillParams& p, CUtensorMap* map);
 }  // namespace sparse_prefill

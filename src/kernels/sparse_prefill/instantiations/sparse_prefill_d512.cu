@@ -4,3 +4,8 @@
 namespace openmla::kernels {
 template Status launch_sparse_prefill_typed<512>(const SparsePrefillParams&, cudaStream_t);
 }  // namespace openmla::kernels
+#if defined(OPENMLA_HAS_TRACE)
+namespace openmla::kernels {
+template Status sparse_prefill_trace_typed<512>(unsigned long long*, size_t, bool);
+}  // namespace openmla::kernels
+#endif
