@@ -139,7 +139,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // Read-only 16- and 8-byte global loads for the sparse gathers (4 threads read 64 contiguous bytes of a token per
 // instruction, so two instructions share each 128-byte line): allocated in L1 with evict_last, 128-byte L2 prefetch
 // (256 bytes read 0.2-0.9 % slower; perf-notes sparse v29).
-// L1::no_allocate was 7-14 % slower on every sparse row (perf-notes, sparse v27; tools/micro/head_gather_bench.cu:
+// L1::no_allocate was 7-14 % slower on every sparse row (perf-notes, sparse v27; tools/diag/micro/head_gather_bench.cu:
 // a 64-token gather 2.2 -> 1.3 us with the L2 warm), presumably because each half line then went to L2 on its own.
 __device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
   uint4 v;

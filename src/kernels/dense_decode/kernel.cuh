@@ -21,9 +21,9 @@
 namespace openmla::kernels::dense_decode {
 
 // ---------------------------------------------------------------------------------------------------
-// Optional request timeline (trace build: CMake -DOPENMLA_SPARSE_TRACE=ON; tools/trace_dense_decode.py reads
-// it): thread 0 of every CTA (linear id < kCtas) stamps %globaltimer (ns, one clock for all SMs) at each step of
-// its first kRequests requests. Compiled out otherwise, so the production kernel is unchanged.
+// Optional request timeline (trace build: CMake -DOPENMLA_SPARSE_TRACE=ON; tools/diag/trace_dense_decode.py
+// reads it): thread 0 of every CTA (linear id < kCtas) stamps %globaltimer (ns, one clock for all SMs) at each
+// step of its first kRequests requests. Compiled out otherwise, so the production kernel is unchanged.
 // ---------------------------------------------------------------------------------------------------
 struct Timeline {
   static constexpr int kCtas = 1024, kRequests = 8, kEvents = 8;

@@ -27,8 +27,8 @@
 namespace openmla::kernels::sparse_decode {
 
 // ---------------------------------------------------------------------------------------------------
-// Optional clock64 trace (CMake -DOPENMLA_SPARSE_TRACE=ON; tools/trace_sparse_decode.py reads it): thread 0 of
-// each warpgroup of the CTAs (x < 2, y = 0, z = 0) stamps its steps per block. Compiled out otherwise.
+// Optional clock64 trace (CMake -DOPENMLA_SPARSE_TRACE=ON; tools/diag/trace_sparse_decode.py reads it): thread 0
+// of each warpgroup of the CTAs (x < 2, y = 0, z = 0) stamps its steps per block. Compiled out otherwise.
 // ---------------------------------------------------------------------------------------------------
 struct Trace {
   static constexpr int kCtas = 2, kRoles = 3, kIters = 256, kEvents = 6;
