@@ -64,7 +64,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Optional clock64 trace (trace builds: CMake OPENMLA_TRACE / OPENMLA_SPARSE_TRACE; tools/trace_sparse_prefill.py
+// Optional clock64 trace (trace builds: CMake OPENMLA_TRACE / OPENMLA_SPARSE_TRACE; tools/diag/trace_sparse_prefill.py
 // reads it through openmla._openmla._sparse_prefill_trace): thread 0 of each warpgroup of CTAs 0 and 1 stamps each
 // step of its first kPairs block pairs (counted over the CTA's tiles). Compiled out otherwise.
 // ---------------------------------------------------------------------------------------------------
