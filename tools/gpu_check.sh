@@ -139,11 +139,11 @@ print(f"{len(names)} kernels, max {max(regs) if regs else 0} regs, "
 PY
 )
 # SASS of the wgmma kernels: a WARPGROUP.DEPBAR after (nearly) every HGMMA means ptxas serialised the
-# tensor-core pipeline, silently (dense decode v2/v3 lost 10-15 % that way; docs/perf-notes.md).
+# tensor-core pipeline, silently (dense-v2 and dense-v3 lost 10-15 % that way: docs/dense-decode.md, "Guards").
 sass_note=""
 serial_total=0
 if (( build_ok )) && command -v cuobjdump >/dev/null; then
-  for obj in "$build_dir"/CMakeFiles/openmla.dir/src/kernels/{dense_decode,sparse_decode,sparse_prefill/instantiations}/*.cu.o; do
+  for obj in "$build_dir"/CMakeFiles/openmla.dir/src/kernels/{dense_decode,sparse_decode,sparse_prefill}/instantiations/*.cu.o; do
     [[ -f $obj ]] || continue
     echo -e "\n# SASS summary (tools/sass_summary.py) of $obj" >>"$logs/ptxas.txt"
     cuobjdump -sass "$obj" 2>/dev/null | "$py" tools/sass_summary.py >>"$logs/ptxas.txt"
@@ -153,12 +153,12 @@ if (( build_ok )) && command -v cuobjdump >/dev/null; then
     serial_total=$(( serial_total + serial ))
   done
   (( serial_total > 0 )) && sass_note=", $serial_total kernel(s) with wgmma SERIALISED (see ptxas.txt)"
-  # Where the dense pair loop landed: its speed depends on it by up to 5 % (perf-notes, session 6: only a loop
-  # starting at 0x40 modulo 128 measured fast).
-  dense_obj="$build_dir/CMakeFiles/openmla.dir/src/kernels/dense_decode/launch.cu.o"
-  if [[ -f $dense_obj ]]; then
-    offs=$("$py" tools/sass_loops.py --offsets "$dense_obj" --min-hgmma 80 2>/dev/null | tee -a "$logs/ptxas.txt" |
-           grep -oE 'start % 128 = 0x[0-9a-f]+' | awk '{print $NF}' | sort -u | tr '\n' ' ')
+  # Where the dense pair loop landed: its speed depends on it by up to 5 % (docs/dense-decode.md, "Code placement",
+  # decision dense-v17: only a loop starting at 0x40 modulo 128 measured fast).
+  dense_objs=("$build_dir"/CMakeFiles/openmla.dir/src/kernels/dense_decode/instantiations/*.cu.o)
+  if [[ -f ${dense_objs[0]} ]]; then
+    offs=$(for o in "${dense_objs[@]}"; do "$py" tools/sass_loops.py --offsets "$o" --min-hgmma 80 2>/dev/null; done |
+           tee -a "$logs/ptxas.txt" | grep -oE 'start % 128 = 0x[0-9a-f]+' | awk '{print $NF}' | sort -u | tr '\n' ' ')
     [[ $offs == "0x40 " ]] || sass_note="$sass_note, dense pair loop MOVED (start % 128 = ${offs:-?}; see ptxas.txt)"
   fi
 fi

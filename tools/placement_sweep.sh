@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# How a kernel's loop addresses change its speed (perf-notes, session 6, "The pair loop's placement").
+# How a kernel's loop addresses change its speed (docs/dense-decode.md, "Code placement", decision dense-v17).
 # Dense decode (default): for each N, the kernel's never-taken placement shim gets N copies of its prefetch (the
-# pair loop's SASS stays the same; it moves 16 bytes per copy). Sparse decode (SWEEP_KERNEL=sparse, not measured
-# yet): a never-taken block of N prefetches is inserted at the kernel's entry (N = 0: the shipped kernel), which
-# moves every role's loops. Each build is incremental (the Python extension only) and the benchmark runs the
-# selected rows once. The source file is restored at the end.
+# pair loop's SASS stays the same; it moves 16 bytes per copy). Sparse decode (SWEEP_KERNEL=sparse; 0-4 prefetches
+# measured flat, docs/sparse-decode.md): a never-taken block of N prefetches is inserted at the kernel's entry
+# (N = 0: the shipped kernel), which moves every role's loops. Each build is incremental (the Python extension
+# only) and the benchmark runs the selected rows once. The source file is restored at the end.
 #
 #   SWEEP_N="1 25 5 9 17 33 1" SWEEP_FILTER='sq2_sk32768_varlen$|sq2_sk4096_varlen$' bash tools/placement_sweep.sh
 #   SWEEP_KERNEL=sparse SWEEP_N="0 1 2 4 8 0" SWEEP_FILTER='b2_|b64_|b128_hq128' bash tools/placement_sweep.sh
@@ -52,13 +52,13 @@ PY
   fi
   offs=""
   if [[ $which == dense ]] && command -v cuobjdump >/dev/null; then
-    offs=$("$py" tools/sass_loops.py --offsets "$bdir/CMakeFiles/openmla.dir/src/kernels/dense_decode/launch.cu.o" \
+    offs=$("$py" tools/sass_loops.py --offsets "$bdir/CMakeFiles/openmla.dir/src/kernels/dense_decode/instantiations/bf16.cu.o" \
            --min-hgmma 80 2>/dev/null | head -1 | grep -oE 'loop 0x[0-9a-f]+.*')
   elif command -v cuobjdump >/dev/null; then
-    # The V3.2 crossover kernel (second function): WG1's block loop (4 HGMMA) and WG0's (36 + 4).
-    obj="$bdir/CMakeFiles/openmla.dir/src/kernels/sparse_decode/launch.cu.o"
-    offs="WG1 $("$py" tools/sass_loops.py --offsets "$obj" --min-hgmma 4 2>/dev/null | sed -n 2p | grep -oE '0x[0-9a-f]+\.\.' | head -1)"
-    offs="$offs WG0 $("$py" tools/sass_loops.py --offsets "$obj" --min-hgmma 30 2>/dev/null | sed -n 2p | grep -oE '0x[0-9a-f]+\.\.' | head -1)"
+    # The V3.2 crossover kernel (its own unit): WG1's block loop (4 HGMMA) and WG0's (36 + 4).
+    obj="$bdir/CMakeFiles/openmla.dir/src/kernels/sparse_decode/instantiations/v32_crossover.cu.o"
+    offs="WG1 $("$py" tools/sass_loops.py --offsets "$obj" --min-hgmma 4 2>/dev/null | sed -n 1p | grep -oE '0x[0-9a-f]+\.\.' | head -1)"
+    offs="$offs WG0 $("$py" tools/sass_loops.py --offsets "$obj" --min-hgmma 30 2>/dev/null | sed -n 1p | grep -oE '0x[0-9a-f]+\.\.' | head -1)"
   fi
   PYTHONPATH="$root/python:$root/.deps/py" "$py" benchmarks/run.py --suite "$suite" \
       --filter "${SWEEP_FILTER:-$default_filter}" --json "$out/n$n.json" >"$out/bench_$n.log" 2>&1

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Counts the SASS instructions that matter for a wgmma kernel, per function, from `cuobjdump -sass` output.
 
-    cuobjdump -sass build-gpu/CMakeFiles/openmla.dir/src/kernels/dense_decode/launch.cu.o | \
+    cuobjdump -sass build-gpu/CMakeFiles/openmla.dir/src/kernels/dense_decode/instantiations/bf16.cu.o | \
         python3 tools/sass_summary.py
 
 HGMMA = tensor-core wgmma; WARPGROUP.DEPBAR = a wait for wgmma groups (wgmma.wait_group, or one ptxas

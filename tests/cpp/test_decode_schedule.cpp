@@ -96,9 +96,10 @@ TEST(DecodeScheduleHeuristics, SparseRequestBlocks) {
   EXPECT_EQ(heuristics::sparse_request_blocks(2048, nullptr, 512, &huge), 32 + 8);
 }
 
-// Crossover pairs need an even tile count and more than kSparsePlainMaxBlocks blocks per partition (perf-notes
-// sparse v25, v29). The benchmark's rows on 132 SMs: h_q = 128, s_q = 2, topk 2048 -> 33 partitions of
-// ceil(b * (32 + 5) / 33) blocks: b = 2 -> 3, b = 4 -> 5, b = 8 -> 9 (plain), b = 16 -> 18 (crossover).
+// Crossover pairs need an even tile count and more than kSparsePlainMaxBlocks blocks per partition
+// (docs/sparse-decode.md, decisions sparse-v25, sparse-v29). The benchmark's rows on 132 SMs: h_q = 128,
+// s_q = 2, topk 2048 -> 33 partitions of ceil(b * (32 + 5) / 33) blocks: b = 2 -> 3, b = 4 -> 5, b = 8 -> 9
+// (plain), b = 16 -> 18 (crossover).
 TEST(DecodeScheduleHeuristics, SparseCrossoverChoice) {
   const auto partition_blocks = [](int64_t b) {
     return heuristics::decode_payload(b * (32 + kernels::kDecodeRequestOverheadBlocks), 33) -

@@ -27,6 +27,9 @@
 #ifndef OPENMLA_SP_EVICT_LAST
 #define OPENMLA_SP_EVICT_LAST 1
 #endif
+#ifndef OPENMLA_SP_EARLY_QK
+#define OPENMLA_SP_EARLY_QK 1
+#endif
 
 namespace openmla::kernels::sparse_prefill {
 
@@ -61,7 +64,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Optional clock64 trace (trace builds: CMake OPENMLA_TRACE; tools/trace_sparse_prefill.py
+// Optional clock64 trace (trace builds: CMake OPENMLA_TRACE; tools/diag/trace_sparse_prefill.py
 // reads it through openmla._openmla._sparse_prefill_trace): thread 0 of each warpgroup of CTAs 0 and 1 stamps each
 // step of its first kPairs block pairs (counted over the CTA's tiles). Compiled out otherwise.
 // ---------------------------------------------------------------------------------------------------
@@ -222,15 +225,15 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
 // ---------------------------------------------------------------------------------------------------
 // Consumers
 // ---------------------------------------------------------------------------------------------------
-// S = Q K^T over the tiles of K buffer `buf`, each tile group waited for on arrival (kFirstTile rotates the order:
-// WG1 starts with the V_R group, which the producer refills first).
-template <int kDQK, int kFirstTile>
-__device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage<kDQK>& smem, int buf, uint32_t phase) {
+// Issues (no commit, no wait) the wgmmas of S += Q K^T over kCount tiles of K buffer `buf` starting at tile kFirst
+// (modulo the tile count), each tile group waited for as it is reached; `init`: the first one overwrites S.
+template <int kDQK, int kFirst, int kCount>
+__device__ __forceinline__ void issue_qk(float (&s)[32], SharedStorage<kDQK>& smem, int buf, uint32_t phase,
+                                         bool init) {
   using T = Traits<kDQK>;
-  ptx::wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < T::kNumTiles; ++i) {
-    const int t = (i + kFirstTile) % T::kNumTiles;
+  for (int i = 0; i < kCount; ++i) {
+    const int t = (i + kFirst) % T::kNumTiles;
     if (t % T::kVTilesPerHalf == 0) {
       ptx::mbarrier_wait_parity(&smem.full[buf][t / T::kVTilesPerHalf], phase);
 #if OPENMLA_SP_CONSUMER_FENCE
@@ -240,8 +243,16 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage<kDQK>& sme
 #pragma unroll
     for (int kk = 0; kk < T::kTileCols / 16; ++kk)
       ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
-                                      (i | kk) != 0);
+                                      (init && i == 0 && kk == 0) ? 0 : 1);
   }
+}
+
+// S = Q K^T over all tiles of K buffer `buf` (kFirstTile rotates the order: WG1 starts with the V_R group, which
+// the producer refills first).
+template <int kDQK, int kFirstTile>
+__device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage<kDQK>& smem, int buf, uint32_t phase) {
+  ptx::wgmma_fence();
+  issue_qk<kDQK, kFirstTile, Traits<kDQK>::kNumTiles>(s, smem, buf, phase, true);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_registers(s);
@@ -302,12 +313,17 @@ __device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&pa)
   ptx::fence_registers(o);
 }
 
-// O_half += P V_half with P read from shared memory (written by the other warpgroup).
-__device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
+// Issues (no fence, commit or wait) O_half += P V_half with P read from shared memory (the other warpgroup's).
+__device__ __forceinline__ void issue_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
     ptx::wgmma_m64n256k16_ss_bf16<1>(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * 128), 1);
+}
+
+// O_half += P V_half with P read from shared memory (written by the other warpgroup).
+__device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
+  ptx::wgmma_fence();
+  issue_pv_ss(o, p_tile, v_tiles);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_registers(o);
@@ -339,17 +355,29 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     float l_run[2] = {0.f, 0.f};                   // this warpgroup's partial row sums, relative to m_run
 
     // ---------------------------------------------------------------- main loop over block pairs
+    // WG0 issues the next pair's Q K0^T over the V_L tiles (refilled first, after its own P0 V0_L) right behind
+    // P1 V1_L, before waiting for it: the tensor pipe stays fed while the V_R and RoPE tiles, refilled only after
+    // WG1's last P V of the pair, are still in flight (docs/sparse-prefill.md, decision sprefill-v2).
+    float s[32];
+    bool qk_head_issued = false;
     for (int blk0 = 0; blk0 < w.num_blocks; blk0 += 2) {
       const bool has_k1 = blk0 + 1 < w.num_blocks;
       const bool last_pair = blk0 + 2 >= w.num_blocks;
       const uint32_t ph0 = use[0] & 1, ph1 = use[1] & 1;
       const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
       OPENMLA_PREFILL_STAMP(kWg, pair_count, 0);
-      float s[32];
       uint32_t pa[4][4];
       if constexpr (kWg == 0) {
         // S0 = Q K0^T; m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
-        gemm_qk<kDQK, 0>(s, smem, 0, ph0);
+        constexpr int kHead = T::kVTilesPerHalf;  // tiles issued early (the V_L group)
+        if (!qk_head_issued) {
+          ptx::wgmma_fence();
+          issue_qk<kDQK, 0, kHead>(s, smem, 0, ph0, true);
+        }
+        issue_qk<kDQK, kHead, T::kNumTiles - kHead>(s, smem, 0, ph0, false);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(s);
         OPENMLA_PREFILL_STAMP(0, pair_count, 1);
         if (last_pair) arrive(&smem.q_free);
         mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[0]) >> frag.col);
@@ -400,12 +428,29 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         OPENMLA_PREFILL_STAMP(0, pair_count, 5);
         // O_L = a1 O_L + P1 V1_L.
         scale_rows(o, a1[0], a1[1]);
+        // has_k1 is false only in a tile's last pair, so the next pair (if any) follows in this tile.
+        qk_head_issued = false;
         if (has_k1) {
           ptx::mbarrier_wait_parity(&smem.full[1][0], ph1);
 #if OPENMLA_SP_CONSUMER_FENCE
           ptx::fence_proxy_async_shared();
 #endif
-          gemm_pv_ss(o, p_tile[1], smem.k[1][0]);
+          ptx::wgmma_fence();
+          issue_pv_ss(o, p_tile[1], smem.k[1][0]);
+          ptx::wgmma_commit();
+#if OPENMLA_SP_EARLY_QK
+          if (!last_pair) {
+            issue_qk<kDQK, 0, kHead>(s, smem, 0, ph0 ^ 1, true);
+            ptx::wgmma_commit();
+            qk_head_issued = true;
+            ptx::wgmma_wait<1>();  // P1 V1_L done; the next Q K0^T head may still run
+          } else {
+            ptx::wgmma_wait<0>();
+          }
+#else
+          ptx::wgmma_wait<0>();
+#endif
+          ptx::fence_registers(o);
           arrive(&smem.free_[1][0]);
           if constexpr (T::kNumGroups == 3) arrive(&smem.free_[1][2]);  // P1 lived in K1's RoPE tile
         }
@@ -459,7 +504,11 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
 #if OPENMLA_SP_CONSUMER_FENCE
         ptx::fence_proxy_async_shared();
 #endif
-        gemm_pv_ss(o, p_tile[0], smem.k[0][T::kVTilesPerHalf]);
+        ptx::wgmma_fence();
+        issue_pv_ss(o, p_tile[0], smem.k[0][T::kVTilesPerHalf]);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(o);
         arrive(&smem.free_[0][1]);
         if constexpr (T::kNumGroups == 3) arrive(&smem.free_[0][2]);  // P0 lived in K0's RoPE tile
         OPENMLA_PREFILL_STAMP(1, pair_count, 6);
@@ -525,6 +574,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         }
       }
     }
+    if (w.num_blocks > 0) OPENMLA_PREFILL_STAMP(kWg, pair_count - 1, 7);
   }
 }
 
