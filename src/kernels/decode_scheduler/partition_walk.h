@@ -1,7 +1,8 @@
 // The greedy partition pass of the decode scheduler in its request-major form: the GPU kernel feeds it
 // one request at a time (its block counts arrive in shared-memory chunks), so it is written as a small
-// state machine. It is host+device code so the CPU tests can run this exact logic against the
-// independently written partition-major twin (heuristics/decode_schedule.cpp).
+// state machine. It is host+device code: the host runs this exact logic where it knows a schedule in advance
+// (heuristics::walk_decode_schedule), and the tests check it against an independently written partition-major
+// oracle (tests/cpp/decode_schedule_oracle.h).
 //
 // Greedy rule (docs/decode-schedule.md): a partition starts with budget = payload. For the current
 // request with `rem` blocks left: if budget >= rem + overhead, finish the request here; else if

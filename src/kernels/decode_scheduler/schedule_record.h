@@ -1,4 +1,4 @@
-// The decode schedule's partition record, shared by the GPU scheduler, its CPU twin
+// The decode schedule's partition record, shared by the GPU scheduler, its host run
 // (heuristics/decode_schedule.h), the main decode kernels and the tests. Plain data, host and device.
 #pragma once
 
