@@ -30,6 +30,9 @@
 #ifndef OPENMLA_SP_EARLY_QK
 #define OPENMLA_SP_EARLY_QK 1
 #endif
+#ifndef OPENMLA_SP_PREFETCH_PAIRS
+#define OPENMLA_SP_PREFETCH_PAIRS 1
+#endif
 
 namespace openmla::kernels::sparse_prefill {
 
@@ -122,6 +125,28 @@ __device__ __forceinline__ int load_pair_index(const SparsePrefillParams& p, con
   return static_cast<unsigned>(idx) < static_cast<unsigned>(p.s_kv) ? idx : -1;
 }
 
+// A block pair in the CTA's sequence of tiles (tiles without blocks are skipped); past the end: tile >= num_tiles
+// and an empty TileWork (every index load then yields -1 without reading).
+struct PairCursor {
+  int tile;
+  int blk0;
+  TileWork w;
+};
+
+__device__ __forceinline__ void skip_finished_tiles(const SparsePrefillParams& p, PairCursor& c) {
+  while (c.tile < p.num_tiles && c.blk0 >= c.w.num_blocks) {
+    c.tile += p.grid;
+    c.blk0 = 0;
+    c.w = c.tile < p.num_tiles ? tile_work(p, c.tile) : TileWork{};
+  }
+}
+
+__device__ __forceinline__ PairCursor next_pair(const SparsePrefillParams& p, PairCursor c) {
+  c.blk0 += 2;
+  skip_finished_tiles(p, c);
+  return c;
+}
+
 template <int kDQK>
 __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStorage<kDQK>& smem,
                                         const CUtensorMap* q_map, int wg_tid) {
@@ -161,15 +186,27 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
     if (lane == 0) ptx::mbarrier_arrive(&smem.full[buf][grp]);
   };
 
+  // Look-ahead over the pairs to come (across tiles): their indices are loaded kPrefetchPairs pairs ahead and, once
+  // landed, their kv rows are pulled into L2 (bulk prefetch) so that the fills find them there.
+  constexpr int kAhead = OPENMLA_SP_PREFETCH_PAIRS;
+  static_assert(kAhead == 1 || kAhead == 2, "the rows of the next or the next-but-one pair are prefetched");
+  PairCursor ahead = {static_cast<int>(blockIdx.x), 0, {}};
+  ahead.w = ahead.tile < p.num_tiles ? tile_work(p, ahead.tile) : TileWork{};
+  skip_finished_tiles(p, ahead);
+  int idx_next = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);  // the CTA's first pair
+  int idx_after = -1;                                                  // kAhead == 2: the pair after it
+  ahead = next_pair(p, ahead);
+  if constexpr (kAhead == 2) {
+    idx_after = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);
+    ahead = next_pair(p, ahead);
+  }
+
   int tile = blockIdx.x;
   uint32_t tile_iter = 0;
   uint32_t pair_count = 0;  // trace only
   TileWork w = tile_work(p, tile);
-  int idx_next = load_pair_index(p, w, 0, warp, lane);
   for (; tile < p.num_tiles; tile += p.grid, ++tile_iter) {
-    const int next_tile = tile + p.grid;
-    TileWork wn{};
-    if (next_tile < p.num_tiles) wn = tile_work(p, next_tile);
+    if (tile != static_cast<int>(blockIdx.x)) w = tile_work(p, tile);
     // Q of this tile, once both consumer warpgroups are past the previous tile's last Q K^T.
     if (wg_tid == 0) {
       ptx::mbarrier_wait_parity(&smem.q_free, (tile_iter & 1) ^ 1);
@@ -178,15 +215,22 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
       for (int t = 0; t < T::kNumTiles; ++t)
         ptx::tma_load_4d(smem.q[t], q_map, &smem.q_full, t * T::kTileCols, w.head0, w.token, 0);
     }
-    if (w.num_blocks == 0) idx_next = load_pair_index(p, wn, 0, warp, lane);
     for (int blk0 = 0; blk0 < w.num_blocks; blk0 += 2) {
       const bool has_k1 = blk0 + 1 < w.num_blocks;
       OPENMLA_PREFILL_STAMP(2, pair_count, 0);
       const int idx = idx_next;
-      // The next pair's indices (of this tile or the next) are requested now and their rows pulled into L2 at
-      // the end of this pair, once the index load has landed.
-      idx_next = blk0 + 2 < w.num_blocks ? load_pair_index(p, w, blk0 + 2, warp, lane)
-                                         : load_pair_index(p, wn, 0, warp, lane);
+      // The indices kAhead pairs ahead are requested now; their rows go to L2 at the end of this pair, once the
+      // index load has landed.
+      int idx_prefetch;
+      if constexpr (kAhead == 2) {
+        idx_next = idx_after;
+        idx_after = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);
+        idx_prefetch = idx_after;
+      } else {
+        idx_next = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);
+        idx_prefetch = idx_next;
+      }
+      ahead = next_pair(p, ahead);
       const uint32_t valid = __ballot_sync(0xffffffffu, idx >= 0);
       int ridx0[T::kRowsPerThread], ridx1[T::kRowsPerThread];
 #pragma unroll
@@ -212,11 +256,10 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
       }
       ++use[0];
       if (has_k1) ++use[1];
-      if (idx_next >= 0) bulk_prefetch_l2(kv + static_cast<int64_t>(idx_next) * kv_row_bytes, T::kHeadDimQK * 2);
+      if (idx_prefetch >= 0) bulk_prefetch_l2(kv + static_cast<int64_t>(idx_prefetch) * kv_row_bytes, T::kHeadDimQK * 2);
       OPENMLA_PREFILL_STAMP(2, pair_count, 7);
       ++pair_count;
     }
-    w = wn;
   }
   // Nothing may be in flight when the warpgroup exits.
   ptx::cp_async_wait_all();
