@@ -10,7 +10,7 @@
 
 #include "bind_common.h"
 #include "openmla/decode.h"
-#include "openmla/testing.h"
+#include "openmla/test_hooks.h"
 
 #if defined(OPENMLA_HAS_TRACE)
 #include <vector>
@@ -28,7 +28,7 @@ namespace openmla::py {
 namespace {
 
 // Test hook of the Python tests (_set_dense_merge_publish_always): the options every dense_decode call of this
-// module passes to the library (openmla/testing.h). The library itself keeps no such state.
+// module passes to the library (openmla/test_hooks.h). The library itself keeps no such state.
 std::atomic<bool> g_test_merge_publish_always{false};
 
 // The DecodeProblem fields accepted as keyword arguments, in the order the header declares them.
@@ -157,8 +157,8 @@ void dense(const Array& q, const Array& k_cache, const Array& block_table, const
   Status status;
   {
     nb::gil_scoped_release release;
-    const testing::DenseDecodeOptions options{.merge_publish_always = g_test_merge_publish_always.load()};
-    status = testing::dense_decode(problem, args, options, to_stream(stream));
+    const test_hooks::DenseDecodeOptions options{.merge_publish_always = g_test_merge_publish_always.load()};
+    status = test_hooks::dense_decode(problem, args, options, to_stream(stream));
   }
   throw_if_error(status);
 }
@@ -254,7 +254,7 @@ void bind_decode(nb::module_& m) {
         "bf16, written; lse: (b, h_q, s_q) float32 any strides, written (never changed by the sink). "
         "softmax_scale 0 means d_qk ** -0.5.");
 
-  // Testing only (openmla/testing.h, DenseDecodeOptions): this module's dense_decode calls make split chunks always
+  // Testing only (openmla/test_hooks.h, DenseDecodeOptions): this module's dense_decode calls make split chunks always
   // publish before they may merge. Off by default.
   m.def("_set_dense_merge_publish_always", [](bool on) { g_test_merge_publish_always.store(on); }, nb::arg("on"));
 

@@ -4,7 +4,7 @@
 #include "api/decode_internal.h"
 #include "api/validate.h"
 #include "openmla/decode.h"
-#include "openmla/testing.h"
+#include "openmla/test_hooks.h"
 
 namespace openmla {
 
@@ -61,11 +61,11 @@ Status sparse_decode(const DecodeProblem& problem, const SparseDecodeArgs& args,
   return sparse_decode(sparse, args, stream);
 }
 
-Status testing::dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args,
+Status test_hooks::dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args,
                              const DenseDecodeOptions& options, cudaStream_t stream) {
   DenseDecodeProblem dense;
   OPENMLA_RETURN_IF_ERROR(detail::to_dense_problem(problem, &dense));
-  return testing::dense_decode(dense, args, options, stream);
+  return test_hooks::dense_decode(dense, args, options, stream);
 }
 
 }  // namespace openmla

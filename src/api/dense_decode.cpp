@@ -11,7 +11,7 @@
 #include "kernels/combine/launch.h"
 #include "kernels/dense_decode/launch.h"
 #include "openmla/decode.h"
-#include "openmla/testing.h"
+#include "openmla/test_hooks.h"
 
 namespace openmla {
 
@@ -101,7 +101,7 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
 namespace {
 
 Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args,
-                        const testing::DenseDecodeOptions& options, cudaStream_t stream) {
+                        const test_hooks::DenseDecodeOptions& options, cudaStream_t stream) {
   int num_sm_parts = 0;
   OPENMLA_RETURN_IF_ERROR(validate_dense_decode(problem, args, &num_sm_parts));
   OPENMLA_RETURN_IF_ERROR(check_current_device(args.q.device_id, "q"));
@@ -173,10 +173,10 @@ Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs
 }  // namespace detail
 
 Status dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args, cudaStream_t stream) {
-  return detail::run_dense_decode(problem, args, testing::DenseDecodeOptions{}, stream);
+  return detail::run_dense_decode(problem, args, test_hooks::DenseDecodeOptions{}, stream);
 }
 
-Status testing::dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args,
+Status test_hooks::dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args,
                              const DenseDecodeOptions& options, cudaStream_t stream) {
   return detail::run_dense_decode(problem, args, options, stream);
 }

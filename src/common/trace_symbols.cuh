@@ -1,5 +1,5 @@
 // Trace builds only (CMake -DOPENMLA_TRACE=ON): host helpers that read and clear the __device__ arrays the kernels
-// stamp their timelines into (openmla/testing.h; tools/trace_*_decode.py read them through the Python module).
+// stamp their timelines into (openmla/test_hooks.h; tools/trace_*_decode.py read them through the Python module).
 // Every compilation unit that instantiates a kernel has its own copy of these arrays (whole-program compilation):
 // a reader either runs in the unit that launched (the *_symbol helpers), or the unit hands out the address of its
 // copies (trace_buffer) and the reader copies from the unit of the variant that launched last.

@@ -12,7 +12,7 @@
 
 #include "api/decode_internal.h"
 #include "openmla/decode.h"
-#include "openmla/testing.h"
+#include "openmla/test_hooks.h"
 
 namespace openmla {
 namespace {
@@ -662,14 +662,14 @@ TEST(DecodeApi, DenseDecodeWithOptionsValidatesTheSame) {
   DecodeProblem p = dense_problem();
   DenseDecodeArgs a = dense_args(p);
   a.q.shape[2] = 8;
-  const testing::DenseDecodeOptions options{.merge_publish_always = true};
+  const test_hooks::DenseDecodeOptions options{.merge_publish_always = true};
   const Status want = dense_decode(p.as_dense(), a, nullptr);
   EXPECT_EQ(want.code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(testing::dense_decode(p.as_dense(), a, options, nullptr).message(), want.message());
-  EXPECT_EQ(testing::dense_decode(p, a, options, nullptr).message(), want.message());
+  EXPECT_EQ(test_hooks::dense_decode(p.as_dense(), a, options, nullptr).message(), want.message());
+  EXPECT_EQ(test_hooks::dense_decode(p, a, options, nullptr).message(), want.message());
   p.sparse = true;
   p.topk = 64;
-  EXPECT_NE(testing::dense_decode(p, a, options, nullptr).message().find("problem.sparse"), std::string::npos);
+  EXPECT_NE(test_hooks::dense_decode(p, a, options, nullptr).message().find("problem.sparse"), std::string::npos);
 }
 
 }  // namespace

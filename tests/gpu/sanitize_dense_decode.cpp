@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "openmla/decode.h"
-#include "openmla/testing.h"
+#include "openmla/test_hooks.h"
 
 namespace {
 
@@ -138,8 +138,8 @@ bool run_case(const Case& c) {
   cudaStream_t stream = nullptr;
   if (ok) ok = cudaStreamCreate(&stream) == cudaSuccess;
   if (ok) ok = report(c.name, "plan_decode", openmla::plan_decode(problem, args.cache_seqlens, args.schedule, stream));
-  const openmla::testing::DenseDecodeOptions options{.merge_publish_always = c.publish_always};
-  if (ok) ok = report(c.name, "dense_decode", openmla::testing::dense_decode(problem, args, options, stream));
+  const openmla::test_hooks::DenseDecodeOptions options{.merge_publish_always = c.publish_always};
+  if (ok) ok = report(c.name, "dense_decode", openmla::test_hooks::dense_decode(problem, args, options, stream));
   if (ok) {
     const cudaError_t err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess) {

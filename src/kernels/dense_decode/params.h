@@ -54,7 +54,7 @@ struct DenseDecodeParams {
   // them zero): requests of kMaxMergeChunks chunks are merged inside this kernel (docs/dense-decode.md). Null:
   // the combine kernel merges every split request.
   int* merge_counters;
-  bool merge_publish_always;  // testing only (openmla/testing.h, DenseDecodeOptions): never merge before publishing
+  bool merge_publish_always;  // testing only (openmla/test_hooks.h, DenseDecodeOptions): never merge before publishing
 
   // The launch plan's choice (heuristics::plan_dense_decode_launch): true when Q tiles are loaded by TMA (each
   // CTA's 64 rows are 64 consecutive heads of one query position and q's address and strides suit a tensor map),

@@ -8,7 +8,7 @@
 #include "openmla/decode.h"
 #include "openmla/status.h"
 
-namespace openmla::testing {
+namespace openmla::test_hooks {
 
 // Knobs of dense decode that only tests turn.
 struct DenseDecodeOptions {
@@ -24,4 +24,4 @@ Status dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& ar
 Status dense_decode(const DecodeProblem& problem, const DenseDecodeArgs& args, const DenseDecodeOptions& options,
                     cudaStream_t stream);  // compatibility form
 
-}  // namespace openmla::testing
+}  // namespace openmla::test_hooks
