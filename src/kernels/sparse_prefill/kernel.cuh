@@ -30,9 +30,6 @@
 #ifndef OPENMLA_SP_EARLY_QK
 #define OPENMLA_SP_EARLY_QK 1
 #endif
-#ifndef OPENMLA_SP_PREFETCH_PAIRS
-#define OPENMLA_SP_PREFETCH_PAIRS 1
-#endif
 
 namespace openmla::kernels::sparse_prefill {
 
@@ -186,20 +183,13 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
     if (lane == 0) ptx::mbarrier_arrive(&smem.full[buf][grp]);
   };
 
-  // Look-ahead over the pairs to come (across tiles): their indices are loaded kPrefetchPairs pairs ahead and, once
-  // landed, their kv rows are pulled into L2 (bulk prefetch) so that the fills find them there.
-  constexpr int kAhead = OPENMLA_SP_PREFETCH_PAIRS;
-  static_assert(kAhead == 1 || kAhead == 2, "the rows of the next or the next-but-one pair are prefetched");
+  // Look-ahead over the pairs to come (across tiles): the next pair's indices are loaded one pair ahead and, once
+  // landed, its kv rows are pulled into L2 (bulk prefetch) so that the fills find them there.
   PairCursor ahead = {static_cast<int>(blockIdx.x), 0, {}};
   ahead.w = ahead.tile < p.num_tiles ? tile_work(p, ahead.tile) : TileWork{};
   skip_finished_tiles(p, ahead);
   int idx_next = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);  // the CTA's first pair
-  int idx_after = -1;                                                  // kAhead == 2: the pair after it
   ahead = next_pair(p, ahead);
-  if constexpr (kAhead == 2) {
-    idx_after = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);
-    ahead = next_pair(p, ahead);
-  }
 
   int tile = blockIdx.x;
   uint32_t tile_iter = 0;
@@ -219,17 +209,9 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
       const bool has_k1 = blk0 + 1 < w.num_blocks;
       OPENMLA_PREFILL_STAMP(2, pair_count, 0);
       const int idx = idx_next;
-      // The indices kAhead pairs ahead are requested now; their rows go to L2 at the end of this pair, once the
-      // index load has landed.
-      int idx_prefetch;
-      if constexpr (kAhead == 2) {
-        idx_next = idx_after;
-        idx_after = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);
-        idx_prefetch = idx_after;
-      } else {
-        idx_next = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);
-        idx_prefetch = idx_next;
-      }
+      // The next pair's indices are requested now; its rows go to L2 at the end of this pair, once the index load
+      // has landed. (Two pairs ahead measured 7-33 % slower on the rows that miss L2: docs/sparse-prefill.md.)
+      idx_next = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);
       ahead = next_pair(p, ahead);
       const uint32_t valid = __ballot_sync(0xffffffffu, idx >= 0);
       int ridx0[T::kRowsPerThread], ridx1[T::kRowsPerThread];
@@ -256,7 +238,7 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
       }
       ++use[0];
       if (has_k1) ++use[1];
-      if (idx_prefetch >= 0) bulk_prefetch_l2(kv + static_cast<int64_t>(idx_prefetch) * kv_row_bytes, T::kHeadDimQK * 2);
+      if (idx_next >= 0) bulk_prefetch_l2(kv + static_cast<int64_t>(idx_next) * kv_row_bytes, T::kHeadDimQK * 2);
       OPENMLA_PREFILL_STAMP(2, pair_count, 7);
       ++pair_count;
     }
@@ -302,9 +284,11 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage<kDQK>& sme
 }
 
 // Logits of invalid slots become -inf (overwrite: never add to a zero-filled row's logit). `valid` is the block's
-// mask shifted right by f.col, so the bit of column j * 8 + f.col + e is the constant bit j * 8 + e (no per-thread
-// 64-bit masks for ptxas to hoist).
-__device__ __forceinline__ void mask_logits(float (&s)[32], uint64_t valid) {
+// 64-bit mask; shifted right by f.col, the bit of column j * 8 + f.col + e is the constant bit j * 8 + e (no
+// per-thread 64-bit masks for ptxas to hoist). A full block (the common case) skips the work.
+__device__ __forceinline__ void mask_logits(float (&s)[32], uint64_t valid, int col) {
+  if (valid == ~0ull) return;
+  valid >>= col;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -315,6 +299,13 @@ __device__ __forceinline__ void mask_logits(float (&s)[32], uint64_t valid) {
       }
     }
   }
+}
+
+// Rescales O's rows by a (a0 for row[0], a1 for row[1]) unless every row of the warp keeps its scale (a == 1 exactly:
+// the running max did not move, the common case after the first blocks). Exact either way; a warp-level decision
+// (plain FMULs, no collective instruction).
+__device__ __forceinline__ void rescale_rows(float (&o)[128], float a0, float a1) {
+  if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) scale_rows(o, a0, a1);
 }
 
 // Keeps ptxas from hoisting values derived from `x` out of the loops (they would hold registers for the whole
@@ -391,6 +382,14 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     ptx::mbarrier_wait_parity(&smem.q_full, tile_iter & 1);
     if (w.num_blocks == 0) arrive(&smem.q_free);
 
+    // The sink of this thread's two rows, loaded now so that its latency stays off the epilogue.
+    float sink[2] = {-INFINITY, -INFINITY};
+    if (p.attn_sink != nullptr) {
+      const Fragment f = make_fragment(wg_tid);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (w.head0 + f.row[i] < p.h_q) sink[i] = __ldg(p.attn_sink + w.head0 + f.row[i]);
+    }
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
@@ -423,7 +422,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         ptx::fence_registers(s);
         OPENMLA_PREFILL_STAMP(0, pair_count, 1);
         if (last_pair) arrive(&smem.q_free);
-        mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[0]) >> frag.col);
+        mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[0]), frag.col);
         float mx[2], m0[2], a0[2], sum[2];
         row_max(s, mx);
 #pragma unroll
@@ -443,7 +442,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         }
         arrive(handoff(Handoff::kMax0Ready));
         OPENMLA_PREFILL_STAMP(0, pair_count, 2);
-        scale_rows(o, a0[0], a0[1]);
+        rescale_rows(o, a0[0], a0[1]);
         to_a_fragments(s, pa);
         gemm_pv_rs(o, pa, smem.k[0][0]);
         arrive(&smem.free_[0][0]);
@@ -459,18 +458,20 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
           m_run[i] = smem.max1[frag.row[i]];
           l_run[i] *= a1[i];
         }
+        if (__any_sync(0xffffffffu, a1[0] != 1.f || a1[1] != 1.f)) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          s[j * 4 + 0] *= a1[0];
-          s[j * 4 + 1] *= a1[0];
-          s[j * 4 + 2] *= a1[1];
-          s[j * 4 + 3] *= a1[1];
+          for (int j = 0; j < 8; ++j) {
+            s[j * 4 + 0] *= a1[0];
+            s[j * 4 + 1] *= a1[0];
+            s[j * 4 + 2] *= a1[1];
+            s[j * 4 + 3] *= a1[1];
+          }
         }
         store_p(s, p_tile[0], frag);
         arrive(handoff(Handoff::kP0Ready));
         OPENMLA_PREFILL_STAMP(0, pair_count, 5);
         // O_L = a1 O_L + P1 V1_L.
-        scale_rows(o, a1[0], a1[1]);
+        rescale_rows(o, a1[0], a1[1]);
         // has_k1 is false only in a tile's last pair, so the next pair (if any) follows in this tile.
         qk_head_issued = false;
         if (has_k1) {
@@ -503,7 +504,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
           gemm_qk<kDQK, T::kVTilesPerHalf>(s, smem, 1, ph1);
-          mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[1]) >> frag.col);
+          mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[1]), frag.col);
           row_max(s, mx);
         }
         OPENMLA_PREFILL_STAMP(1, pair_count, 1);
@@ -533,7 +534,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         OPENMLA_PREFILL_STAMP(1, pair_count, 3);
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a01[i] + sum[i];
-        scale_rows(o, a01[0], a01[1]);
+        rescale_rows(o, a01[0], a01[1]);
         if (has_k1) {
           to_a_fragments(s, pa);
           gemm_pv_rs(o, pa, smem.k[1][T::kVTilesPerHalf]);
@@ -584,7 +585,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
       float denom = total[i];
       // The sink joins the denominator of out only (natural-log units): out = O / (L + 2^(sink log2 e - m)).
       if (p.attn_sink != nullptr && head < p.h_q)
-        denom += ptx::exp2_approx(__ldg(p.attn_sink + head) * 1.4426950408889634f - m_run[i]);
+        denom += ptx::exp2_approx(sink[i] * 1.4426950408889634f - m_run[i]);
       inv[i] = total[i] > 0.f ? 1.f / denom : 0.f;
     }
     scale_rows(o, inv[0], inv[1]);
