@@ -5,6 +5,7 @@
 namespace openmla::py {
 void bind_kv_cache(nb::module_& m);
 void bind_decode(nb::module_& m);
+void bind_decode_step(nb::module_& m);
 void bind_reference(nb::module_& m);
 }  // namespace openmla::py
 
@@ -37,5 +38,6 @@ NB_MODULE(_openmla, m) {
       "Returns (supported, reason): whether `feature` runs on CUDA device `device`, and if not, why.");
   openmla::py::bind_kv_cache(m);
   openmla::py::bind_decode(m);
+  openmla::py::bind_decode_step(m);
   openmla::py::bind_reference(m);
 }

@@ -109,6 +109,20 @@ else:
     )
 
 
+# torch.ops.openmla.* (python/openmla/_torch_ops.py), where torch is importable. A failure to register them leaves
+# the rest of the package usable and is reported once, as a warning.
+from ._runtime import has_torch as _has_torch  # noqa: E402
+
+if _has_torch():
+    try:
+        from . import _torch_ops  # noqa: F401
+    except Exception as _err:  # pragma: no cover - depends on the torch build
+        import warnings
+
+        warnings.warn(f"openmla: the torch custom ops torch.ops.openmla.* could not be registered: "
+                      f"{type(_err).__name__}: {_err}", RuntimeWarning, stacklevel=2)
+
+
 def __getattr__(name: str):
     if name in _MISSING:
         raise ImportError(_MISSING[name])
