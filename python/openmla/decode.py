@@ -388,7 +388,7 @@ def _plan_step(torch, sched: FlashMLASchedMeta, config: _Config, cache_format: s
     partial_lse = torch.empty((sizes["partial_rows"],), dtype=torch.float32, device=dev)
     # Zeroed by every plan; dense decode's in-kernel merge of two-chunk split requests counts with them.
     counters = torch.empty((max(int(sizes["merge_counter_ints"]), 1),), dtype=torch.int32, device=dev)
-    step = _C.DecodeStep(metadata, splits, counters, partial_o, partial_lse, device_id=metadata.device.index,
+    step = _C.DecodeStep(metadata, splits, counters, partial_o, partial_lse, device_id=_device_index(dev),
                          topk_length_given=config.topk_length_given,
                          extra_topk_length_given=config.extra_topk_length_given, **problem)
     step.plan(None if sparse else cache_seqlens, topk_length, extra_topk_length, stream)
