@@ -6,6 +6,7 @@ namespace openmla::py {
 void bind_kv_cache(nb::module_& m);
 void bind_decode(nb::module_& m);
 void bind_decode_step(nb::module_& m);
+void bind_prefill(nb::module_& m);
 void bind_reference(nb::module_& m);
 }  // namespace openmla::py
 
@@ -39,5 +40,6 @@ NB_MODULE(_openmla, m) {
   openmla::py::bind_kv_cache(m);
   openmla::py::bind_decode(m);
   openmla::py::bind_decode_step(m);
+  openmla::py::bind_prefill(m);
   openmla::py::bind_reference(m);
 }

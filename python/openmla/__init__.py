@@ -78,6 +78,7 @@ def _device_index(device) -> int:
 _EXPORTS = {
     "kv_cache": ("quantize_kv_cache", "dequantize_kv_cache", "append_kv_cache"),
     "decode": ("get_mla_metadata", "flash_mla_with_kvcache", "FlashMLASchedMeta"),
+    "prefill": ("flash_mla_sparse_fwd",),
 }
 _MISSING: dict[str, str] = {}  # public name -> why it is unavailable
 

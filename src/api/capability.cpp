@@ -36,6 +36,11 @@ const char* build_gap(Feature feature) {
       return "compiled out (OPENMLA_ENABLE_DENSE_DECODE=OFF)";
 #endif
     case Feature::kSparsePrefill:
+#ifdef OPENMLA_HAS_SPARSE_PREFILL
+      return nullptr;
+#else
+      return "compiled out (OPENMLA_ENABLE_SPARSE_PREFILL=OFF)";
+#endif
     case Feature::kDensePrefill:
       return "not implemented in this version of OpenMLA";
   }

@@ -21,6 +21,7 @@
 extern int run_kv_cache_sanitize_cases() __attribute__((weak));
 extern int run_dense_decode_sanitize_cases() __attribute__((weak));
 extern int run_sparse_decode_sanitize_cases() __attribute__((weak));
+extern int run_sparse_prefill_sanitize_cases() __attribute__((weak));
 
 namespace {
 
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
       {"kv_cache", run_kv_cache_sanitize_cases},
       {"dense_decode", run_dense_decode_sanitize_cases},
       {"sparse_decode", run_sparse_decode_sanitize_cases},
+      {"sparse_prefill", run_sparse_prefill_sanitize_cases},
   };
 
   int failed_families = 0;

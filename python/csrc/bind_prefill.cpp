@@ -1,0 +1,66 @@
+// Binding of include/openmla/prefill.h: sparse top-k prefill.
+//
+// Thin on purpose: arrays become TensorRefs, the C++ API does every check, and its Status becomes the matching
+// Python exception with the message unchanged. The flash_mla-compatible layer is python/openmla/prefill.py.
+#include "bind_common.h"
+#include "openmla/prefill.h"
+
+#if defined(OPENMLA_TRACE) || defined(OPENMLA_SPARSE_TRACE)
+#include <vector>
+#include <nanobind/stl/vector.h>
+namespace openmla::kernels {
+Status sparse_prefill_trace(int d_qk, unsigned long long* host, size_t count, bool clear);
+}
+#endif
+
+namespace openmla::py {
+
+namespace {
+
+void sparse(const Array& q, const Array& kv, const Array& indices, const Array& out, const Array& max_logits,
+            const Array& lse, const OptArray& topk_length, const OptArray& attn_sink, float softmax_scale,
+            int64_t d_v, uintptr_t stream) {
+  SparsePrefillArgs args;
+  args.q = to_tensor_ref(q, "q");
+  args.kv = to_tensor_ref(kv, "kv");
+  args.indices = to_tensor_ref(indices, "indices");
+  args.topk_length = to_tensor_ref(topk_length, "topk_length");
+  args.attn_sink = to_tensor_ref(attn_sink, "attn_sink");
+  args.softmax_scale = softmax_scale;
+  args.d_v = d_v;
+  args.out = to_tensor_ref(out, "out");
+  args.max_logits = to_tensor_ref(max_logits, "max_logits");
+  args.lse = to_tensor_ref(lse, "lse");
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = sparse_prefill(args, to_stream(stream));
+  }
+  throw_if_error(status);
+}
+
+}  // namespace
+
+void bind_prefill(nb::module_& m) {
+  m.def("sparse_prefill", &sparse, nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("out"),
+        nb::arg("max_logits"), nb::arg("lse"), nb::arg("topk_length") = nb::none(), nb::arg("attn_sink") = nb::none(),
+        nb::arg("softmax_scale") = 0.f, nb::arg("d_v") = 512, nb::arg("stream") = 0,
+        "sparse_prefill(q, kv, indices, out, max_logits, lse, topk_length=None, attn_sink=None, softmax_scale=0.0, "
+        "d_v=512, stream=0)\n\n"
+        "Sparse top-k MLA prefill on `stream` (a cudaStream_t as int). q: (s_q, h_q, d_qk) bf16, d_qk 576 or 512; "
+        "kv: (s_kv, 1, d_qk) bf16; indices: (s_q, 1, topk) int32 (invalid: < 0 or >= s_kv); topk_length: (s_q,) "
+        "int32 per query token; attn_sink: (h_q,) float32; out: (s_q, h_q, 512) bf16, written; max_logits, lse: "
+        "(s_q, h_q) float32, written (natural log; +inf lse / -inf max for a row without a valid key). "
+        "softmax_scale 0 means d_qk ** -0.5.");
+#if defined(OPENMLA_TRACE) || defined(OPENMLA_SPARSE_TRACE)
+  // Diagnostics build only: the clock64 trace of the last launch (kernel.cuh, struct Trace: cta, role, pair, event),
+  // flat; tools/trace_sparse_prefill.py reads it. clear=True zeroes it (before a launch).
+  m.def("_sparse_prefill_trace", [](int d_qk, size_t count, bool clear) {
+    std::vector<unsigned long long> v(clear ? 0 : count);
+    throw_if_error(kernels::sparse_prefill_trace(d_qk, v.data(), count, clear));
+    return v;
+  }, nb::arg("d_qk"), nb::arg("count"), nb::arg("clear") = false);
+#endif
+}
+
+}  // namespace openmla::py

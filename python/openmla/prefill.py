@@ -1,0 +1,67 @@
+"""MLA prefill with DeepSeek ``flash_mla``'s Python interface: sparse top-k prefill (DeepSeek-V3.2 sparse
+attention for prompt tokens).
+
+Drop-in usage::
+
+    import openmla as flash_mla
+    out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(q, kv, indices, sm_scale, topk_length=lengths)
+
+Argument checks (dtypes, shapes, strides, devices) live in the C++ API; its messages reach the caller
+unchanged as ValueError (bad argument), NotImplementedError (not supported) or RuntimeError (CUDA).
+See docs/sparse-prefill.md.
+"""
+from __future__ import annotations
+
+import math
+
+from . import _openmla as _C
+from ._runtime import require_torch, stream_of
+
+__all__ = ["flash_mla_sparse_fwd"]
+
+
+def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None, *, out=None,
+                         max_logits=None, lse=None):
+    """Sparse top-k MLA prefill (flash_mla-compatible): every query token attends to its own selected kv rows.
+
+    Args:
+      q: (s_q, h_q, d_qk) bfloat16 CUDA tensor, d_qk = 576 (DeepSeek-V3.2) or 512 (MODEL1). Any h_q >= 1
+        (64 and 128 are the fast paths; 8, 16, 32 need no padding to 64), any s_q >= 1. Last dim contiguous,
+        other strides multiples of 8 elements.
+      kv: (s_kv, 1, d_qk) bfloat16, same device; V is the first d_v dims of each row. Last dim contiguous.
+      indices: (s_q, 1, topk) int32, any topk >= 1: the kv rows each query token attends to. Any value < 0 or
+        >= s_kv is invalid and never read.
+      sm_scale: the softmax scale (a positive float; required, as in flash_mla).
+      d_v: 512.
+      attn_sink: optional (h_q,) float32 (natural-log units, +-inf allowed): out is divided by
+        (1 + exp(attn_sink[h] - lse)); lse and max_logits are not changed. +inf gives out = 0, -inf has no effect.
+      topk_length: optional (s_q,) int32, per QUERY TOKEN: only slots [0, topk_length[t]) of token t are used
+        (values outside [0, topk] clamp; the other slots are never read and may hold garbage).
+      out, max_logits, lse: optional caller-owned outputs of the shapes below (written in place and returned).
+
+    Returns:
+      (out, max_logits, lse): out (s_q, h_q, d_v) bfloat16; max_logits (s_q, h_q) float32 = the largest
+      sm_scale * q.k over the valid keys (-inf if none); lse (s_q, h_q) float32 = natural log of the sum of
+      exp(sm_scale * q.k) over the valid keys (+inf if none, whose out is 0).
+
+    Raises:
+      ValueError: a bad argument (the message names it). NotImplementedError: an unsupported shape (e.g.
+      d_qk 128). RuntimeError: a CUDA error.
+    """
+    torch = require_torch("flash_mla_sparse_fwd")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"argument 'q' must be a (s_q, h_q, d_qk) torch.Tensor, got "
+                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+    scale = float(sm_scale)
+    if not (scale > 0.0 and math.isfinite(scale)):
+        raise ValueError(f"argument 'sm_scale' must be a positive finite number, got {sm_scale!r}")
+    s_q, h_q = int(q.shape[0]), int(q.shape[1])
+    if out is None:
+        out = torch.empty((s_q, h_q, int(d_v)), dtype=q.dtype, device=q.device)
+    if max_logits is None:
+        max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
+    if lse is None:
+        lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
+    _C.sparse_prefill(q, kv, indices, out, max_logits, lse, topk_length=topk_length, attn_sink=attn_sink,
+                      softmax_scale=scale, d_v=int(d_v), stream=stream_of(q))
+    return out, max_logits, lse

@@ -1,0 +1,241 @@
+// Public sparse prefill API (include/openmla/prefill.h): validate -> build params -> launch.
+//
+// Every argument check runs before the first CUDA call, so a bad call launches nothing and the checks can be
+// tested without a GPU (args.num_sms > 0: no CUDA call at all before the launch).
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "api/sparse_prefill_internal.h"
+#include "api/validate.h"
+#include "kernels/sparse_prefill/params.h"
+#include "openmla/prefill.h"
+
+namespace openmla {
+
+namespace detail {
+
+namespace {
+
+constexpr int64_t kHeadDimV = 512;
+constexpr int64_t kHeadTile = 64;
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+Status invalid(const std::string& msg) { return Status::invalid_argument(msg); }
+
+Status check_cuda_tensor(const TensorRef& t, const char* name, std::initializer_list<DType> dtypes, int ndim) {
+  OPENMLA_RETURN_IF_ERROR(check_on_cuda(t, name));
+  OPENMLA_RETURN_IF_ERROR(check_dtype(t, name, dtypes));
+  return check_ndim(t, name, ndim);
+}
+
+// A bf16 operand read or written in 16-byte units: last dim contiguous, other strides whole 16-byte units (the
+// stride of a size-1 dimension is never used), base 16-byte aligned.
+Status check_bf16_rows(const TensorRef& t, const char* name) {
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(t, name));
+  OPENMLA_RETURN_IF_ERROR(check_strides_multiple(t, name, 8, "rows are moved in 16-byte units"));
+  for (int i = 0; i + 1 < t.ndim; ++i) {
+    if (t.shape[i] > 1 && t.stride[i] <= 0) {
+      MessageStream os;
+      os << "argument '" << name << "' has stride " << t.stride[i] << " in dimension " << i
+         << "; strides must be positive; strides " << stride_string(t);
+      return invalid(os.str());
+    }
+  }
+  return check_pointer_aligned(t, name, 16);
+}
+
+// A float32 (s_q, h_q) side output: any strides, 4-byte aligned.
+Status check_row_stats(const TensorRef& t, const char* name, int64_t s_q, int64_t h_q) {
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(t, name, {DType::kFloat32}, 2));
+  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 0, s_q, "s_q"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 1, h_q, "h_q"));
+  return check_pointer_aligned(t, name, 4);
+}
+
+// Address range [lo, hi) a strided view can touch (element strides; size-1 dims contribute nothing).
+void byte_span(const TensorRef& t, uintptr_t* lo, uintptr_t* hi) {
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  int64_t min_off = 0, max_off = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] <= 1) continue;
+    const int64_t ext = (t.shape[i] - 1) * t.stride[i];
+    if (ext < 0) min_off += ext; else max_off += ext;
+  }
+  const int64_t es = static_cast<int64_t>(t.element_size());
+  *lo = base + static_cast<uintptr_t>(min_off * es);
+  *hi = base + static_cast<uintptr_t>((max_off + 1) * es);
+}
+
+// Outputs must not overlap the inputs the kernel still reads (the result would depend on the schedule).
+Status check_no_overlap(const TensorRef& out, const char* out_name, const TensorRef& in, const char* in_name) {
+  if (!out.defined() || !in.defined() || out.numel() == 0 || in.numel() == 0) return Status::ok();
+  uintptr_t a0, a1, b0, b1;
+  byte_span(out, &a0, &a1);
+  byte_span(in, &b0, &b1);
+  if (a0 < b1 && b0 < a1)
+    return invalid(std::string("argument '") + out_name + "' overlaps argument '" + in_name +
+                   "' in memory; outputs must not alias the inputs");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status validate_sparse_prefill(const SparsePrefillArgs& a, kernels::SparsePrefillParams* params) {
+  // ---- q, kv, indices: shapes and layouts
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.q, "q", {DType::kBFloat16}, 3));
+  const int64_t s_q = a.q.shape[0], h_q = a.q.shape[1], d_qk = a.q.shape[2];
+  if (d_qk != 576 && d_qk != 512) {
+    MessageStream os;
+    os << "argument 'q' has head dimension " << d_qk << " (shape " << shape_string(a.q)
+       << "); sparse prefill supports d_qk = 576 (DeepSeek-V3.2) or 512 (MODEL1)";
+    return Status::unsupported(os.str());
+  }
+  if (s_q < 1 || h_q < 1) return invalid("argument 'q' must have s_q >= 1 and h_q >= 1, got shape " + shape_string(a.q));
+  OPENMLA_RETURN_IF_ERROR(check_bf16_rows(a.q, "q"));
+
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.kv, "kv", {DType::kBFloat16}, 3));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.kv, "kv"));
+  if (a.kv.shape[1] != 1) {
+    MessageStream os;
+    os << "argument 'kv' has " << a.kv.shape[1] << " kv heads (shape " << shape_string(a.kv)
+       << "); sparse prefill needs h_kv = 1 (MLA's shared latent)";
+    return Status::unsupported(os.str());
+  }
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.kv, "kv", 2, d_qk, "d_qk, as q"));
+  const int64_t s_kv = a.kv.shape[0];
+  if (s_kv < 1) return invalid("argument 'kv' must have s_kv >= 1 rows, got shape " + shape_string(a.kv));
+  if (s_kv > kInt32Max) return invalid("argument 'kv' has more than 2^31 - 1 rows (indices are int32)");
+  OPENMLA_RETURN_IF_ERROR(check_bf16_rows(a.kv, "kv"));
+
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.indices, "indices", {DType::kInt32}, 3));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.indices, "indices"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.indices, "indices", 0, s_q, "s_q"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.indices, "indices", 1, 1, "h_kv"));
+  const int64_t topk = a.indices.shape[2];
+  if (topk < 1) return invalid("argument 'indices' must have topk >= 1 slots, got shape " + shape_string(a.indices));
+  if (topk > kInt32Max - kHeadTile) return invalid("argument 'indices' has too many slots (topk must fit in int32)");
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(a.indices, "indices"));
+  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.indices, "indices", 4));
+  const int64_t idx_stride_s = s_q > 1 ? a.indices.stride[0] : topk;
+
+  // ---- optional inputs
+  if (a.topk_length.defined()) {
+    OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.topk_length, "topk_length", {DType::kInt32}, 1));
+    OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.topk_length, "topk_length"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.topk_length, "topk_length", 0, s_q, "s_q: one length per query token"));
+    OPENMLA_RETURN_IF_ERROR(check_contiguous(a.topk_length, "topk_length"));
+    OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.topk_length, "topk_length", 4));
+  }
+  if (a.attn_sink.defined()) {
+    OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.attn_sink, "attn_sink", {DType::kFloat32}, 1));
+    OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.attn_sink, "attn_sink"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.attn_sink, "attn_sink", 0, h_q, "h_q"));
+    OPENMLA_RETURN_IF_ERROR(check_contiguous(a.attn_sink, "attn_sink"));
+    OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.attn_sink, "attn_sink", 4));
+  }
+
+  // ---- scalars
+  if (a.d_v != kHeadDimV) {
+    MessageStream os;
+    os << "argument 'd_v' is " << a.d_v << "; sparse prefill requires d_v = 512 (V = the first 512 dims of kv)";
+    return invalid(os.str());
+  }
+  const double scale = a.softmax_scale == 0.f ? 1.0 / std::sqrt(static_cast<double>(d_qk)) : a.softmax_scale;
+  if (!(scale > 0.0) || !std::isfinite(scale)) {
+    MessageStream os;
+    os << "argument 'softmax_scale' is " << a.softmax_scale << "; it must be a positive finite number (0: d_qk ** -0.5)";
+    return invalid(os.str());
+  }
+  const int64_t head_tiles = (h_q + kHeadTile - 1) / kHeadTile;
+  if (s_q * head_tiles > kInt32Max / 2) {
+    MessageStream os;
+    os << "argument 'q' has " << s_q << " tokens x " << head_tiles
+       << " head tiles of 64; at most 2^30 tiles per call are supported (split the call)";
+    return invalid(os.str());
+  }
+
+  // ---- outputs
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.out, "out", {DType::kBFloat16}, 3));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.out, "out"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 0, s_q, "s_q"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 1, h_q, "h_q"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 2, kHeadDimV, "d_v"));
+  OPENMLA_RETURN_IF_ERROR(check_bf16_rows(a.out, "out"));
+  OPENMLA_RETURN_IF_ERROR(check_row_stats(a.max_logits, "max_logits", s_q, h_q));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.max_logits, "max_logits"));
+  OPENMLA_RETURN_IF_ERROR(check_row_stats(a.lse, "lse", s_q, h_q));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.lse, "lse"));
+  const struct { const TensorRef* t; const char* name; } outputs[] = {
+      {&a.out, "out"}, {&a.max_logits, "max_logits"}, {&a.lse, "lse"}};
+  const struct { const TensorRef* t; const char* name; } inputs[] = {
+      {&a.q, "q"}, {&a.kv, "kv"}, {&a.indices, "indices"}, {&a.topk_length, "topk_length"}, {&a.attn_sink, "attn_sink"}};
+  for (const auto& o : outputs)
+    for (const auto& i : inputs) OPENMLA_RETURN_IF_ERROR(check_no_overlap(*o.t, o.name, *i.t, i.name));
+  for (int x = 0; x < 3; ++x)
+    for (int y = x + 1; y < 3; ++y)
+      OPENMLA_RETURN_IF_ERROR(check_no_overlap(*outputs[x].t, outputs[x].name, *outputs[y].t, outputs[y].name));
+  if (a.num_sms < 0) return invalid("argument 'num_sms' must be >= 0 (0: the current device's SM count)");
+
+  if (params != nullptr) {
+    kernels::SparsePrefillParams& p = *params;
+    p = kernels::SparsePrefillParams{};
+    p.s_q = static_cast<int>(s_q);
+    p.s_kv = static_cast<int>(s_kv);
+    p.h_q = static_cast<int>(h_q);
+    p.d_qk = static_cast<int>(d_qk);
+    p.topk = static_cast<int>(topk);
+    p.num_head_tiles = static_cast<int>(head_tiles);
+    p.num_tiles = s_q * head_tiles;
+    p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+    p.q = a.q.data;
+    p.q_stride_s = a.q.stride[0];
+    p.q_stride_h = a.q.stride[1];
+    p.kv = a.kv.data;
+    p.kv_stride_s = s_kv > 1 ? a.kv.stride[0] : d_qk;
+    p.indices = static_cast<const int32_t*>(a.indices.data);
+    p.indices_stride_s = idx_stride_s;
+    p.topk_length = a.topk_length.defined() ? static_cast<const int32_t*>(a.topk_length.data) : nullptr;
+    p.attn_sink = a.attn_sink.defined() ? static_cast<const float*>(a.attn_sink.data) : nullptr;
+    p.out = a.out.data;
+    p.out_stride_s = a.out.stride[0];
+    p.out_stride_h = a.out.stride[1];
+    p.max_logits = static_cast<float*>(a.max_logits.data);
+    p.max_logits_stride_s = a.max_logits.stride[0];
+    p.max_logits_stride_h = a.max_logits.stride[1];
+    p.lse = static_cast<float*>(a.lse.data);
+    p.lse_stride_s = a.lse.stride[0];
+    p.lse_stride_h = a.lse.stride[1];
+    p.grid = static_cast<int>(std::min<int64_t>(p.num_tiles, a.num_sms > 0 ? a.num_sms : 1));
+  }
+  return Status::ok();
+}
+
+}  // namespace detail
+
+Status sparse_prefill(const SparsePrefillArgs& args, cudaStream_t stream) {
+  kernels::SparsePrefillParams params;
+  OPENMLA_RETURN_IF_ERROR(detail::validate_sparse_prefill(args, &params));
+  int current = -1;
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current), "sparse prefill: cudaGetDevice");
+  if (current != args.q.device_id) {
+    detail::MessageStream os;
+    os << "argument 'q' is on cuda:" << args.q.device_id << " but the current device is cuda:" << current
+       << "; call cudaSetDevice(" << args.q.device_id << ") first (the stream must belong to that device)";
+    return Status::invalid_argument(os.str());
+  }
+  int num_sms = args.num_sms;
+  if (num_sms == 0)
+    OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, current),
+                                 "sparse prefill: querying the SM count");
+  params.grid = static_cast<int>(std::min<int64_t>(params.num_tiles, num_sms));
+#if defined(OPENMLA_HAS_SPARSE_PREFILL)
+  return kernels::launch_sparse_prefill(params, stream);
+#else
+  (void)stream;
+  return Status::unsupported("sparse prefill was not built (CMake OPENMLA_ENABLE_SPARSE_PREFILL=OFF)");
+#endif
+}
+
+}  // namespace openmla
