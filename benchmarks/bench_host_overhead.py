@@ -23,6 +23,9 @@ attention sink; `sparse_decode_b2` the b = 2 row, whose schedule records the hos
   torch_op_dense_decode         torch.ops.openmla.flash_mla_with_kvcache (tensor style) through torch's dispatcher
   sparse_decode, sparse_decode_out, sparse_decode_default_device, sparse_decode_first_call, sparse_decode_b2,
   torch_op_sparse_decode        the same for sparse decode
+  sparse_prefill                flash_mla_sparse_fwd (s_q 256, h_q 128, topk 2048, 16K kv rows, outputs allocated)
+  sparse_prefill_call_entry     the binding's per-call entry of sparse prefill (_openmla.sparse_prefill_call), what
+                                flash_mla_sparse_fwd calls once it takes the per-call path
 """
 from __future__ import annotations
 
@@ -45,14 +48,15 @@ _DENSE_OPS = ("dense_decode", "dense_decode_out", "dense_decode_default_device",
               "dense_decode_tensor_style", "dense_metadata_tensor_style", "torch_op_dense_decode")
 _SPARSE_OPS = ("sparse_decode", "sparse_decode_out", "sparse_decode_default_device", "sparse_decode_first_call",
                "sparse_decode_b2", "torch_op_sparse_decode")
+_PREFILL_OPS = ("sparse_prefill", "sparse_prefill_call_entry")
 
-TARGETS = {f"host_{op}": {"time_us": FLASHMLA_HOST_US[0]} for op in _DENSE_OPS + _SPARSE_OPS}
+TARGETS = {f"host_{op}": {"time_us": FLASHMLA_HOST_US[0]} for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS}
 
 
 def cases(quick=False):
     """Every op; each takes well under a second, so `quick` keeps them all."""
     del quick
-    return [dict(name=f"host_{op}", op=op) for op in _DENSE_OPS + _SPARSE_OPS]
+    return [dict(name=f"host_{op}", op=op) for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -160,13 +164,25 @@ def _op_call(torch, openmla, op):
                                                   indices=indices, attn_sink=sink)
 
 
+def _prefill_call(torch, openmla, op, s_q=256, h_q=128, topk=2048, s_kv=16384):
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q = torch.randn((s_q, h_q, D_QK), generator=g, device="cuda", dtype=torch.bfloat16).div_(10)
+    kv = torch.randn((s_kv, 1, D_QK), generator=g, device="cuda", dtype=torch.bfloat16).div_(10)
+    indices = torch.randint(0, s_kv, (s_q, 1, topk), generator=g, device="cuda", dtype=torch.int32)
+    scale = D_QK ** -0.5
+    if op == "sparse_prefill":
+        return lambda: openmla.flash_mla_sparse_fwd(q, kv, indices, scale)
+    entry = openmla._openmla.sparse_prefill_call
+    return lambda: entry(q, kv, indices, scale, D_V, None, None, None, None, None)
+
+
 def run(case, harness):
     import torch
 
     import openmla
 
     op = case["op"]
-    call = _op_call(torch, openmla, op)
+    call = _prefill_call(torch, openmla, op) if op in _PREFILL_OPS else _op_call(torch, openmla, op)
     default_device = op.endswith("_default_device")
     if default_device:
         torch.set_default_device("cuda")

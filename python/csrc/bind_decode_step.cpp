@@ -110,15 +110,6 @@ bool prepare_outputs(TensorReader& reader, nb::handle out, nb::handle lse, int d
   return true;
 }
 
-// The stream of a call: the caller's (an int) when given, else the framework's current stream of `device_id`.
-cudaStream_t stream_of_call(const dlpack::ExchangeApi* api, nb::handle stream, int device_id) {
-  if (!stream.is_none()) return to_stream(nb::cast<uintptr_t>(stream));
-  if (api == nullptr)
-    throw nb::value_error("argument 'stream' is required when the tensors do not come from a framework with the "
-                          "DLPack exchange API (torch >= 2.10)");
-  return current_stream(*api, device_id);
-}
-
 // Orders the calls that share one schedule and split-KV scratch (one DecodeStep) when they come from different
 // streams: a call on another stream than the previous one first waits for everything already enqueued on that
 // stream (an event), so sharing an object across streams or threads is correct, though not concurrent. Calls on
@@ -166,13 +157,7 @@ class StreamOrder {
 // Launches with the GIL released and `device_id` current, through `order` when the schedule is shared.
 template <class Launch>
 void launch_on(int device_id, cudaStream_t stream, StreamOrder* order, Launch&& launch) {
-  Status status;
-  {
-    nb::gil_scoped_release release;
-    ScopedDevice device(device_id);
-    status = order != nullptr ? order->run(stream, launch) : launch();
-  }
-  throw_if_error(status);
+  launch_without_gil(device_id, [&] { return order != nullptr ? order->run(stream, launch) : launch(); });
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -206,7 +191,7 @@ class DecodeStep {
     const TensorRef seqlens = reader.read(cache_seqlens, "cache_seqlens");
     const TensorRef lengths = reader.read(topk_length, "topk_length");
     const TensorRef extra_lengths = reader.read(extra_topk_length, "extra_topk_length");
-    const cudaStream_t s = stream_of_call(api_, stream, device_id_);
+    const cudaStream_t s = call_stream(api_, stream, device_id_);
     launch_on(device_id_, s, &order_, [&] {
       return plan_decode(problem_, problem_.sparse ? TensorRef{} : seqlens, lengths, extra_lengths, schedule_, s);
     });
@@ -236,7 +221,7 @@ class DecodeStep {
     args.split = split_;
     args.out = o.out_ref;
     args.lse = o.lse_ref;
-    const cudaStream_t s = stream_of_call(reader.api(), stream, device_id_);
+    const cudaStream_t s = call_stream(reader.api(), stream, device_id_);
     launch_on(device_id_, s, &order_, [&] { return dense_decode(problem, args, s); });
     return nb::make_tuple(o.out, o.lse);
   }
@@ -277,7 +262,7 @@ class DecodeStep {
     args.split = split_;
     args.out = o.out_ref;
     args.lse = o.lse_ref;
-    const cudaStream_t s = stream_of_call(reader.api(), stream, device_id_);
+    const cudaStream_t s = call_stream(reader.api(), stream, device_id_);
     launch_on(device_id_, s, &order_, [&] { return sparse_decode(problem_, args, s); });
     return nb::make_tuple(o.out, o.lse);
   }
@@ -430,7 +415,7 @@ nb::object plan_metadata(nb::handle like, nb::handle cache_seqlens, nb::handle t
   DecodeSchedule schedule;
   schedule.metadata = reader.read(metadata, "tile_scheduler_metadata");
   schedule.num_splits = reader.read(num_splits, "num_splits");
-  const cudaStream_t s = stream_of_call(reader.api(), stream, device_id);
+  const cudaStream_t s = call_stream(reader.api(), stream, device_id);
   launch_on(device_id, s, nullptr, [&] {
     return plan_decode(problem, sparse ? TensorRef{} : seqlens, lengths, extra_lengths, schedule, s);
   });
@@ -475,7 +460,7 @@ nb::object decode_with_metadata(SplitScratchPool& pool, nb::handle q, nb::handle
   CallOutputs o;
   if (!prepare_outputs(reader, out, lse, device_id, q_ref.dtype, problem.batch, problem.s_q, problem.h_q, d_v, &o))
     return nb::none();
-  const cudaStream_t s = stream_of_call(reader.api(), stream, device_id);
+  const cudaStream_t s = call_stream(reader.api(), stream, device_id);
   const DecodeWorkspaceSizes sizes = sizes_of(problem);
   const SplitScratchPool::Scratch scratch = pool.get(device_id, s, sizes.partial_rows, d_v, sizes.merge_counter_ints);
   DecodeSchedule schedule = planned;

@@ -7,6 +7,7 @@ void bind_kv_cache(nb::module_& m);
 void bind_decode(nb::module_& m);
 void bind_decode_step(nb::module_& m);
 void bind_prefill(nb::module_& m);
+void bind_prefill_call(nb::module_& m);
 void bind_reference(nb::module_& m);
 }  // namespace openmla::py
 
@@ -41,5 +42,6 @@ NB_MODULE(_openmla, m) {
   openmla::py::bind_decode(m);
   openmla::py::bind_decode_step(m);
   openmla::py::bind_prefill(m);
+  openmla::py::bind_prefill_call(m);
   openmla::py::bind_reference(m);
 }

@@ -186,6 +186,14 @@ nb::object new_cuda_tensor(const dlpack::ExchangeApi& api, int device_id, DType 
   return nb::steal(static_cast<PyObject*>(tensor));
 }
 
+cudaStream_t call_stream(const dlpack::ExchangeApi* api, nb::handle stream, int device_id) {
+  if (!stream.is_none()) return to_stream(nb::cast<uintptr_t>(stream));
+  if (api == nullptr)
+    throw nb::value_error("argument 'stream' is required when the tensors do not come from a framework with the "
+                          "DLPack exchange API (torch >= 2.10)");
+  return current_stream(*api, device_id);
+}
+
 int device_sm_count(int device_id) {
   const bool cached = device_id >= 0 && device_id < static_cast<int>(std::size(g_sm_counts));
   if (cached) {

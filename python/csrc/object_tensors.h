@@ -50,6 +50,10 @@ nanobind::object new_cuda_tensor(const dlpack::ExchangeApi& api, int device_id, 
                                  std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides = {},
                                  int64_t storage_elems = -1);
 
+// The stream of a call: the caller's (`stream` an int) when given, else the framework's current stream of
+// `device_id` (`api` may be null only when the caller gives the stream).
+cudaStream_t call_stream(const dlpack::ExchangeApi* api, nanobind::handle stream, int device_id);
+
 // The SM count of CUDA device `device_id`, queried once per device.
 int device_sm_count(int device_id);
 
@@ -65,5 +69,18 @@ class ScopedDevice {
  private:
   int previous_ = -1;
 };
+
+// Runs `launch` (a callable returning a Status) with the GIL released and `device_id` current, then raises the
+// Python exception of its status (throw_if_error).
+template <class Launch>
+void launch_without_gil(int device_id, Launch&& launch) {
+  Status status;
+  {
+    nanobind::gil_scoped_release release;
+    ScopedDevice device(device_id);
+    status = launch();
+  }
+  throw_if_error(status);
+}
 
 }  // namespace openmla::py

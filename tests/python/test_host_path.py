@@ -439,3 +439,34 @@ def test_two_threads_share_one_schedule(same_stream):
         assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])
     for out, lse in results[1]:
         assert torch.equal(out, second[0]) and torch.equal(lse, second[1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sparse prefill's per-call entry (python/csrc/bind_prefill_call.cpp)
+# ---------------------------------------------------------------------------------------------------------------
+@gpu
+@pytest.mark.parametrize("with_outputs", [False, True])
+def test_sparse_prefill_call_entry_equals_flash_mla_sparse_fwd(with_outputs):
+    s_q, h_q, topk, s_kv = 100, 64, 256, 2000
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn((s_q, h_q, D_QK), generator=g, device="cuda").div_(10).to(torch.bfloat16)
+    kv = torch.randn((s_kv, 1, D_QK), generator=g, device="cuda").div_(10).to(torch.bfloat16)
+    idx = torch.randint(-1, s_kv, (s_q, 1, topk), generator=g, device="cuda", dtype=torch.int32)
+    lengths = torch.randint(0, topk + 1, (s_q,), generator=g, device="cuda", dtype=torch.int32)
+    sink = torch.randn((h_q,), generator=g, device="cuda")
+    scale = D_QK ** -0.5
+    expected = openmla.flash_mla_sparse_fwd(q, kv, idx, scale, attn_sink=sink, topk_length=lengths)
+    outs = [None, None, None]
+    if with_outputs:
+        outs = [torch.empty_like(expected[0]), torch.empty_like(expected[1]), torch.empty_like(expected[2])]
+    got = C.sparse_prefill_call(q, kv, idx, scale, D_V, sink, lengths, *outs)
+    torch.cuda.synchronize()
+    for e, o in zip(expected, got):
+        assert torch.equal(e, o) and e.shape == o.shape and e.dtype == o.dtype
+    if with_outputs:
+        assert all(a is b for a, b in zip(got, outs))
+    # The general path's cases: None, so that flash_mla_sparse_fwd names what is wrong.
+    assert C.sparse_prefill_call(q, kv, idx, -1.0, D_V, None, None, None, None, None) is None
+    assert C.sparse_prefill_call(q.cpu(), kv, idx, scale, D_V, None, None, None, None, None) is None
+    with pytest.raises(ValueError, match="'indices'"):
+        C.sparse_prefill_call(q, kv, idx.long(), scale, D_V, None, None, None, None, None)
