@@ -50,6 +50,13 @@ float scale_or_default(nb::handle softmax_scale, int64_t d_qk) {
   return static_cast<float>(nb::cast<double>(softmax_scale));
 }
 
+// Python truthiness (flash_mla takes causal=0 / 1 as well as False / True).
+bool truthy(nb::handle h) {
+  const int v = PyObject_IsTrue(h.ptr());
+  if (v < 0) throw nb::python_error();
+  return v != 0;
+}
+
 bool on_device(const TensorRef& t, int device_id, int ndim) {
   return t.defined() && t.device == DeviceType::kCUDA && t.device_id == device_id && t.ndim == ndim;
 }
@@ -198,9 +205,9 @@ class DecodeStep {
   }
 
   nb::object dense(nb::handle q, nb::handle k_cache, nb::handle block_table, nb::handle cache_seqlens,
-                   nb::handle head_dim_v, nb::handle softmax_scale, bool causal, nb::handle out, nb::handle lse,
+                   nb::handle head_dim_v, nb::handle softmax_scale, nb::handle causal, nb::handle out, nb::handle lse,
                    nb::handle stream) {
-    if (problem_.sparse || causal != problem_.causal || !has_d_v(head_dim_v)) return nb::none();
+    if (problem_.sparse || truthy(causal) != problem_.causal || !has_d_v(head_dim_v)) return nb::none();
     TensorReader reader;
     DenseDecodeArgs args;
     args.q = reader.read(q, "q");
@@ -319,32 +326,30 @@ class SplitScratchPool {
   };
 
   Scratch get(int device_id, cudaStream_t stream, int64_t rows, int64_t d_v, int64_t counters) {
-    Entry* entry = nullptr;
-    for (Entry& e : entries_)
-      if (e.device_id == device_id && e.stream == stream) entry = &e;
-    if (entry == nullptr || entry->rows < rows || entry->d_v != d_v || entry->counters < counters) {
-      if (!allocate_.is_valid()) throw std::runtime_error("openmla: the split-KV scratch pool was cleared");
-      int64_t want_rows = rows, want_counters = std::max<int64_t>(counters, 1);
-      if (entry != nullptr && entry->d_v == d_v) {
-        want_rows = std::max(rows, entry->rows < rows ? 2 * entry->rows : entry->rows);
-        want_counters = std::max(want_counters, entry->counters < counters ? 2 * entry->counters : entry->counters);
-      }
-      nb::object tensors = allocate_(device_id, want_rows, d_v, want_counters);
-      TensorReader reader;
-      Entry fresh{.device_id = device_id, .stream = stream, .rows = want_rows, .d_v = d_v,
-                  .counters = want_counters, .scratch = {}, .owners = tensors};
-      fresh.scratch.split.partial_o = reader.read(tensors[0], "partial_o");
-      fresh.scratch.split.partial_lse = reader.read(tensors[1], "partial_lse");
-      fresh.scratch.merge_counters = reader.read(tensors[2], "merge_counters");
-      if (entry != nullptr) {
-        retired_.push_back(entry->owners);
-        *entry = std::move(fresh);
-      } else {
-        entries_.push_back(std::move(fresh));
-        entry = &entries_.back();
-      }
+    if (const Entry* e = find(device_id, stream);
+        e != nullptr && e->rows >= rows && e->d_v == d_v && e->counters >= counters)
+      return e->scratch;  // a copy: the GIL is released while it is used, and another thread may grow the pool
+    int64_t want_rows = rows, want_counters = std::max<int64_t>(counters, 1);
+    if (const Entry* e = find(device_id, stream); e != nullptr && e->d_v == d_v) {
+      want_rows = std::max(rows, e->rows < rows ? 2 * e->rows : e->rows);
+      want_counters = std::max(want_counters, e->counters < counters ? 2 * e->counters : e->counters);
     }
-    return entry->scratch;  // a copy: the GIL is released while it is used, and another thread may grow the pool
+    if (!allocate_.is_valid()) throw std::runtime_error("openmla: the split-KV scratch pool was cleared");
+    // Python code: another thread may run meanwhile and change the pool, so the entry is looked up again after.
+    nb::object tensors = allocate_(device_id, want_rows, d_v, want_counters);
+    TensorReader reader;
+    Entry fresh{.device_id = device_id, .stream = stream, .rows = want_rows, .d_v = d_v, .counters = want_counters,
+                .scratch = {}, .owners = tensors};
+    fresh.scratch.split.partial_o = reader.read(tensors[0], "partial_o");
+    fresh.scratch.split.partial_lse = reader.read(tensors[1], "partial_lse");
+    fresh.scratch.merge_counters = reader.read(tensors[2], "merge_counters");
+    if (Entry* e = find(device_id, stream)) {
+      retired_.push_back(e->owners);
+      *e = std::move(fresh);
+      return e->scratch;
+    }
+    entries_.push_back(std::move(fresh));
+    return entries_.back().scratch;
   }
 
   size_t size() const { return entries_.size(); }
@@ -377,6 +382,12 @@ class SplitScratchPool {
     Scratch scratch;
     nb::object owners;
   };
+
+  Entry* find(int device_id, cudaStream_t stream) {
+    for (Entry& e : entries_)
+      if (e.device_id == device_id && e.stream == stream) return &e;
+    return nullptr;
+  }
   nb::object allocate_;
   std::vector<Entry> entries_;
   std::vector<nb::object> retired_;
@@ -424,13 +435,18 @@ nb::object plan_metadata(nb::handle like, nb::handle cache_seqlens, nb::handle t
 
 nb::object decode_with_metadata(SplitScratchPool& pool, nb::handle q, nb::handle k_cache, nb::handle block_table,
                                 nb::handle cache_seqlens, nb::handle head_dim_v, nb::handle metadata,
-                                nb::handle num_splits, nb::handle softmax_scale, bool causal, nb::handle indices,
+                                nb::handle num_splits, nb::handle softmax_scale, nb::handle causal_flag, nb::handle indices,
                                 nb::handle attn_sink, nb::handle extra_k_cache, nb::handle extra_indices,
                                 nb::handle topk_length, nb::handle extra_topk_length, nb::handle out, nb::handle lse,
                                 nb::handle stream) {
   const bool sparse = !indices.is_none();
+  const bool causal = truthy(causal_flag);
   int64_t d_v = 0;
   if (!read_int(head_dim_v, &d_v)) return nb::none();
+  // Dense mode takes none of the sparse arguments: the general path names the one given.
+  if (!sparse && (!attn_sink.is_none() || !extra_k_cache.is_none() || !extra_indices.is_none() ||
+                  !topk_length.is_none() || !extra_topk_length.is_none()))
+    return nb::none();
   TensorReader reader;
   const TensorRef q_ref = reader.read(q, "q");
   const TensorRef k_ref = reader.read(k_cache, "k_cache");
@@ -519,8 +535,8 @@ void bind_decode_step(nb::module_& m) {
            "Plans the schedule on the stream (default: the framework's current stream of the schedule's device).")
       .def("dense", &DecodeStep::dense, nb::arg("q").none(), nb::arg("k_cache").none(), nb::arg("block_table").none(),
            nb::arg("cache_seqlens").none(), nb::arg("head_dim_v").none(), nb::arg("softmax_scale").none(),
-           nb::arg("causal"), nb::arg("out").none(), nb::arg("lse").none(), nb::arg("stream").none() = nb::none(),
-           "Dense decode with the planned schedule -> (out, lse), or None when the call is not the planned one.")
+           nb::arg("causal").none(), nb::arg("out").none(), nb::arg("lse").none(),
+           nb::arg("stream").none() = nb::none(), "Dense decode with the planned schedule -> (out, lse), or None when the call is not the planned one.")
       .def("sparse", &DecodeStep::sparse, nb::arg("q").none(), nb::arg("k_cache").none(), nb::arg("indices").none(),
            nb::arg("head_dim_v").none(), nb::arg("softmax_scale").none(), nb::arg("attn_sink").none(),
            nb::arg("extra_k_cache").none(), nb::arg("extra_indices").none(), nb::arg("topk_length").none(),
@@ -548,7 +564,7 @@ void bind_decode_step(nb::module_& m) {
   m.def("decode_with_metadata", &decode_with_metadata, nb::arg("pool"), nb::arg("q").none(), nb::arg("k_cache").none(),
         nb::arg("block_table").none(), nb::arg("cache_seqlens").none(), nb::arg("head_dim_v").none(),
         nb::arg("tile_scheduler_metadata").none(), nb::arg("num_splits").none(), nb::arg("softmax_scale").none(),
-        nb::arg("causal"), nb::arg("indices").none(), nb::arg("attn_sink").none(), nb::arg("extra_k_cache").none(),
+        nb::arg("causal").none(), nb::arg("indices").none(), nb::arg("attn_sink").none(), nb::arg("extra_k_cache").none(),
         nb::arg("extra_indices").none(), nb::arg("topk_length").none(), nb::arg("extra_topk_length").none(),
         nb::arg("out").none(), nb::arg("lse").none(), nb::arg("stream").none() = nb::none(),
         "Decode with tensor-style metadata -> (out, lse), or None when the general path must handle the call.");
