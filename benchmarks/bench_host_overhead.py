@@ -26,6 +26,8 @@ attention sink; `sparse_decode_b2` the b = 2 row, whose schedule records the hos
   sparse_prefill                flash_mla_sparse_fwd (s_q 256, h_q 128, topk 2048, 16K kv rows, outputs allocated)
   sparse_prefill_call_entry     the binding's per-call entry of sparse prefill (_openmla.sparse_prefill_call), what
                                 flash_mla_sparse_fwd calls once it takes the per-call path
+  append_kv_cache               openmla.append_kv_cache of 64 new tokens into a V3.2 FP8 cache (every layer of every
+                                step in an engine)
 """
 from __future__ import annotations
 
@@ -49,14 +51,15 @@ _DENSE_OPS = ("dense_decode", "dense_decode_out", "dense_decode_default_device",
 _SPARSE_OPS = ("sparse_decode", "sparse_decode_out", "sparse_decode_default_device", "sparse_decode_first_call",
                "sparse_decode_b2", "torch_op_sparse_decode")
 _PREFILL_OPS = ("sparse_prefill", "sparse_prefill_call_entry")
+_CACHE_OPS = ("append_kv_cache",)
 
-TARGETS = {f"host_{op}": {"time_us": FLASHMLA_HOST_US[0]} for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS}
+TARGETS = {f"host_{op}": {"time_us": FLASHMLA_HOST_US[0]} for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS}
 
 
 def cases(quick=False):
     """Every op; each takes well under a second, so `quick` keeps them all."""
     del quick
-    return [dict(name=f"host_{op}", op=op) for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS]
+    return [dict(name=f"host_{op}", op=op) for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -176,13 +179,27 @@ def _prefill_call(torch, openmla, op, s_q=256, h_q=128, topk=2048, s_kv=16384):
     return lambda: entry(q, kv, indices, scale, D_V, None, None, None, None, None)
 
 
+def _append_call(torch, openmla):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    kv = torch.randn((1024, PAGE, 1, D_QK), generator=g, device="cuda", dtype=torch.bfloat16).div_(10)
+    cache = openmla.quantize_kv_cache(kv, "v32")
+    new = torch.randn((64, D_QK), generator=g, device="cuda", dtype=torch.bfloat16).div_(10)
+    slots = torch.randperm(1024 * PAGE, device="cuda")[:64]
+    return lambda: openmla.append_kv_cache(new, slots, cache, "v32")
+
+
 def run(case, harness):
     import torch
 
     import openmla
 
     op = case["op"]
-    call = _prefill_call(torch, openmla, op) if op in _PREFILL_OPS else _op_call(torch, openmla, op)
+    if op in _CACHE_OPS:
+        call = _append_call(torch, openmla)
+    elif op in _PREFILL_OPS:
+        call = _prefill_call(torch, openmla, op)
+    else:
+        call = _op_call(torch, openmla, op)
     default_device = op.endswith("_default_device")
     if default_device:
         torch.set_default_device("cuda")

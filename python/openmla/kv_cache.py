@@ -106,6 +106,10 @@ def append_kv_cache(new_kv, slots, cache, format: str = "v32") -> None:
 
     Every written token is bit-identical to what :func:`quantize_kv_cache` would write for it.
     """
+    # Engines call this for every layer of every step: torch tensors (torch >= 2.10) go straight to the binding,
+    # which reads them and torch's current stream in place (docs/python-api.md, "Host cost").
+    if _APPEND_IN_PLACE and _openmla.kv_cache_append_call(new_kv, slots, cache, format) is not None:
+        return
     with _device_of(cache):
         _openmla.kv_cache_append(_dlpack_arg(new_kv), _dlpack_arg(slots), _dlpack_arg(cache), format,
                                  stream_of(cache))
@@ -114,6 +118,17 @@ def append_kv_cache(new_kv, slots, cache, format: str = "v32") -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------------------
+def _torch_reads_in_place() -> bool:
+    """Whether torch tensors expose the DLPack C exchange API, so that the binding reads them by itself."""
+    try:
+        import torch
+
+        return bool(_openmla.read_tensor(torch.empty(0))[-1])
+    except Exception:
+        return False
+
+
+_APPEND_IN_PLACE = _torch_reads_in_place()
 class _NoDevice:
     def __enter__(self):
         return self

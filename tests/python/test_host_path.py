@@ -470,3 +470,32 @@ def test_sparse_prefill_call_entry_equals_flash_mla_sparse_fwd(with_outputs):
     assert C.sparse_prefill_call(q.cpu(), kv, idx, scale, D_V, None, None, None, None, None) is None
     with pytest.raises(ValueError, match="'indices'"):
         C.sparse_prefill_call(q, kv, idx.long(), scale, D_V, None, None, None, None, None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# append_kv_cache's per-call entry (python/csrc/bind_kv_cache_call.cpp)
+# ---------------------------------------------------------------------------------------------------------------
+@gpu
+@pytest.mark.parametrize("fmt,d", [("v32", 576), ("model1", 512)])
+def test_append_per_call_path_equals_general_path(monkeypatch, fmt, d):
+    from openmla import kv_cache
+
+    g = torch.Generator(device="cuda").manual_seed(8)
+    kv = (torch.randn((16, PAGE, 1, d), generator=g, device="cuda") / 10).to(torch.bfloat16)
+    base = openmla.quantize_kv_cache(kv, fmt)
+    new = (torch.randn((40, d), generator=g, device="cuda") / 10).to(torch.bfloat16)
+    slots = torch.randperm(16 * PAGE, device="cuda")[:40].to(torch.int64)
+    slots[3] = -1  # skipped
+    fast = base.clone()
+    openmla.append_kv_cache(new, slots, fast, fmt)
+    with monkeypatch.context() as m:
+        m.setattr(kv_cache, "_APPEND_IN_PLACE", False)
+        slow = base.clone()
+        openmla.append_kv_cache(new, slots, slow, fmt)
+    torch.cuda.synchronize()
+    assert kv_cache._APPEND_IN_PLACE == dec._IN_PLACE
+    assert torch.equal(fast, slow) and not torch.equal(fast, base)
+    with pytest.raises(ValueError, match="'slots'"):
+        openmla.append_kv_cache(new, slots[:39], fast, fmt)
+    with pytest.raises(ValueError, match="format"):
+        openmla.append_kv_cache(new, slots, fast, "v31")
