@@ -540,7 +540,7 @@ def _metadata_problem(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_h
     if (rows * h_kv) % h_q != 0:
         raise ValueError(f"argument 'num_q_tokens_per_head_k' ({rows}) times num_heads_k ({h_kv}) is not a multiple "
                          f"of num_heads_q ({h_q}): it must be s_q * num_heads_q // num_heads_k")
-    return int(shape[0]), rows * h_kv // h_q, h_q, h_kv, sparse, topk
+    return shape[0], rows * h_kv // h_q, h_q, h_kv, sparse, topk  # shape[0] stays symbolic under torch.compile
 
 
 def _plan_metadata(like, cache_seqlens, topk_length, extra_topk_length, *, batch, s_q, h_q, h_kv, sparse, topk,
