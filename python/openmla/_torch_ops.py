@@ -110,10 +110,12 @@ _IMPLS = {
 # ---------------------------------------------------------------------------------------------------------------
 def _num_sm_parts(device, s_q, h_q, h_kv, sparse) -> int:
     """The schedule's partition count on `device` (it depends on the head geometry and the SM count only)."""
+    sms = _FAKE_SM_COUNT
     if device.type == "cuda":
-        sms = _C.device_sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    else:
-        sms = _FAKE_SM_COUNT
+        try:
+            sms = _C.device_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        except RuntimeError:  # fake CUDA tensors on a machine without a usable GPU: nothing will run
+            pass
     sizes = _C.get_decode_workspace_sizes(batch=1, s_q=int(s_q), h_q=int(h_q), h_kv=int(h_kv), sparse=bool(sparse),
                                           topk=1 if sparse else 0,
                                           cache_format="fp8_v32" if sparse else "bf16", num_sms=sms)

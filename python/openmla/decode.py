@@ -43,7 +43,7 @@ import threading
 from typing import Any, Optional
 
 from . import _openmla as _C
-from ._runtime import as_byte_view, is_torch_tensor, require_torch
+from ._runtime import as_byte_view, is_torch_tensor, require_torch, torch_tensors_read_in_place
 
 try:  # torch is optional: importing OpenMLA needs neither torch nor a GPU
     import torch as _torch
@@ -59,17 +59,8 @@ _FP8_LAYOUTS = {656: ("fp8_v32", 576, "V3.2"), 584: ("fp8_model1", 512, "MODEL1"
 _SPARSE_ONLY = ("attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length")
 
 
-def _torch_reads_in_place() -> bool:
-    """Whether torch tensors expose the DLPack C exchange API (torch >= 2.10): then the binding reads them, finds
-    torch's current stream and allocates outputs by itself."""
-    try:
-        return bool(_C.read_tensor(_torch.empty(0))[-1])
-    except Exception:  # pragma: no cover - depends on the torch build
-        return False
-
-
 if _torch is not None:
-    _IN_PLACE = _torch_reads_in_place()
+    _IN_PLACE = torch_tensors_read_in_place()
     _is_compiling = getattr(getattr(_torch, "compiler", None), "is_compiling", None) or (lambda: False)
     # The general path's few torch calls, without the cost of active torch-function modes (set_default_device
     # installs one: every tensor attribute then goes through Python).

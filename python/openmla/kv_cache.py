@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 
 from . import _openmla
-from ._runtime import as_byte_view, is_torch_tensor, require_torch, stream_of
+from ._runtime import as_byte_view, is_torch_tensor, require_torch, stream_of, torch_tensors_read_in_place
 
 __all__ = ["quantize_kv_cache", "dequantize_kv_cache", "append_kv_cache", "FORMATS", "bytes_per_token", "head_dim"]
 
@@ -118,17 +118,7 @@ def append_kv_cache(new_kv, slots, cache, format: str = "v32") -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------------------
-def _torch_reads_in_place() -> bool:
-    """Whether torch tensors expose the DLPack C exchange API, so that the binding reads them by itself."""
-    try:
-        import torch
-
-        return bool(_openmla.read_tensor(torch.empty(0))[-1])
-    except Exception:
-        return False
-
-
-_APPEND_IN_PLACE = _torch_reads_in_place()
+_APPEND_IN_PLACE = torch_tensors_read_in_place()
 class _NoDevice:
     def __enter__(self):
         return self
