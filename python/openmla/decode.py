@@ -308,7 +308,7 @@ def _general_call(q, k_cache, block_table, cache_seqlens, head_dim_v, sched, num
         lse = torch.empty((config.b, config.s_q, config.h_q), dtype=torch.float32, device=q.device).transpose(1, 2)
     if tensor_style:
         result = _C.decode_with_metadata(_SCRATCH, q, as_byte_view(k_cache) if indices is not None else k_cache,
-                                         block_table, cache_seqlens, head_dim_v, sched, num_splits,
+                                         block_table, cache_seqlens, int(head_dim_v), sched, num_splits,
                                          _scale(softmax_scale, config.d_qk), bool(causal), indices, attn_sink,
                                          None if extra_k_cache is None else as_byte_view(extra_k_cache),
                                          extra_indices, topk_length, extra_topk_length, out, lse, stream)
@@ -345,11 +345,11 @@ def _general_call(q, k_cache, block_table, cache_seqlens, head_dim_v, sched, num
 def _launch(step, q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, indices, attn_sink,
             extra_k_cache, extra_indices, topk_length, extra_topk_length, out, lse, stream):
     if indices is None:
-        result = step.dense(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, bool(causal), out, lse,
-                            stream)
+        result = step.dense(q, k_cache, block_table, cache_seqlens, int(head_dim_v), softmax_scale, bool(causal), out,
+                            lse, stream)
     else:
         # The C++ API reads FP8 caches as bytes; a uint8 view also spares older DLPack exports the float8 dtype.
-        result = step.sparse(q, as_byte_view(k_cache), indices, head_dim_v, softmax_scale, attn_sink,
+        result = step.sparse(q, as_byte_view(k_cache), indices, int(head_dim_v), softmax_scale, attn_sink,
                              None if extra_k_cache is None else as_byte_view(extra_k_cache), extra_indices,
                              topk_length, extra_topk_length, out, lse, stream)
     if result is None:
