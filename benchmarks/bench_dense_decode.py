@@ -1,10 +1,10 @@
-"""Dense BF16 MLA decode: the rows of issue 3, beside FlashMLA's figures (../shared/docs/targets.md).
+"""Dense BF16 MLA decode: the rows of docs/targets.md, beside FlashMLA's figures.
 
 Each case builds its inputs once (page 64, bf16, seqlens ~ N(s_k, s_k/2) clipped at s_q with a fixed
-seed, pages in a random order), plans the schedule once (the scheduler is excluded from the time, as
-targets.md says), then times the whole call: main kernel + combine (harness.time_decode_call).
+seed, pages in a random order), plans the schedule once (the scheduler is excluded from the time, as for
+the peer's figures), then times the whole call: main kernel + combine (harness.time_decode_call).
 
-Timing like the reference harness (FlashMLA's tests/kernelkit/bench.py, whose figures targets.md holds):
+Timing like the reference harness (FlashMLA's own, which took the figures of docs/targets.md):
 CUPTI kernel activity (torch.profiler) of the eager call, an 8 GB flush before every call, and time_us =
 the median over 50 calls (20 with --quick) of the span of the call's kernels (first kernel start to last
 kernel end).
@@ -13,7 +13,7 @@ kernel times do not contain; it is still recorded as graph_event_time_us (the ea
 eager_time_us). FlashMLA's dense figures are its main kernel alone; time_us is the whole call (the stricter
 comparison), and the main kernel alone is recorded as main_kernel_us, every kernel's median in `kernels`.
 
-FLOPs and bytes come from formulas.py (targets.md's counting: no causal discount).
+FLOPs and bytes come from formulas.py (the peer's counting, docs/perf-method.md: no causal discount).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ D_QK, D_V, PAGE = 576, 512, 64
 SEED = 0
 SK = (4096, 8192, 16384, 32768)
 
-# FlashMLA's dense decode (b = 128, h_q = 128, h_kv = 1, varlen), TFLOPS, by s_q then s_k (targets.md).
+# FlashMLA's dense decode (b = 128, h_q = 128, h_kv = 1, varlen), TFLOPS, by s_q then s_k (docs/targets.md).
 _FLASHMLA_TFLOPS = {
     "h100": {1: {4096: 534, 8192: 580, 16384: 608, 32768: 622}, 2: {4096: 677, 8192: 709, 16384: 728, 32768: 737}},
     "h200": {1: {4096: 608, 8192: 653, 16384: 677, 32768: 688}, 2: {4096: 686, 8192: 717, 16384: 732, 32768: 741}},
@@ -42,7 +42,7 @@ def _all_cases():
     for s_q in (1, 2):
         for s_k in SK:
             for causal in (False, True):
-                # causal=True: FlashMLA's figures are the same within 1% (targets.md).
+                # causal=True: FlashMLA's figures are the same within 1% (docs/targets.md).
                 cases.append(dict(name=_name(128, s_q, 128, s_k, True, causal), b=128, s_q=s_q, h_q=128, h_kv=1,
                                   s_k=s_k, varlen=True, causal=causal,
                                   target={dev: {"tflops": t[s_q][s_k]} for dev, t in _FLASHMLA_TFLOPS.items()}))
@@ -59,7 +59,7 @@ TARGETS = {c["name"]: c["target"] for c in _all_cases()}
 
 
 def cases(quick=False):
-    """The issue's rows; `quick` keeps the shortest and longest context of each kind, causal off."""
+    """The rows of docs/targets.md; `quick` keeps the shortest and longest context of each kind, causal off."""
     all_cases = _all_cases()
     if not quick:
         return all_cases

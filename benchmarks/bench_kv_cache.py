@@ -1,5 +1,5 @@
 """FP8 KV-cache codec: quantise, dequantise and append at 1M tokens (page 64), both layouts, in GB/s against the
-measured device-copy ceiling (issue 2: quantisation at >= 80% of the copy ceiling).
+measured device-copy ceiling (the codec's goal, docs/targets.md: >= 80% of the copy ceiling).
 
 Bytes are read + written (formulas.py: kv_quantize_bytes / kv_dequantize_bytes / kv_append_bytes), the same
 counting as the copy ceiling. Inputs are N(0, 1) bf16 values with per-token magnitudes spread over 2^-20..2^20

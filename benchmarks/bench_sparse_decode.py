@@ -1,4 +1,4 @@
-"""Sparse FP8 MLA decode (DeepSeek-V3.2 top-k attention): the rows of ../shared/docs/targets.md beside FlashMLA.
+"""Sparse FP8 MLA decode (DeepSeek-V3.2 top-k attention): the rows of docs/targets.md beside FlashMLA.
 
 Rows (V3.2 layout: d_qk 576, 656 B/token FP8 cache, page 64, h_kv 1, s_q 2, attention sink on, default softmax
 scale; cache_seqlens ~ N(32768, 16384) clipped at s_q, a fixed seed):
@@ -7,20 +7,20 @@ scale; cache_seqlens ~ N(32768, 16384) clipped at s_q, a fixed seed):
   - h_q 16, topk 2048, b 128: memory-bound, no FlashMLA figure (it serves h_q 64 and 128 only); its target is
     this run's copy ceiling, so its ratio is the fraction of the copy bandwidth reached.
 
-Inputs follow FlashMLA's sparse-decode test (flashmla-facts.md 7.3): q ~ N(0, 1) clamped to [-1, 1]; KV ~
-N(0, 1)/10 clamped to [-1, 1] in bf16, quantised on the GPU with openmla.quantize_kv_cache; every request's pages
-are scattered through a random permutation of all pages; per (request, query position) `topk` distinct random
+Inputs follow FlashMLA's sparse-decode test (docs/contracts.md section 10): q ~ N(0, 1) clamped to [-1, 1];
+KV ~ N(0, 1)/10 clamped to [-1, 1] in bf16, quantised on the GPU with openmla.quantize_kv_cache; every request's
+pages are scattered through a random permutation of all pages; per (request, query position) `topk` distinct random
 token positions below the request's length, in random order, padded with -1 when the length is below topk,
 mapped to index = page * 64 + offset; attn_sink ~ N(0, 1) float32 per head.
 
 Timing as bench_dense_decode.py (harness.time_decode_call): the schedule is planned once, outside the timed
-region (the scheduler is excluded, as targets.md says); time_us is the whole call (main kernel + combine) timed
-like FlashMLA's harness, whose "end-to-end" figures targets.md holds: CUPTI kernel activity of the eager call, an
-8 GB flush before every call, the span from the first kernel's start to the last kernel's end, median of 50 (20
-with --quick) calls. The CUDA-event time of a CUDA-graph replay is recorded beside it as graph_event_time_us (it
-includes a few us of launch/event overhead that CUPTI's figures do not: b = 2, 28.6 us event-timed replay vs
-25.3 us CUPTI span of the same kernels), the eager call's event time as eager_time_us, the attention kernel
-alone as main_kernel_us, every kernel's median in `kernels`.
+region (the scheduler is excluded, as for the peer's figures); time_us is the whole call (main kernel + combine)
+timed like FlashMLA's harness, which took the "end-to-end" figures of docs/targets.md: CUPTI kernel activity
+of the eager call, an 8 GB flush before every call, the span from the first kernel's start to the last kernel's
+end, median of 50 (20 with --quick) calls. The CUDA-event time of a CUDA-graph replay is recorded beside it as
+graph_event_time_us (it includes a few us of launch/event overhead that CUPTI's figures do not: b = 2, 28.6 us
+event-timed replay vs 25.3 us CUPTI span of the same kernels), the eager call's event time as eager_time_us,
+the attention kernel alone as main_kernel_us, every kernel's median in `kernels`.
 
 FLOPs and bytes come from formulas.py: FLOPs = 2 b s_q h_q topk (d_qk + d_v) (invalid slots counted, as FlashMLA
 counts them), bytes = 2 b s_q h_q d_qk + U * 656 + 2 b s_q h_q d_v with U the distinct index values (-1 once).
@@ -39,14 +39,14 @@ S_K = 32768  # mean cache length per request (varlen)
 S_Q = 2
 SEED = 0
 
-# FlashMLA's sparse FP8 decode, whole call, microseconds (targets.md), by (b, h_q, topk).
+# FlashMLA's sparse FP8 decode, whole call, microseconds (docs/targets.md), by (b, h_q, topk).
 _FLASHMLA_US = {
     "h100": {(2, 128, 2048): 21.4, (64, 128, 2048): 189, (74, 128, 2048): 231, (128, 128, 2048): 369,
              (148, 128, 16384): 3023, (148, 64, 16384): 1899},
     "h200": {(2, 128, 2048): 20.3, (64, 128, 2048): 186, (74, 128, 2048): 226, (128, 128, 2048): 364,
              (148, 128, 16384): 3037, (148, 64, 16384): 1864},
 }
-# The same rows in TFLOPS on the H100, as targets.md prints them (recorded beside the time for reference).
+# The same rows in TFLOPS on the H100, as docs/targets.md lists them (recorded beside the time for reference).
 _FLASHMLA_TFLOPS_H100 = {(2, 128, 2048): 107, (64, 128, 2048): 386, (74, 128, 2048): 366, (128, 128, 2048): 396,
                          (148, 128, 16384): 447, (148, 64, 16384): 356}
 
@@ -77,7 +77,7 @@ TARGETS = {c["name"]: c["target"] for c in _all_cases() if c["target"]}
 
 
 def cases(quick=False):
-    """The issue's rows. Every row takes well under a second of GPU time, so `quick` keeps them all."""
+    """The rows of docs/targets.md. Every row takes well under a second of GPU time, so `quick` keeps them all."""
     del quick
     return _all_cases()
 

@@ -1,9 +1,9 @@
 """FLOP and byte counts of every OpenMLA benchmark, in ONE place.
 
-These are exactly the formulas of ../shared/docs/targets.md (which follow FlashMLA's own benchmark,
-flashmla-facts.md section 7.4), so our figures compare with the peer's. Benchmarks never count FLOPs or
-bytes themselves: they call these functions. Every function takes plain numbers (or, where noted, a
-torch/numpy integer array) and returns a float.
+These are FlashMLA's own benchmark formulas (docs/perf-method.md lists them, docs/targets.md says why they
+matter), so our figures compare with the peer's. Benchmarks never count FLOPs or bytes themselves: they call
+these functions. Every function takes plain numbers (or, where noted, a torch/numpy integer array) and returns
+a float.
 
 Conventions:
   - A FLOP is a multiply or an add (an FMA counts 2). No discount for masking unless stated.
@@ -17,10 +17,10 @@ D_QK_V32 = 576  # 512 NoPE + 64 RoPE (V3, V3.2)
 D_QK_MODEL1 = 512  # 448 NoPE + 64 RoPE (MODEL1)
 D_V = 512
 
-# Bytes per token of the FP8 KV-cache layouts (flashmla-facts.md section 2).
+# Bytes per token of the FP8 KV-cache layouts (docs/kv-cache-formats.md).
 V32_TOKEN_BYTES = 656  # 512 e4m3 + 4 fp32 scales + 64 bf16 RoPE
 MODEL1_TOKEN_BYTES = 584  # 576 data + 8 scale bytes (block-structured page)
-# targets.md counts MODEL1 sparse-decode reads at 576 B/token (scales ignored), as FlashMLA does.
+# The peer counts MODEL1 sparse-decode reads at 576 B/token (scales ignored; docs/targets.md).
 MODEL1_DECODE_TOKEN_BYTES = 576
 
 BF16_BYTES = 2
@@ -97,7 +97,7 @@ def sparse_prefill_flops(s_q: int, topk: float, h_q: int, d_qk: int = D_QK_V32, 
 
 
 def sparse_prefill_bytes(s_q: int, h_q: int, valid_index_slots: int, d_qk: int = D_QK_V32, d_v: int = D_V) -> float:
-    """2*d_qk*valid_index_slots [KV gathered] + 2*s_q*h_q*(d_qk + d_v) [Q and O] (flashmla-facts.md 7.4)."""
+    """2*d_qk*valid_index_slots [KV gathered] + 2*s_q*h_q*(d_qk + d_v) [Q and O] (FlashMLA's counting)."""
     return 2.0 * d_qk * valid_index_slots + 2.0 * s_q * h_q * (d_qk + d_v)
 
 

@@ -2,10 +2,10 @@
 
 Two ways to time a call (docs/perf-method.md has the reasoning):
   - time_cupti: the GPU's own kernel timestamps (CUDA activity records through torch.profiler, i.e.
-    CUPTI/kineto), as FlashMLA's harness (tests/kernelkit/bench.py) takes the figures targets.md holds.
+    CUPTI/kineto), as FlashMLA's harness took the figures of docs/targets.md.
     The figure is the span of the call's kernels: last kernel end - first kernel start, per call, median
     over the calls. The decode benchmarks report it, on the eager call, as time_us: like for like with
-    targets.md. Nothing is written to disk (the profiler's events are read in memory).
+    docs/targets.md. Nothing is written to disk (the profiler's events are read in memory).
   - time_cuda: CUDA events recorded around fn on the stream. The decode benchmarks still record the
     event-timed CUDA-graph replay beside the CUPTI span (graph_event_time_us): it contains a few us of
     graph-launch / event overhead that CUPTI's kernel times do not (sparse b = 2: 28.6 us event-timed
@@ -449,7 +449,7 @@ class Harness:
         time.sleep(COOLDOWN_S)
 
     def time_decode_call(self, call, *, main_kernel: str = "decode_kernel") -> dict:
-        """The timing fields of a decode record, timed like the reference (targets.md, FlashMLA's harness):
+        """The timing fields of a decode record, timed like the reference (docs/targets.md, FlashMLA's harness):
 
         time_us              CUPTI span of the eager call's kernels (main kernel + combine), median
                              (time_cupti); the figure the ratio to the target uses

@@ -3,8 +3,8 @@
 #
 # Installs the pinned dependencies, builds build/ (Release, all cores), then:
 #   - on a machine with a Hopper GPU and PyTorch: runs the benchmarks (benchmarks/run.py; default
-#     suites: dense decode and the KV-cache codec), printing a table against the measured ceilings and
-#     FlashMLA's figures; arguments are passed on (e.g. --suite kv_cache --filter v32 --json out.json);
+#     suites: dense decode, sparse decode and the KV-cache codec), printing a table against the measured
+#     ceilings and FlashMLA's figures (docs/targets.md); arguments are passed on (e.g. --suite kv_cache --filter v32 --json out.json);
 #   - anywhere else: says so plainly and runs small dense- and sparse-decode cases on the CPU reference.
 #
 # Environment: OPENMLA_BUILD_DIR (default build), OPENMLA_CMAKE_ARGS, OPENMLA_JOBS, as tools/test.sh.

@@ -139,7 +139,7 @@ print(f"{len(names)} kernels, max {max(regs) if regs else 0} regs, "
 PY
 )
 # SASS of the wgmma kernels: a WARPGROUP.DEPBAR after (nearly) every HGMMA means ptxas serialised the
-# tensor-core pipeline, silently (dense decode v2/v3 lost 10-15 % that way; docs/perf-notes.md).
+# tensor-core pipeline, silently (dense-v2 and dense-v3 lost 10-15 % that way: docs/dense-decode.md, "Guards").
 sass_note=""
 serial_total=0
 if (( build_ok )) && command -v cuobjdump >/dev/null; then
@@ -153,8 +153,8 @@ if (( build_ok )) && command -v cuobjdump >/dev/null; then
     serial_total=$(( serial_total + serial ))
   done
   (( serial_total > 0 )) && sass_note=", $serial_total kernel(s) with wgmma SERIALISED (see ptxas.txt)"
-  # Where the dense pair loop landed: its speed depends on it by up to 5 % (perf-notes, session 6: only a loop
-  # starting at 0x40 modulo 128 measured fast).
+  # Where the dense pair loop landed: its speed depends on it by up to 5 % (docs/dense-decode.md, "Code placement",
+  # decision dense-v17: only a loop starting at 0x40 modulo 128 measured fast).
   dense_obj="$build_dir/CMakeFiles/openmla.dir/src/kernels/dense_decode/launch.cu.o"
   if [[ -f $dense_obj ]]; then
     offs=$("$py" tools/sass_loops.py --offsets "$dense_obj" --min-hgmma 80 2>/dev/null | tee -a "$logs/ptxas.txt" |

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# How a kernel's loop addresses change its speed (perf-notes, session 6, "The pair loop's placement").
+# How a kernel's loop addresses change its speed (docs/dense-decode.md, "Code placement", decision dense-v17).
 # Dense decode (default): for each N, the kernel's never-taken placement shim gets N copies of its prefetch (the
-# pair loop's SASS stays the same; it moves 16 bytes per copy). Sparse decode (SWEEP_KERNEL=sparse, not measured
-# yet): a never-taken block of N prefetches is inserted at the kernel's entry (N = 0: the shipped kernel), which
-# moves every role's loops. Each build is incremental (the Python extension only) and the benchmark runs the
-# selected rows once. The source file is restored at the end.
+# pair loop's SASS stays the same; it moves 16 bytes per copy). Sparse decode (SWEEP_KERNEL=sparse; 0-4 prefetches
+# measured flat, docs/sparse-decode.md): a never-taken block of N prefetches is inserted at the kernel's entry
+# (N = 0: the shipped kernel), which moves every role's loops. Each build is incremental (the Python extension
+# only) and the benchmark runs the selected rows once. The source file is restored at the end.
 #
 #   SWEEP_N="1 25 5 9 17 33 1" SWEEP_FILTER='sq2_sk32768_varlen$|sq2_sk4096_varlen$' bash tools/placement_sweep.sh
 #   SWEEP_KERNEL=sparse SWEEP_N="0 1 2 4 8 0" SWEEP_FILTER='b2_|b64_|b128_hq128' bash tools/placement_sweep.sh

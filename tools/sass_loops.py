@@ -9,9 +9,10 @@ branch). The tool prints, per function whose name contains SUBSTR, each innermos
 and instruction-class counts) and whether its normalised text is identical between the two objects. The text is
 normalised so that only the instruction stream counts: addresses, branch targets and register numbers are
 replaced by placeholders. --offsets prints where each such loop of one object starts (byte offset in its function,
-and that offset modulo 128): the dense pair loop's speed depends on it (perf-notes, session 6: the same SASS ran up
-to 5 % slower at other offsets; only 0x40 modulo 128 measured fast). A changed loop schedule is what moved the dense pair loop's speed in perf-notes dense
-v10 and v14; compare before measuring. Needs cuobjdump (CUDA toolkit, or the nvidia-cuda-cuobjdump wheel).
+and that offset modulo 128): the dense pair loop's speed depends on it (docs/dense-decode.md, "Code placement",
+decision dense-v17: the same SASS ran up to 5 % slower at other offsets; only 0x40 modulo 128 measured fast). A
+changed loop schedule is what lost dense-v10 and dense-v14 (docs/dense-decode.md, "Tried and not kept"); compare
+before measuring. Needs cuobjdump (CUDA toolkit, or the nvidia-cuda-cuobjdump wheel).
 """
 import argparse
 import re

@@ -1,6 +1,6 @@
 // OpenMLA: KV-cache formats and the FP8 KV-cache codec (quantise, dequantise, append).
 //
-// Formats (see docs/kv-cache-formats.md and ../shared/docs/flashmla-facts.md section 2):
+// Formats (see docs/kv-cache-formats.md):
 //   kFp8V32    d_qk = 576: 656 bytes per token, token-interleaved records
 //              [512 x e4m3 NoPE | 4 x fp32 scales (one per 128 dims) | 64 x bf16 RoPE]
 //   kFp8Model1 d_qk = 512: 584 bytes per token, block-structured pages

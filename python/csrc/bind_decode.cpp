@@ -254,7 +254,7 @@ void bind_decode(nb::module_& m) {
 #if defined(OPENMLA_SPARSE_TRACE)
   // Diagnostics build only (CMake -DOPENMLA_SPARSE_TRACE=ON): the clock64 trace of the last sparse launch,
   // flat, in kernel.cuh's Trace order (cta, role, block, event), then the per-CTA %globaltimer timeline.
-  // tools/trace_sparse_decode.py reads it.
+  // tools/diag/trace_sparse_decode.py reads it.
   auto reader = [](Status (*copy)(unsigned long long*, size_t)) {
     return [copy](size_t count) {
       std::vector<unsigned long long> v(count);
@@ -264,7 +264,7 @@ void bind_decode(nb::module_& m) {
   };
   m.def("_sparse_decode_trace", reader(kernels::copy_sparse_decode_trace), nb::arg("count"));
   m.def("_sparse_decode_timeline_clear", [] { throw_if_error(kernels::clear_sparse_decode_timeline()); });
-  // The dense kernel's request timeline (kernel.cuh, struct Timeline); tools/trace_dense_decode.py reads it.
+  // The dense kernel's request timeline (kernel.cuh, struct Timeline); tools/diag/trace_dense_decode.py reads it.
   m.def("_dense_decode_timeline", reader(kernels::copy_dense_decode_timeline), nb::arg("count"));
   m.def("_dense_decode_timeline_clear", [] { throw_if_error(kernels::clear_dense_decode_timeline()); });
 #endif

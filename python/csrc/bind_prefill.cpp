@@ -54,7 +54,7 @@ void bind_prefill(nb::module_& m) {
         "softmax_scale 0 means d_qk ** -0.5.");
 #if defined(OPENMLA_TRACE) || defined(OPENMLA_SPARSE_TRACE)
   // Diagnostics build only: the clock64 trace of the last launch (kernel.cuh, struct Trace: cta, role, pair, event),
-  // flat; tools/trace_sparse_prefill.py reads it. clear=True zeroes it (before a launch).
+  // flat; tools/diag/trace_sparse_prefill.py reads it. clear=True zeroes it (before a launch).
   m.def("_sparse_prefill_trace", [](int d_qk, size_t count, bool clear) {
     std::vector<unsigned long long> v(clear ? 0 : count);
     throw_if_error(kernels::sparse_prefill_trace(d_qk, v.data(), count, clear));

@@ -1,4 +1,4 @@
-// Dense paged MLA decode, CPU reference (facts 1.2 "Dense mode", 7.2).
+// Dense paged MLA decode, CPU reference (docs/contracts.md section 2).
 #include <algorithm>
 #include <vector>
 
@@ -19,7 +19,7 @@ void dense_decode(const DenseDecodeArgs& a, Real* out, Real* lse) {
   require(a.cache_seqlens != nullptr, "cache_seqlens", "must not be null");
 
   const int64_t heads_per_kv = a.h_q / a.h_kv;
-  const bool causal = a.causal && a.s_q > 1;  // facts 1.2: causal is turned off for a single query
+  const bool causal = a.causal && a.s_q > 1;  // docs/contracts.md section 2: no causal mask for a single query
   std::vector<double> keys, logits, row(a.d_v);
   for (int64_t b = 0; b < a.batch; ++b) {
     const int64_t len = a.cache_seqlens[b];

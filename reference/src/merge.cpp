@@ -1,4 +1,5 @@
-// Merging split-KV partials into the final row, CPU reference of the combine step (facts 3.4, 3.5).
+// Merging split-KV partials into the final row, CPU reference of the combine step (docs/contracts.md
+// section 5, docs/decode-schedule.md section 6).
 #include <vector>
 
 #include "attention_row.h"

@@ -1,5 +1,5 @@
-// Dense MHA prefill forward and backward, CPU reference (facts 1.4): varlen batches through cumulative
-// sequence lengths, GQA, d_qk != d_v, bottom-right causal mask.
+// Dense MHA prefill forward and backward, CPU reference (docs/contracts.md section 7): varlen batches through
+// cumulative sequence lengths, GQA, d_qk != d_v, bottom-right causal mask.
 #include <algorithm>
 #include <vector>
 

@@ -1,5 +1,5 @@
-// Sparse decode over an FP8 (or already dequantised) paged token cache, CPU reference (facts 1.2
-// "Sparse mode", 7.2). Tokens are gathered through the indices, main selection then extra selection, and
+// Sparse decode over an FP8 (or already dequantised) paged token cache, CPU reference (docs/contracts.md
+// section 3). Tokens are gathered through the indices, main selection then extra selection, and
 // attended under one softmax.
 #include <algorithm>
 #include <vector>
@@ -47,7 +47,7 @@ void gather(const PagedTokenCache& c, const IndexView& indices, int64_t topk, co
   const int64_t capacity = c.num_blocks * c.page_size;
   for (int64_t t = 0; t < used; ++t) {
     const int32_t index = indices.at(b, s, t);
-    if (index == -1) continue;  // the only invalid value in decode (facts 9.3)
+    if (index == -1) continue;  // flash_mla's only invalid value in decode (docs/contracts.md section 3)
     require(index >= 0 && index < capacity, name,
             "slot (" + std::to_string(b) + ", " + std::to_string(s) + ", " + std::to_string(t) + ") = " +
                 std::to_string(index) + " is neither -1 nor a token in [0, " + std::to_string(capacity) + ")");

@@ -1,4 +1,4 @@
-// Sparse prefill, CPU reference (facts 1.3, 6.5, 7.2): every query token attends the kv rows its own
+// Sparse prefill, CPU reference (docs/contracts.md section 6): every query token attends the kv rows its own
 // index row selects.
 #include <algorithm>
 #include <vector>

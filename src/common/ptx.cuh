@@ -57,8 +57,9 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t par
 
 // Arrival on the barrier at `remote_bar`, an address in a peer CTA's shared memory (see map_to_peer). Release
 // at CTA scope, as CUTLASS's cluster pipelines do: the .cluster-scope forms compile to MEMBAR.ALL.GPU before
-// the arrive (and acquire.cluster waits to an L1 invalidation after it), which cost the sparse kernel ~40 %
-// (perf-notes sparse v5). Cross-CTA data hand-offs go through st.async / TMA complete_tx instead.
+// the arrive (and acquire.cluster waits to an L1 invalidation after it), which cost the sparse kernel ~20 % on
+// its h_q = 128 rows (docs/sparse-decode.md, decision sparse-v5). Cross-CTA data hand-offs go through st.async /
+// TMA complete_tx instead.
 __device__ __forceinline__ void mbarrier_arrive_remote(uint32_t remote_bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];" ::"r"(remote_bar) : "memory");
 }
@@ -138,9 +139,9 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 
 // Read-only 16- and 8-byte global loads for the sparse gathers (4 threads read 64 contiguous bytes of a token per
 // instruction, so two instructions share each 128-byte line): allocated in L1 with evict_last, 128-byte L2 prefetch
-// (256 bytes read 0.2-0.9 % slower; perf-notes sparse v29).
-// L1::no_allocate was 7-14 % slower on every sparse row (perf-notes, sparse v27; tools/micro/head_gather_bench.cu:
-// a 64-token gather 2.2 -> 1.3 us with the L2 warm), presumably because each half line then went to L2 on its own.
+// (256 bytes read 0.2-0.9 % slower; docs/sparse-decode.md, decision sparse-v29). L1::no_allocate was 7-14 %
+// slower on every sparse row (decision sparse-v27; tools/diag/micro/head_gather_bench.cu: a 64-token gather
+// 2.2 -> 1.3 us with the L2 warm), presumably because each half line then went to L2 on its own.
 __device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::evict_last.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"

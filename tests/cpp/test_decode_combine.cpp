@@ -1,5 +1,6 @@
 // The combine kernel's scalar merge math (kernels/combine/merge_math.h, shared with the kernel) against
-// double-precision formulas, including the empty-row and +/-inf sink corner cases of facts §1.5 / §3.5.
+// double-precision formulas, including the empty-row and +/-inf sink corner cases of docs/contracts.md
+// (sections 1 and 5) and docs/decode-schedule.md section 6.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -47,7 +47,7 @@ void expect_records(const std::vector<DecodeScheduleRecord>& got, const std::vec
 // ---- Heuristics ------------------------------------------------------------------------------------------
 
 TEST(DecodeScheduleHeuristics, DenseNumSmParts) {
-  // facts §3.1: 132 SMs, h_q = 128, h_kv = 1.
+  // docs/decode-schedule.md section 1: 132 SMs, h_q = 128, h_kv = 1.
   EXPECT_EQ(heuristics::dense_num_sm_parts(1, 128, 1, 132), 66);
   EXPECT_EQ(heuristics::dense_num_sm_parts(2, 128, 1, 132), 33);
   EXPECT_EQ(heuristics::dense_num_sm_parts(1, 16, 1, 132), 132);
@@ -99,9 +99,10 @@ TEST(DecodeScheduleHeuristics, SparseRequestBlocks) {
   EXPECT_EQ(heuristics::sparse_request_blocks(2048, nullptr, 512, &huge), 32 + 8);
 }
 
-// Crossover pairs need an even tile count and more than kSparsePlainMaxBlocks blocks per partition (perf-notes
-// sparse v25, v29). The benchmark's rows on 132 SMs: h_q = 128, s_q = 2, topk 2048 -> 33 partitions of
-// ceil(b * (32 + 5) / 33) blocks: b = 2 -> 3, b = 4 -> 5, b = 8 -> 9 (plain), b = 16 -> 18 (crossover).
+// Crossover pairs need an even tile count and more than kSparsePlainMaxBlocks blocks per partition
+// (docs/sparse-decode.md, decisions sparse-v25, sparse-v29). The benchmark's rows on 132 SMs: h_q = 128,
+// s_q = 2, topk 2048 -> 33 partitions of ceil(b * (32 + 5) / 33) blocks: b = 2 -> 3, b = 4 -> 5, b = 8 -> 9
+// (plain), b = 16 -> 18 (crossover).
 TEST(DecodeScheduleHeuristics, SparseCrossoverChoice) {
   const auto partition_blocks = [](int64_t b) {
     return heuristics::decode_payload(b * (32 + kernels::kDecodeRequestOverheadBlocks), 33) -
@@ -124,7 +125,7 @@ TEST(DecodeScheduleHeuristics, SparseCrossoverChoice) {
 
 // ---- The CPU twin on hand-derived cases -------------------------------------------------------------------
 
-// facts §3.3 worked example: 8 partitions, seqlens [4096, 0, 100, 8192] -> blocks [64, 1, 2, 128],
+// docs/decode-schedule.md worked example: 8 partitions, seqlens [4096, 0, 100, 8192] -> blocks [64, 1, 2, 128],
 // total 215, payload ceil(215 / 8) + 5 = 32, i.e. 27 blocks of a long request per partition.
 TEST(DecodeScheduleTwin, WorkedExample) {
   const DecodeScheduleHost s = heuristics::build_dense_decode_schedule({4096, 0, 100, 8192}, 8);

@@ -1,6 +1,6 @@
 """Torch fp32 reference of dense MLA decode and the comparison metric of the GPU tests.
 
-Follows ../shared/docs/flashmla-facts.md section 7.2 (reference) and 7.1 (metric). Runs on whatever
+Follows docs/contracts.md sections 9 (reference) and 8 (metric). Runs on whatever
 device its inputs live on (the GPU tests keep it there; it also runs on the CPU). Deliberately plain:
 one request at a time, full fp32 matmuls, no online softmax.
 """
@@ -69,7 +69,7 @@ def cos_diff(ans, ref) -> float:
 
 
 def check_is_allclose(name, ans, ref, abs_tol, rel_tol, cos_diff_tol=1e-7):
-    """flash_mla's comparison (facts 7.1). Raises AssertionError with a description on failure.
+    """flash_mla's comparison (docs/contracts.md section 8). Raises AssertionError with a description on failure.
 
     Shapes (and dtypes) must match; +inf, -inf and NaN must sit at exactly the same positions in both
     (then they are zeroed); every other element needs |a - r| < abs_tol or |a - r| / (|r| + 1e-6) <
@@ -101,7 +101,7 @@ def check_is_allclose(name, ans, ref, abs_tol, rel_tol, cos_diff_tol=1e-7):
         raise AssertionError(f"{name}: cosine difference {cd:.3g} exceeds {cos_diff_tol:g}")
 
 
-# Tolerances of flash_mla's dense decode test (facts 7.1).
+# Tolerances of flash_mla's dense decode test (docs/contracts.md section 8).
 OUT_TOL = dict(abs_tol=8e-4, rel_tol=2.01 / 128, cos_diff_tol=5e-6)
 LSE_TOL = dict(abs_tol=1e-6, rel_tol=8.01 / 65536)
 

@@ -1,7 +1,7 @@
 """Torch fp32 reference of sparse MLA decode (flash_mla_with_kvcache with indices) and its tolerances.
 
-Follows ../shared/docs/flashmla-facts.md section 7.2 (reference) and 7.1 (metric, shared with the dense
-tests through dense_decode_ref.check_is_allclose). It runs on the DEQUANTISED cache, so quantisation error
+Follows docs/contracts.md sections 9 (reference) and 8 (metric, shared with the dense tests through
+dense_decode_ref.check_is_allclose). It runs on the DEQUANTISED cache, so quantisation error
 is not part of the comparison: kernel and reference differ only by the kernel's arithmetic. Runs on
 whatever device its inputs live on (the GPU tests keep it there; the CPU cross-check runs it on the CPU).
 Deliberately plain: rows gathered in chunks, full fp32 matmuls, no online softmax.
@@ -17,9 +17,9 @@ import math
 
 import torch
 
-from dense_decode_ref import check_is_allclose  # flash_mla's metric (facts 7.1), shared with the dense tests
+from dense_decode_ref import check_is_allclose  # flash_mla's metric (docs/contracts.md section 8)
 
-# flash_mla's sparse decode tolerances (facts 7.1).
+# flash_mla's sparse decode tolerances (docs/contracts.md section 8).
 OUT_TOL = dict(abs_tol=1e-3, rel_tol=2.01 / 128, cos_diff_tol=5e-6)
 LSE_TOL = dict(abs_tol=1e-6, rel_tol=8.01 / 65536)
 

@@ -1,11 +1,11 @@
 """GPU tests of dense MLA decode through the flash_mla-compatible API (openmla.flash_mla_with_kvcache).
 
-Inputs follow flash_mla's own test (../shared/docs/flashmla-facts.md section 7.3): q and KV ~ N(0,1)/10
+Inputs follow flash_mla's own test (docs/contracts.md section 10): q and KV ~ N(0,1)/10
 clamped to [-1, 1]; a random permutation of all pages as the block table; block-table entries past each
 request's pages hold 2147480000; every unused page and the tail of each last page hold NaN. Results are
-compared with the torch fp32 reference (dense_decode_ref.py) under flash_mla's tolerances. The kernel
-always runs before the reference is allocated, so a stale correct answer left in reused memory cannot
-produce a false pass.
+compared with the torch fp32 reference (dense_decode_ref.py) under flash_mla's tolerances (docs/contracts.md
+section 8). The kernel always runs before the reference is allocated, so a stale correct answer left in
+reused memory cannot produce a false pass.
 
 Torch is imported inside the tests and helpers only: without torch or a Hopper GPU every test here is
 collected and skipped with its reason (conftest.py), except the CPU cross-check of the two references.
@@ -240,7 +240,7 @@ def test_fp16(case):
 
 
 def test_matrix_covers_every_value():
-    """The chosen subset covers every value of every dimension of the issue's matrix at least once."""
+    """The chosen subset covers every value of every dimension of the test matrix (docs/contracts.md section 10)."""
     cases = FULL_ROW + HEAD_PAIR + FP16_ROW
     assert {(c.h_q, c.h_kv) for c in cases} == set(HEAD_PAIRS)
     for field, values in (("h_q", {1, 3, 9, 16, 63, 64, 126, 128}), ("h_kv", {1, 2, 3, 8}), ("s_q", {1, 2, 4}),

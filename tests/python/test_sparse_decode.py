@@ -1,8 +1,8 @@
 """Tests of sparse top-k MLA decode over an FP8 cache through the flash_mla-compatible API
 (openmla.flash_mla_with_kvcache with indices and is_fp8_kvcache=True).
 
-Inputs follow flash_mla's sparse decode test (../shared/docs/flashmla-facts.md section 7.3), with the
-OpenMLA contract of include/openmla/decode.h on top:
+Inputs follow flash_mla's sparse decode test (docs/contracts.md section 10), with the OpenMLA contract of
+include/openmla/decode.h on top (docs/contracts.md section 3):
 
 - q ~ N(0, 1) clamped to [-1, 1]; KV ~ N(0, 1) / 10 clamped, quantised on the GPU into the FP8 layout
   (V3.2: 656 B/token, MODEL1: 584 B/token, block-structured pages) with padded page strides (V3.2: one
@@ -133,9 +133,9 @@ class Case:
         return s
 
 
-# The issue's (s_k, topk, page size) triples for the main cache.
+# flash_mla's (s_k, topk, page size) triples for the main cache (docs/contracts.md section 10).
 MAIN_SELS = [(512, 64, 2), (512, 64, 64), (512, 64, 69), (1024, 576, 61), (2046, 2048, 64), (2046, 2048, 576)]
-# Extra caches: every page size of the issue, topk multiples of 64 and not.
+# Extra caches: every page size of that test grid, topk multiples of 64 and not.
 EXTRA_SELS = [(512, 64, 2), (1024, 128, 256), (300, 100, 53), (2046, 512, 64), (512, 37, 69), (1024, 576, 61),
               (700, 64, 576)]
 CACHE_DTYPES = ("uint8", "int8", "float8_e4m3fn")
@@ -194,7 +194,7 @@ ODD_TOPK = [
 
 
 def test_matrix_covers_every_value():
-    """The chosen subsets cover every value of every dimension of the issue's matrix at least once."""
+    """The chosen subsets cover every value of every dimension of the test matrix (docs/contracts.md section 10)."""
     for layout in LAYOUTS:
         rows = [c for c in MATRIX if c.layout == layout]
         assert {(c.main.s_k, c.main.topk, c.main.page) for c in rows} == set(MAIN_SELS)

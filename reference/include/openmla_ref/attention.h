@@ -2,7 +2,7 @@
 //
 // Deliberately naive: one query row at a time, every dot product and every softmax sum accumulated in
 // double, no tiling, no online softmax. It shares no code with src/, so a bug cannot make both sides agree.
-// Contracts: ../shared/docs/flashmla-facts.md sections 1.2, 1.3, 1.4, 1.5, 3.5 and 7.2; docs/reference.md.
+// Contracts: docs/contracts.md (sections 1-7 and 9); docs/reference.md.
 //
 // Conventions common to every function here:
 //   * Inputs are plain pointers with int64 strides counted in ELEMENTS (bytes for FP8 caches), so any
@@ -54,7 +54,7 @@ struct IndexView {
 };
 
 // ---------------------------------------------------------------------------------------------------------
-// 1. Dense paged MLA decode (facts 1.2 "Dense mode", any page size, any d_qk/d_v with d_v <= d_qk).
+// 1. Dense paged MLA decode (docs/contracts.md section 2; any page size, any d_qk/d_v with d_v <= d_qk).
 // ---------------------------------------------------------------------------------------------------------
 struct DenseDecodeArgs {
   int64_t batch = 0, s_q = 1, h_q = 0, h_kv = 1, d_qk = 576, d_v = 512;
@@ -72,7 +72,7 @@ template <class Real>
 void dense_decode(const DenseDecodeArgs& args, Real* out, Real* lse);
 
 // ---------------------------------------------------------------------------------------------------------
-// 2. Sparse decode (facts 1.2 "Sparse mode"): indices into one or two paged token caches.
+// 2. Sparse decode (docs/contracts.md section 3): indices into one or two paged token caches.
 // ---------------------------------------------------------------------------------------------------------
 // A paged cache of single-head tokens addressed by index = page * page_size + offset. Either FP8 bytes in
 // one of the codec layouts (decoded with fp8_decode_token), or already-dequantised real values.
@@ -105,7 +105,7 @@ template <class Real>
 void sparse_decode(const SparseDecodeArgs& args, Real* out, Real* lse);
 
 // ---------------------------------------------------------------------------------------------------------
-// 3. Sparse prefill (facts 1.3): no batch dimension, indices straight into kv.
+// 3. Sparse prefill (docs/contracts.md section 6): no batch dimension, indices straight into kv.
 // ---------------------------------------------------------------------------------------------------------
 struct SparsePrefillArgs {
   int64_t s_q = 0, s_kv = 0, h_q = 0, h_kv = 1, d_qk = 576, d_v = 512, topk = 0;
@@ -121,7 +121,8 @@ template <class Real>
 void sparse_prefill(const SparsePrefillArgs& args, Real* out, Real* max_logits, Real* lse);
 
 // ---------------------------------------------------------------------------------------------------------
-// 4. Dense MHA prefill, forward and backward (facts 1.4): varlen through cumulative sequence lengths.
+// 4. Dense MHA prefill, forward and backward (docs/contracts.md section 7): varlen through cumulative
+//    sequence lengths.
 // ---------------------------------------------------------------------------------------------------------
 struct MhaArgs {
   int64_t batch = 0, h_q = 0, h_kv = 0, d_qk = 0, d_v = 0;
@@ -142,7 +143,7 @@ template <class Real>
 void mha_backward(const MhaArgs& args, const RealView& dout, Real* dq, Real* dk, Real* dv);
 
 // ---------------------------------------------------------------------------------------------------------
-// 5. Merging split-KV partials (facts 3.4 / 3.5).
+// 5. Merging split-KV partials (docs/contracts.md section 5, docs/decode-schedule.md).
 // ---------------------------------------------------------------------------------------------------------
 enum class LseBase { kNatural, kTwo };
 

@@ -1,5 +1,5 @@
 // CPU codec of the FP8 KV-cache layouts (the truth the GPU kernels must match bit for bit).
-// Formats: ../shared/docs/flashmla-facts.md section 2 and include/openmla/kv_cache.h.
+// Formats: docs/kv-cache-formats.md and include/openmla/kv_cache.h.
 //   kV32:    d_qk 576, 656 B/token, token r of a page at byte r*656:
 //            [512 x e4m3 | 4 x fp32 scale (128 dims each) | 64 x bf16 RoPE]
 //   kModel1: d_qk 512, 584 B/token, page of B tokens: token r's data at r*576 = [448 x e4m3 | 64 x bf16 RoPE],

@@ -4,8 +4,9 @@
 // (four float4: a warp reads each 2 KiB partial row with four fully coalesced 512-byte loads). kSlices = 4
 // (small grids only, launch.cu): grid z picks a 128-column slice and a lane owns one float4 of it. The
 // splits are read kBatch at a time, all loads of a batch issued before any is used: with few requests the
-// combine is latency-bound (perf-notes sparse v16-v18: b = 2 has 11 splits per row). Slicing every grid
-// (4x the CTAs, the lse pass repeated) cost the dense rows 3-9 %, hence only below a grid size.
+// combine is latency-bound (docs/decode-schedule.md, decisions combine-v16, combine-v18: b = 2 has 11 splits
+// per row). Slicing every grid (4x the CTAs, the lse pass repeated) cost the dense rows 3-9 %, hence only below a
+// grid size.
 //
 // Math (base 2, as the main kernel stores partial lse), for chunk lse values l_i and rows O_i:
 //   M = max_i l_i (0 if every chunk is empty),  S = sum_i 2^(l_i - M),  G = log2(S) + M  (+inf if S == 0)
@@ -108,9 +109,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
 
   wait_for_main_kernel();
 
-  // One round trip for the usual case (perf-notes: combine v19): the chunk lse values (lane i holds chunk i's)
-  // and the first batch of this lane's columns of every chunk row are all requested before any is used; only
-  // requests of more than 32 chunks (lse) or kBatch chunks (rows) go back for more.
+  // One round trip for the usual case (docs/decode-schedule.md, decision combine-v19): the chunk lse values
+  // (lane i holds chunk i's) and the first batch of this lane's columns of every chunk row are all requested
+  // before any is used; only requests of more than 32 chunks (lse) or kBatch chunks (rows) go back for more.
   const float lse_lane = lane < num_slots ? lse_row[lane * lse_slot_stride] : -INFINITY;
   float4 v[kBatch][kVectorsPerLane];
 #pragma unroll

@@ -122,9 +122,9 @@ struct PartitionWalk {
 };
 
 // A partition record packed into 64 bits, for records the host computes and passes in kernel parameters (the
-// sparse kernel at small batch, perf-notes sparse v20): begin_req and end_req 5 bits each, begin_split 8 bits,
-// the two split flags, begin_block and end_block 22 bits each. pack_partition_record returns false (and leaves
-// `out` alone) for a record that does not fit; unpack restores it exactly (pad = 0).
+// sparse kernel at small batch: docs/sparse-decode.md, decision sparse-v20): begin_req and end_req 5 bits each,
+// begin_split 8 bits, the two split flags, begin_block and end_block 22 bits each. pack_partition_record returns
+// false (and leaves `out` alone) for a record that does not fit; unpack restores it exactly (pad = 0).
 OPENMLA_HOST_DEVICE bool pack_partition_record(const DecodeScheduleRecord& r, uint64_t& out) {
   constexpr int64_t kBlockLimit = int64_t{1} << 22;
   if (r.begin_req < 0 || r.begin_req > 31 || r.end_req < -1 || r.end_req > 30 || r.begin_split < 0 ||

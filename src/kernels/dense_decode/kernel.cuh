@@ -21,9 +21,9 @@
 namespace openmla::kernels::dense_decode {
 
 // ---------------------------------------------------------------------------------------------------
-// Optional request timeline (trace build: CMake -DOPENMLA_SPARSE_TRACE=ON; tools/trace_dense_decode.py reads
-// it): thread 0 of every CTA (linear id < kCtas) stamps %globaltimer (ns, one clock for all SMs) at each step of
-// its first kRequests requests. Compiled out otherwise, so the production kernel is unchanged.
+// Optional request timeline (trace build: CMake -DOPENMLA_SPARSE_TRACE=ON; tools/diag/trace_dense_decode.py
+// reads it): thread 0 of every CTA (linear id < kCtas) stamps %globaltimer (ns, one clock for all SMs) at each
+// step of its first kRequests requests. Compiled out otherwise, so the production kernel is unchanged.
 // ---------------------------------------------------------------------------------------------------
 struct Timeline {
   static constexpr int kCtas = 1024, kRequests = 8, kEvents = 8;
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   }
 
   // KV tiles are read by every m-block CTA of the request (4 at s_q = 2, h_q = 128): evict_last keeps them
-  // in L2 for the later readers (measured better than evict_first / evict_normal at v8, perf-notes).
+  // in L2 for the later readers (better than evict_first / evict_normal: docs/dense-decode.md, decision dense-v9).
   const uint64_t policy = ptx::make_l2_evict_last_policy();
   const int R = params.rows_per_kv_head;
   const int row_base = m_block * C::kBlockM;
@@ -320,12 +320,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
     ptx::cp_async_commit();
   };
-  // TMA path (params.q_tma, perf-notes dense v17): a partition's first Q comes by cp.async like the other path;
-  // every later one is loaded during the previous request's epilogue by thread 0 with 9 box loads completing on
-  // q_bar (instead of 4,608 cp.async issued by 192 threads). Each issue is waited for once, by every thread:
-  // smem.q_waits (the waits so far, counted by thread 0 after the prologue's barrier) gives the parity. Keeping
-  // the first Q on cp.async is what leaves ptxas's schedule of the pair loop as it was (tools/sass_loops.py;
-  // perf-notes dense v17).
+  // TMA path (params.q_tma; docs/dense-decode.md, decision dense-v17): a partition's first Q comes by cp.async
+  // like the other path; every later one is loaded during the previous request's epilogue by thread 0 with 9 box
+  // loads completing on q_bar (instead of 4,608 cp.async issued by 192 threads). Each issue is waited for once, by
+  // every thread: smem.q_waits (the waits so far, counted by thread 0 after the prologue's barrier) gives the
+  // parity. Keeping the first Q on cp.async is what leaves ptxas's schedule of the pair loop as it was
+  // (tools/sass_loops.py; every Q by TMA moved it: dense-v14, not kept).
   auto tma_q = [&](int req_q) {
     if (tid == 0) {
       const int s_idx = row_base / params.q_per_kv, head0 = kv_head * params.q_per_kv + row_base % params.q_per_kv;
@@ -335,7 +335,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         ptx::tma_load_4d(smem.q[t], &q_map, &smem.q_bar, t * C::kTileCols, head0, s_idx, req_q);
     }
   };
-  bool q_issued = false;  // the next request's Q was issued during this request's epilogue (perf-notes dense v11)
+  // The next request's Q was issued during this request's epilogue (docs/dense-decode.md, decision dense-v12).
+  bool q_issued = false;
   bool q_sent = false;    // (epilogue) this thread has issued its share of that Q
 
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
@@ -394,10 +395,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       OPENMLA_DENSE_VALUE(req - rec.begin_req, kBlocks, blk_end - blk_begin);
     }
 
-    // Placement shim (perf-notes, session 6): never taken, but its instructions put the pair loop below at offset 0x40
-    // modulo 128 bytes, the only placement that measured fast: the same loop SASS elsewhere ran 2-5 % slower
-    // (s_q = 2, 32K). After any change above the loop, check with `tools/sass_loops.py --offsets` and adjust the
-    // number of prefetch lines here (each moves the loop 16 bytes; tools/placement_sweep.sh measures).
+    // Placement shim (docs/dense-decode.md, "Code placement", decision dense-v17): never taken, but its
+    // instructions put the pair loop below at offset 0x40 modulo 128 bytes, the only placement that measured fast:
+    // the same loop SASS elsewhere ran 2-5 % slower (s_q = 2, 32K). After any change above the loop, check with
+    // `tools/sass_loops.py --offsets` and adjust the number of prefetch lines here (each moves the loop 16 bytes;
+    // tools/placement_sweep.sh measures).
     if (params.batch < 0) {
       asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
     }
@@ -540,10 +542,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // ---------------------------------------------------------------- epilogue
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kLoopDone);
     if (req == rec.end_req) ptx::griddep_launch_dependents();
-    // The next request's inputs while this epilogue runs (perf-notes dense v11, v13): its Q (the Q buffer is
-    // dead here and the epilogue stages in the K buffers; issued by the threads that do not store rows, during
-    // the stores), and thread 0 reads its length and first two page ids, used after the epilogue's stores to
-    // prefetch those pages into L2.
+    // The next request's inputs while this epilogue runs (docs/dense-decode.md, decisions dense-v12, dense-v13,
+    // dense-v17): its Q (the Q buffer is dead here and the epilogue stages in the K buffers; by TMA from thread 0
+    // after the row-sum barrier where params.q_tma, otherwise by cp.async from the threads that do not store rows,
+    // during the stores), and thread 0 reads its length and first two page ids, used after the epilogue's stores
+    // to prefetch those pages into L2.
     int next_len = 0, next_page[2] = {0, 0};
     if (req < rec.end_req) {
       q_issued = true;  // by threads kBlockM.. while threads 0..kBlockM-1 store the rows (below)
@@ -609,9 +612,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     const int col_base = wg * (C::kHeadDimV / 2);
     // Stages the 64 x 512 result (this warpgroup's 256 columns) and sends its rows: final bf16/fp16 rows with the
     // natural-log lse, or fp32 partial rows with the base-2 lse. The rows leave by bulk copies (TMA engine, one
-    // per row: 1 KB or 2 KB; perf-notes dense v12): the generic-proxy staging writes are fenced for the async
-    // proxy before the barrier, and the issuing threads wait until the engine has READ the staging area (or, for
-    // a published partial, until the writes are complete). Threads kBlockM.. issue the next request's Q meanwhile.
+    // per row: 1 KB or 2 KB; docs/dense-decode.md, decision dense-v12): the generic-proxy staging writes are fenced
+    // for the async proxy before the barrier, and the issuing threads wait until the engine has READ the staging
+    // area (or, for a published partial, until the writes are complete). On the cp.async Q path threads kBlockM..
+    // issue the next request's Q meanwhile.
     auto store_rows = [&](bool as_partial, bool publish) {
       if (!as_partial) {
 #pragma unroll

@@ -7,10 +7,11 @@
 //       shared K block (64 tokens x d_qk, 128B-swizzled K-major tiles) and a per-slot validity mask.
 //   WG0: S = Q K^T, masking, online softmax (base 2), P -> shared memory, O[:, 0:256] += P V_L.
 //   WG1: O[:, 256:512] = a O + P V_R, with P and the rescale factor a from WG0.
-// "Crossover" (h_q = 128 and any even number of head blocks): the two CTAs of a cluster hold different
-// heads of the same query position, so they need the same K block; each producer dequantises half of the
-// 64 tokens and writes the result into both CTAs' shared memory (distributed shared memory), halving the
-// dequantisation work, which is the bottleneck of this kernel (seed 003).
+// "Crossover" (an even number of head blocks, e.g. h_q = 128, unless the host picks the plain kernel for a small
+// batch: heuristics::sparse_use_crossover): the two CTAs of a cluster hold different heads of the same query
+// position, so they need the same K block; each producer dequantises half of the 64 tokens and writes the result
+// into both CTAs' shared memory (distributed shared memory), halving the dequantisation work, which is the
+// bottleneck of this kernel (docs/sparse-decode.md, "Decomposition").
 // Design note: docs/sparse-decode.md.
 #pragma once
 
@@ -27,8 +28,8 @@
 namespace openmla::kernels::sparse_decode {
 
 // ---------------------------------------------------------------------------------------------------
-// Optional clock64 trace (CMake -DOPENMLA_SPARSE_TRACE=ON; tools/trace_sparse_decode.py reads it): thread 0 of
-// each warpgroup of the CTAs (x < 2, y = 0, z = 0) stamps its steps per block. Compiled out otherwise.
+// Optional clock64 trace (CMake -DOPENMLA_SPARSE_TRACE=ON; tools/diag/trace_sparse_decode.py reads it): thread 0
+// of each warpgroup of the CTAs (x < 2, y = 0, z = 0) stamps its steps per block. Compiled out otherwise.
 // ---------------------------------------------------------------------------------------------------
 struct Trace {
   static constexpr int kCtas = 2, kRoles = 3, kIters = 256, kEvents = 6;
@@ -445,7 +446,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     peer_delta = ptx::map_to_peer(base, ptx::cluster_cta_rank() ^ 1u) - base;
   }
   // WG0 is done with the whole buffer after P V_L (V_L half and, earlier, Q K^T over all of it); WG1 reads
-  // only the V_R half and P, so the V_L half can be refilled while WG1 still works (perf-notes sparse v10).
+  // only the V_R half and P, so the V_L half can be refilled while WG1 still works (docs/sparse-decode.md,
+  // decision sparse-v10).
   auto release_buffer = [&](int buf) {
     __syncwarp();
     if (lane == 0) {
@@ -456,18 +458,19 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       }
     }
   };
-  // Q tiles (perf-notes v14): the consumers load the partition's first one themselves; every later request with
-  // blocks gets its Q from the producer (generation g = 1, 2, ...: q_full completion g - 1), which issues it once
-  // WG0 released the previous generation (q_free) after its last Q K^T, so WG0's request switch no longer issues
-  // 4608 16-byte copies and the load overlaps the epilogue.
+  // Q tiles (docs/sparse-decode.md, decision sparse-v14): the consumers load the partition's first one
+  // themselves; every later request with blocks gets its Q from the producer (generation g = 1, 2, ...: q_full
+  // completion g - 1), which issues it once WG0 released the previous generation (q_free) after its last Q K^T,
+  // so WG0's request switch no longer issues 4608 16-byte copies and the load overlaps the epilogue.
   auto load_first_q = [&] {
     load_q_tile<L>(p, smem, rec.begin_req, tid, 2 * T::kWarpgroupThreads);
     ptx::cp_async_commit();
   };
   // The first Q tile. Crossover, and the plain path with host records (small batch): after the barrier setup, so
   // that its 72 KB per CTA do not queue in front of the producers' dependent index and token loads, which are
-  // issued before the setup and let the producers arrive at it without waiting for them (perf-notes v13, v25).
-  // The plain path otherwise: before it (perf-notes v12; after it, h_q = 16 read 0.6 % slower).
+  // issued before the setup and let the producers arrive at it without waiting for them (docs/sparse-decode.md,
+  // decisions sparse-v13, sparse-v25). The plain path otherwise: before it (decision sparse-v12; after it,
+  // h_q = 16 read 0.6 % slower).
   const bool q_after_setup = kCrossover || p.uniform_blocks > 0;
   if (!q_after_setup) load_first_q();
   init_sync(true);
@@ -529,7 +532,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         ptx::wgmma_wait<0>();
         ptx::fence_registers(s);
         OPENMLA_TRACE(0, it, 2);
-        if (blk == w.blk_end - 1) {  // the request's last Q K^T: its Q tile may be overwritten (perf-notes v16)
+        // The request's last Q K^T: its Q tile may be overwritten (docs/sparse-decode.md, decision sparse-v16).
+        if (blk == w.blk_end - 1) {
           __syncwarp();
           if (lane == 0) ptx::mbarrier_arrive(&smem.q_free);
         }
@@ -647,10 +651,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     const float inv0 = smem.out_scale[frag.row[0]], inv1 = smem.out_scale[frag.row[1]];
     scale_rows(o, inv0, inv1);
     const int col_base = wg * (T::kHeadDimV / 2);
-    // bf16 outputs by 16-byte stores (perf-notes v15): the quad's fragments are exchanged by shuffles first (every
-    // lane takes part; rows past h_q only skip the stores), so a warp instruction writes 8 rows x 64 contiguous
-    // bytes. The fp32 partials keep 8-byte stores (8 rows x 32 bytes; the same exchange for them made ptxas
-    // spill hundreds of bytes).
+    // bf16 outputs by 16-byte stores (docs/sparse-decode.md, decision sparse-v15): the quad's fragments are
+    // exchanged by shuffles first (every lane takes part; rows past h_q only skip the stores), so a warp
+    // instruction writes 8 rows x 64 contiguous bytes. The fp32 partials keep 8-byte stores (8 rows x 32 bytes;
+    // the same exchange for them made ptxas spill hundreds of bytes).
     const int q4 = lane % 4;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -717,9 +721,10 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
   constexpr int kInitBarrier = 3;  // named barriers: 1 the consumers, 2 the producer warpgroup, 3 the whole CTA
   if (tid == 0) OPENMLA_TIMELINE(kEntry);
 
-  // The kernel head is a chain of dependent loads (schedule record, indices, tokens; perf-notes session 4), so
-  // the record is read first and each role issues its first loads (producer: indices and first tokens;
-  // consumers: the first Q tile) before it calls init_sync(), which sets the barriers up (perf-notes v12).
+  // The kernel head is a chain of dependent loads (schedule record, indices, tokens; docs/sparse-decode.md, "Where
+  // the time goes"), so the record is read first and each role issues its first loads (producer: indices and
+  // first tokens; consumers: the first Q tile) before it calls init_sync(), which sets the barriers up (decision
+  // sparse-v12). With host records (small batch) the record comes from the kernel parameters (decision sparse-v20).
   DecodeScheduleRecord rec = p.uniform_blocks > 0 ? unpack_partition_record(p.uniform_records[blockIdx.z])
                                                   : p.schedule[blockIdx.z];
   rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
@@ -730,8 +735,9 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
   // walks two blocks of request 0 with no selected slot (no global load, zeros into its own shared memory) and
   // nobody consumes them. The producer's code is then fetched into L2 by the idle SMs while the working ones wait
   // for their first record, index and token, so after a flush their first block fetches it from L2, not DRAM
-  // (perf-notes sparse v30: b = 2 -0.6 us; each SM's own instruction cache stays cold). Crossover CTAs just leave
-  // (both CTAs of a cluster share the record, so both leave here, before any remote access).
+  // (docs/sparse-decode.md, decision sparse-v30: b = 2 -0.6 us; each SM's own instruction cache stays cold).
+  // Crossover CTAs just leave (both CTAs of a cluster share the record, so both leave here, before any remote
+  // access).
   const bool dry = !kCrossover && rec.begin_req >= p.batch;
   if (rec.begin_req >= p.batch) {
     ptx::griddep_launch_dependents();
@@ -791,9 +797,10 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     constexpr uint32_t kBulkBytes = T::kTokensPerRound / Co::kTokensPerGroup * Co::kGroupStride;
     static_assert(kBulkBytes == T::kTokensPerRound * Co::kHalfTiles * T::kRowBytes, "32 tokens x 4 tiles");
     constexpr int kProducerBarrier = 2;  // named barrier of the producer warpgroup (1: the consumers)
-    // Software pipeline over the partition's blocks (perf-notes sparse v2, v4): indices are loaded three blocks
-    // ahead, the tokens of the block two ahead are prefetched into L2, and the gathers of the next unit (the
-    // next block, or this block's second round) are in flight in registers while this unit is dequantised.
+    // Software pipeline over the partition's blocks (docs/sparse-decode.md, decisions sparse-v2, sparse-v4): indices
+    // are loaded three blocks ahead, the tokens of the block two ahead are prefetched into L2, and the gathers of
+    // the next unit (the next block, or this block's second round) are in flight in registers while this unit is
+    // dequantised.
     const int tok0 = tok_base + tok_in_round;  // this thread's token of round 0
     auto usable = [](const SparseCacheView& c, int idx) { return idx >= 0 && idx < c.capacity; };
     uint32_t q_gen = 0;  // Q tiles loaded for the consumers so far (the first request's is theirs)
@@ -809,7 +816,8 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     OPENMLA_TIMELINE_AFTER(kProdIndex, static_cast<uint32_t>(idx_cur[0]));
     TokenData<L> d0, d1;  // d0: round 0 of the current block; d1: the unit after it
     // The plain path also issues the first block's second round before the setup, except with host records (small
-    // batch), where the head's extra DRAM traffic made b = 2 slower (perf-notes v25: h_q = 64 -1.6 %, b = 2 +1.3 us).
+    // batch), where the head's extra DRAM traffic made b = 2 slower (docs/sparse-decode.md, decision sparse-v25:
+    // h_q = 64 -1.6 %, b = 2 +1.3 us).
     const bool early_round1 = kRounds == 2 && p.uniform_blocks == 0;
     {
       const SparseCacheView& c = cursor_cache(p, cur);
@@ -820,7 +828,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     OPENMLA_TIMELINE_AFTER(kProdToken, d0.nope[0].x);
     // One block. da holds this block's round 0; db receives the next unit (kRounds == 1: the next block, so
     // the two register sets swap roles every block; kRounds == 2: this block's round 1). No register copies:
-    // a copy would wait for the in-flight gathers right away (measured: v4 gained nothing because of it).
+    // a copy would wait for the in-flight gathers right away (docs/sparse-decode.md, decision sparse-v6).
     auto step = [&](uint32_t it, TokenData<L>& da, TokenData<L>& db) {
       OPENMLA_TRACE(2, it, 0);
       const int buf = it & 1;

@@ -27,6 +27,9 @@
 #ifndef OPENMLA_SP_EVICT_LAST
 #define OPENMLA_SP_EVICT_LAST 1
 #endif
+#ifndef OPENMLA_SP_EARLY_QK
+#define OPENMLA_SP_EARLY_QK 1
+#endif
 
 namespace openmla::kernels::sparse_prefill {
 
@@ -61,7 +64,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Optional clock64 trace (trace builds: CMake OPENMLA_TRACE / OPENMLA_SPARSE_TRACE; tools/trace_sparse_prefill.py
+// Optional clock64 trace (trace builds: CMake OPENMLA_TRACE / OPENMLA_SPARSE_TRACE; tools/diag/trace_sparse_prefill.py
 // reads it through openmla._openmla._sparse_prefill_trace): thread 0 of each warpgroup of CTAs 0 and 1 stamps each
 // step of its first kPairs block pairs (counted over the CTA's tiles). Compiled out otherwise.
 // ---------------------------------------------------------------------------------------------------
@@ -119,6 +122,28 @@ __device__ __forceinline__ int load_pair_index(const SparsePrefillParams& p, con
   return static_cast<unsigned>(idx) < static_cast<unsigned>(p.s_kv) ? idx : -1;
 }
 
+// A block pair in the CTA's sequence of tiles (tiles without blocks are skipped); past the end: tile >= num_tiles
+// and an empty TileWork (every index load then yields -1 without reading).
+struct PairCursor {
+  int tile;
+  int blk0;
+  TileWork w;
+};
+
+__device__ __forceinline__ void skip_finished_tiles(const SparsePrefillParams& p, PairCursor& c) {
+  while (c.tile < p.num_tiles && c.blk0 >= c.w.num_blocks) {
+    c.tile += p.grid;
+    c.blk0 = 0;
+    c.w = c.tile < p.num_tiles ? tile_work(p, c.tile) : TileWork{};
+  }
+}
+
+__device__ __forceinline__ PairCursor next_pair(const SparsePrefillParams& p, PairCursor c) {
+  c.blk0 += 2;
+  skip_finished_tiles(p, c);
+  return c;
+}
+
 template <int kDQK>
 __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStorage<kDQK>& smem,
                                         const CUtensorMap* q_map, int wg_tid) {
@@ -158,15 +183,20 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
     if (lane == 0) ptx::mbarrier_arrive(&smem.full[buf][grp]);
   };
 
+  // Look-ahead over the pairs to come (across tiles): the next pair's indices are loaded one pair ahead and, once
+  // landed, its kv rows are pulled into L2 (bulk prefetch) so that the fills find them there.
+  PairCursor ahead = {static_cast<int>(blockIdx.x), 0, {}};
+  ahead.w = ahead.tile < p.num_tiles ? tile_work(p, ahead.tile) : TileWork{};
+  skip_finished_tiles(p, ahead);
+  int idx_next = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);  // the CTA's first pair
+  ahead = next_pair(p, ahead);
+
   int tile = blockIdx.x;
   uint32_t tile_iter = 0;
   uint32_t pair_count = 0;  // trace only
   TileWork w = tile_work(p, tile);
-  int idx_next = load_pair_index(p, w, 0, warp, lane);
   for (; tile < p.num_tiles; tile += p.grid, ++tile_iter) {
-    const int next_tile = tile + p.grid;
-    TileWork wn{};
-    if (next_tile < p.num_tiles) wn = tile_work(p, next_tile);
+    if (tile != static_cast<int>(blockIdx.x)) w = tile_work(p, tile);
     // Q of this tile, once both consumer warpgroups are past the previous tile's last Q K^T.
     if (wg_tid == 0) {
       ptx::mbarrier_wait_parity(&smem.q_free, (tile_iter & 1) ^ 1);
@@ -175,15 +205,14 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
       for (int t = 0; t < T::kNumTiles; ++t)
         ptx::tma_load_4d(smem.q[t], q_map, &smem.q_full, t * T::kTileCols, w.head0, w.token, 0);
     }
-    if (w.num_blocks == 0) idx_next = load_pair_index(p, wn, 0, warp, lane);
     for (int blk0 = 0; blk0 < w.num_blocks; blk0 += 2) {
       const bool has_k1 = blk0 + 1 < w.num_blocks;
       OPENMLA_PREFILL_STAMP(2, pair_count, 0);
       const int idx = idx_next;
-      // The next pair's indices (of this tile or the next) are requested now and their rows pulled into L2 at
-      // the end of this pair, once the index load has landed.
-      idx_next = blk0 + 2 < w.num_blocks ? load_pair_index(p, w, blk0 + 2, warp, lane)
-                                         : load_pair_index(p, wn, 0, warp, lane);
+      // The next pair's indices are requested now; its rows go to L2 at the end of this pair, once the index load
+      // has landed. (Two pairs ahead measured 7-33 % slower on the rows that miss L2: docs/sparse-prefill.md.)
+      idx_next = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);
+      ahead = next_pair(p, ahead);
       const uint32_t valid = __ballot_sync(0xffffffffu, idx >= 0);
       int ridx0[T::kRowsPerThread], ridx1[T::kRowsPerThread];
 #pragma unroll
@@ -213,7 +242,6 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
       OPENMLA_PREFILL_STAMP(2, pair_count, 7);
       ++pair_count;
     }
-    w = wn;
   }
   // Nothing may be in flight when the warpgroup exits.
   ptx::cp_async_wait_all();
@@ -222,15 +250,15 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
 // ---------------------------------------------------------------------------------------------------
 // Consumers
 // ---------------------------------------------------------------------------------------------------
-// S = Q K^T over the tiles of K buffer `buf`, each tile group waited for on arrival (kFirstTile rotates the order:
-// WG1 starts with the V_R group, which the producer refills first).
-template <int kDQK, int kFirstTile>
-__device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage<kDQK>& smem, int buf, uint32_t phase) {
+// Issues (no commit, no wait) the wgmmas of S += Q K^T over kCount tiles of K buffer `buf` starting at tile kFirst
+// (modulo the tile count), each tile group waited for as it is reached; `init`: the first one overwrites S.
+template <int kDQK, int kFirst, int kCount>
+__device__ __forceinline__ void issue_qk(float (&s)[32], SharedStorage<kDQK>& smem, int buf, uint32_t phase,
+                                         bool init) {
   using T = Traits<kDQK>;
-  ptx::wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < T::kNumTiles; ++i) {
-    const int t = (i + kFirstTile) % T::kNumTiles;
+  for (int i = 0; i < kCount; ++i) {
+    const int t = (i + kFirst) % T::kNumTiles;
     if (t % T::kVTilesPerHalf == 0) {
       ptx::mbarrier_wait_parity(&smem.full[buf][t / T::kVTilesPerHalf], phase);
 #if OPENMLA_SP_CONSUMER_FENCE
@@ -240,17 +268,27 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage<kDQK>& sme
 #pragma unroll
     for (int kk = 0; kk < T::kTileCols / 16; ++kk)
       ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
-                                      (i | kk) != 0);
+                                      (init && i == 0 && kk == 0) ? 0 : 1);
   }
+}
+
+// S = Q K^T over all tiles of K buffer `buf` (kFirstTile rotates the order: WG1 starts with the V_R group, which
+// the producer refills first).
+template <int kDQK, int kFirstTile>
+__device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage<kDQK>& smem, int buf, uint32_t phase) {
+  ptx::wgmma_fence();
+  issue_qk<kDQK, kFirstTile, Traits<kDQK>::kNumTiles>(s, smem, buf, phase, true);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_registers(s);
 }
 
 // Logits of invalid slots become -inf (overwrite: never add to a zero-filled row's logit). `valid` is the block's
-// mask shifted right by f.col, so the bit of column j * 8 + f.col + e is the constant bit j * 8 + e (no per-thread
-// 64-bit masks for ptxas to hoist).
-__device__ __forceinline__ void mask_logits(float (&s)[32], uint64_t valid) {
+// 64-bit mask; shifted right by f.col, the bit of column j * 8 + f.col + e is the constant bit j * 8 + e (no
+// per-thread 64-bit masks for ptxas to hoist). A full block (the common case) skips the work.
+__device__ __forceinline__ void mask_logits(float (&s)[32], uint64_t valid, int col) {
+  if (valid == ~0ull) return;
+  valid >>= col;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -261,6 +299,13 @@ __device__ __forceinline__ void mask_logits(float (&s)[32], uint64_t valid) {
       }
     }
   }
+}
+
+// Rescales O's rows by a (a0 for row[0], a1 for row[1]) unless every row of the warp keeps its scale (a == 1 exactly:
+// the running max did not move, the common case after the first blocks). Exact either way; a warp-level decision
+// (plain FMULs, no collective instruction).
+__device__ __forceinline__ void rescale_rows(float (&o)[128], float a0, float a1) {
+  if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) scale_rows(o, a0, a1);
 }
 
 // Keeps ptxas from hoisting values derived from `x` out of the loops (they would hold registers for the whole
@@ -302,12 +347,17 @@ __device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&pa)
   ptx::fence_registers(o);
 }
 
-// O_half += P V_half with P read from shared memory (written by the other warpgroup).
-__device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
+// Issues (no fence, commit or wait) O_half += P V_half with P read from shared memory (the other warpgroup's).
+__device__ __forceinline__ void issue_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
     ptx::wgmma_m64n256k16_ss_bf16<1>(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * 128), 1);
+}
+
+// O_half += P V_half with P read from shared memory (written by the other warpgroup).
+__device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
+  ptx::wgmma_fence();
+  issue_pv_ss(o, p_tile, v_tiles);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_registers(o);
@@ -332,6 +382,14 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     ptx::mbarrier_wait_parity(&smem.q_full, tile_iter & 1);
     if (w.num_blocks == 0) arrive(&smem.q_free);
 
+    // The sink of this thread's two rows, loaded now so that its latency stays off the epilogue.
+    float sink[2] = {-INFINITY, -INFINITY};
+    if (p.attn_sink != nullptr) {
+      const Fragment f = make_fragment(wg_tid);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (w.head0 + f.row[i] < p.h_q) sink[i] = __ldg(p.attn_sink + w.head0 + f.row[i]);
+    }
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
@@ -339,20 +397,32 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     float l_run[2] = {0.f, 0.f};                   // this warpgroup's partial row sums, relative to m_run
 
     // ---------------------------------------------------------------- main loop over block pairs
+    // WG0 issues the next pair's Q K0^T over the V_L tiles (refilled first, after its own P0 V0_L) right behind
+    // P1 V1_L, before waiting for it: the tensor pipe stays fed while the V_R and RoPE tiles, refilled only after
+    // WG1's last P V of the pair, are still in flight (docs/sparse-prefill.md, decision sprefill-v2).
+    float s[32];
+    bool qk_head_issued = false;
     for (int blk0 = 0; blk0 < w.num_blocks; blk0 += 2) {
       const bool has_k1 = blk0 + 1 < w.num_blocks;
       const bool last_pair = blk0 + 2 >= w.num_blocks;
       const uint32_t ph0 = use[0] & 1, ph1 = use[1] & 1;
       const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
       OPENMLA_PREFILL_STAMP(kWg, pair_count, 0);
-      float s[32];
       uint32_t pa[4][4];
       if constexpr (kWg == 0) {
         // S0 = Q K0^T; m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
-        gemm_qk<kDQK, 0>(s, smem, 0, ph0);
+        constexpr int kHead = T::kVTilesPerHalf;  // tiles issued early (the V_L group)
+        if (!qk_head_issued) {
+          ptx::wgmma_fence();
+          issue_qk<kDQK, 0, kHead>(s, smem, 0, ph0, true);
+        }
+        issue_qk<kDQK, kHead, T::kNumTiles - kHead>(s, smem, 0, ph0, false);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(s);
         OPENMLA_PREFILL_STAMP(0, pair_count, 1);
         if (last_pair) arrive(&smem.q_free);
-        mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[0]) >> frag.col);
+        mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[0]), frag.col);
         float mx[2], m0[2], a0[2], sum[2];
         row_max(s, mx);
 #pragma unroll
@@ -372,7 +442,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         }
         arrive(handoff(Handoff::kMax0Ready));
         OPENMLA_PREFILL_STAMP(0, pair_count, 2);
-        scale_rows(o, a0[0], a0[1]);
+        rescale_rows(o, a0[0], a0[1]);
         to_a_fragments(s, pa);
         gemm_pv_rs(o, pa, smem.k[0][0]);
         arrive(&smem.free_[0][0]);
@@ -388,24 +458,43 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
           m_run[i] = smem.max1[frag.row[i]];
           l_run[i] *= a1[i];
         }
+        if (__any_sync(0xffffffffu, a1[0] != 1.f || a1[1] != 1.f)) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          s[j * 4 + 0] *= a1[0];
-          s[j * 4 + 1] *= a1[0];
-          s[j * 4 + 2] *= a1[1];
-          s[j * 4 + 3] *= a1[1];
+          for (int j = 0; j < 8; ++j) {
+            s[j * 4 + 0] *= a1[0];
+            s[j * 4 + 1] *= a1[0];
+            s[j * 4 + 2] *= a1[1];
+            s[j * 4 + 3] *= a1[1];
+          }
         }
         store_p(s, p_tile[0], frag);
         arrive(handoff(Handoff::kP0Ready));
         OPENMLA_PREFILL_STAMP(0, pair_count, 5);
         // O_L = a1 O_L + P1 V1_L.
-        scale_rows(o, a1[0], a1[1]);
+        rescale_rows(o, a1[0], a1[1]);
+        // has_k1 is false only in a tile's last pair, so the next pair (if any) follows in this tile.
+        qk_head_issued = false;
         if (has_k1) {
           ptx::mbarrier_wait_parity(&smem.full[1][0], ph1);
 #if OPENMLA_SP_CONSUMER_FENCE
           ptx::fence_proxy_async_shared();
 #endif
-          gemm_pv_ss(o, p_tile[1], smem.k[1][0]);
+          ptx::wgmma_fence();
+          issue_pv_ss(o, p_tile[1], smem.k[1][0]);
+          ptx::wgmma_commit();
+#if OPENMLA_SP_EARLY_QK
+          if (!last_pair) {
+            issue_qk<kDQK, 0, kHead>(s, smem, 0, ph0 ^ 1, true);
+            ptx::wgmma_commit();
+            qk_head_issued = true;
+            ptx::wgmma_wait<1>();  // P1 V1_L done; the next Q K0^T head may still run
+          } else {
+            ptx::wgmma_wait<0>();
+          }
+#else
+          ptx::wgmma_wait<0>();
+#endif
+          ptx::fence_registers(o);
           arrive(&smem.free_[1][0]);
           if constexpr (T::kNumGroups == 3) arrive(&smem.free_[1][2]);  // P1 lived in K1's RoPE tile
         }
@@ -415,7 +504,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
           gemm_qk<kDQK, T::kVTilesPerHalf>(s, smem, 1, ph1);
-          mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[1]) >> frag.col);
+          mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[1]), frag.col);
           row_max(s, mx);
         }
         OPENMLA_PREFILL_STAMP(1, pair_count, 1);
@@ -445,7 +534,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         OPENMLA_PREFILL_STAMP(1, pair_count, 3);
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a01[i] + sum[i];
-        scale_rows(o, a01[0], a01[1]);
+        rescale_rows(o, a01[0], a01[1]);
         if (has_k1) {
           to_a_fragments(s, pa);
           gemm_pv_rs(o, pa, smem.k[1][T::kVTilesPerHalf]);
@@ -459,7 +548,11 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
 #if OPENMLA_SP_CONSUMER_FENCE
         ptx::fence_proxy_async_shared();
 #endif
-        gemm_pv_ss(o, p_tile[0], smem.k[0][T::kVTilesPerHalf]);
+        ptx::wgmma_fence();
+        issue_pv_ss(o, p_tile[0], smem.k[0][T::kVTilesPerHalf]);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(o);
         arrive(&smem.free_[0][1]);
         if constexpr (T::kNumGroups == 3) arrive(&smem.free_[0][2]);  // P0 lived in K0's RoPE tile
         OPENMLA_PREFILL_STAMP(1, pair_count, 6);
@@ -492,7 +585,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
       float denom = total[i];
       // The sink joins the denominator of out only (natural-log units): out = O / (L + 2^(sink log2 e - m)).
       if (p.attn_sink != nullptr && head < p.h_q)
-        denom += ptx::exp2_approx(__ldg(p.attn_sink + head) * 1.4426950408889634f - m_run[i]);
+        denom += ptx::exp2_approx(sink[i] * 1.4426950408889634f - m_run[i]);
       inv[i] = total[i] > 0.f ? 1.f / denom : 0.f;
     }
     scale_rows(o, inv[0], inv[1]);
@@ -525,6 +618,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         }
       }
     }
+    if (w.num_blocks > 0) OPENMLA_PREFILL_STAMP(kWg, pair_count - 1, 7);
   }
 }
 

@@ -1,20 +1,22 @@
-"""One sparse-decode configuration, called twice (warm-up, then the call to profile), for ncu:
+"""Question: what does Nsight Compute see in one sparse-decode case? Runs it for ncu.
+
+One sparse-decode configuration, called twice (warm-up, then the call to profile), for ncu:
 
     ncu --clock-control none -k regex:sparse_decode_kernel --launch-skip 1 --launch-count 1 \
-        --section SpeedOfLight --section WarpStateStats python3 tools/profile_sparse_decode.py --b 128 --h-q 128
+        --section SpeedOfLight --section WarpStateStats python3 tools/diag/profile_sparse_decode.py --b 128 --h-q 128
 
 Inputs come from benchmarks/bench_sparse_decode.make_inputs (the benchmark's own generator)."""
 import argparse
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/diag/ -> the repository
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 
 def add_case_arguments(ap):
-    """The configuration options shared with tools/trace_sparse_decode.py."""
+    """The configuration options shared with tools/diag/trace_sparse_decode.py."""
     ap.add_argument("--b", type=int, default=128)
     ap.add_argument("--s-q", type=int, default=2)
     ap.add_argument("--h-q", type=int, default=128)

@@ -1,11 +1,13 @@
-// Micro-benchmark (perf-notes, session 7): how fast can 88 CTAs (one per SM) each write one 64-row x 512-column
-// fp32 partial tile (128 KB; the sparse decode epilogue at b = 2) held in wgmma accumulator layout?
+// Question: is writing the b = 2 fp32 partials bound by the store instructions or by the bytes?
+// Micro-benchmark (docs/sparse-decode.md, "Where the time goes"): how fast can 88 CTAs (one per SM) each write
+// one 64-row x 512-column fp32 partial tile (128 KB; the sparse decode epilogue at b = 2) held in wgmma
+// accumulator layout?
 //   A  8-byte stores straight from the fragment (8 rows x 32 B per warp instruction; the shipped epilogue)
 //   B  pair exchange, 16-byte stores (8 rows x 64 B per instruction)
 //   C  staged in shared memory, then one 1 KB bulk copy (cp.async.bulk.global.shared::cta) per row
 //   D  staged in shared memory, then coalesced 16-byte stores (a warp writes 512 contiguous bytes)
 //   E  no stores (launch + kernel overhead)
-// Build: nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/psb tools/micro/partial_store_bench.cu && /tmp/psb
+// Build: nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/psb tools/diag/micro/partial_store_bench.cu && /tmp/psb
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdint>

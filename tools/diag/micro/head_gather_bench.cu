@@ -1,6 +1,7 @@
-// Micro-benchmark (perf-notes, session 9): how long does the sparse decode head take on its own after the
-// benchmark's flush? 88 CTAs (one per SM, as b = 2) each read a schedule word, then one 64-slot index row,
-// then gather the 64 tokens (656 bytes each, V3.2 layout) of that block from a 43 MB FP8 cache into registers.
+// Question: how long does the sparse-decode head's chain of dependent loads take on its own after the flush?
+// Micro-benchmark (docs/sparse-decode.md, decision sparse-v27), after the benchmark's flush: 88 CTAs (one per SM,
+// as b = 2) each read a schedule word, then one 64-slot index row, then gather the 64 tokens (656 bytes each,
+// V3.2 layout) of that block from a 43 MB FP8 cache into registers.
 // No shared-memory pipeline, no tensor work: only the chain of dependent loads that starts every CTA.
 // Per-CTA %globaltimer stamps (entry, index landed, first token landed, all tokens landed) give the times
 // from the earliest entry; medians over 35 launches, after the benchmark's 8 GB memset and warm. CTAs of 384
@@ -12,7 +13,7 @@
 //   kBloat:  ~16 KB / 64 KB of straight-line code run once after the gathers (cold code after the flush)
 //   kExtra:  the kernel's other head traffic (Q tile by the other 256 threads, next index rows and the L2 prefetch
 //            two blocks ahead), or the block's tokens prefetched into L2 before the gathers
-// Build: nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/hgb tools/micro/head_gather_bench.cu && /tmp/hgb [smem bytes]
+// Build: nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/hgb tools/diag/micro/head_gather_bench.cu && /tmp/hgb [smem bytes]
 #include <cuda_runtime.h>
 
 #include <algorithm>

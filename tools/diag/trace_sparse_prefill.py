@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Where does a sparse-prefill block pair spend its cycles? Reads the clock64 trace of a trace build
+"""Question: where does a sparse-prefill block pair spend its cycles, per warpgroup and producer step?
+
+Reads the clock64 trace of a trace build
 (CMake -DOPENMLA_SPARSE_TRACE=ON; kernel.cuh, struct Trace) after one call and prints, per role, the median cycles
 between consecutive events over the traced pairs of CTA 0, and the pair period.
 
-    PYTHONPATH=python python3 tools/trace_sparse_prefill.py [--d-qk 576] [--h-q 128] [--s-kv 8192] [--topk 2048]
+    PYTHONPATH=python python3 tools/diag/trace_sparse_prefill.py [--d-qk 576] [--h-q 128] [--s-kv 8192] [--topk 2048]
 """
 from __future__ import annotations
 

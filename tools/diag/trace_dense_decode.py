@@ -1,9 +1,11 @@
-"""Request timeline of the dense-decode main kernel: where a CTA's time goes between its block loops.
+"""Question: what does a request switch cost the dense-decode main kernel, step by step?
+
+Request timeline of the dense-decode main kernel: where a CTA's time goes between its block loops.
 
 Needs the trace build (the kernel stamps %globaltimer only when compiled with it):
 
-    DIAG_TRACE=ON DIAG=none bash tools/diag_run.sh      # or: cmake -DOPENMLA_SPARSE_TRACE=ON ... _openmla
-    PYTHONPATH=python python3 tools/trace_dense_decode.py --b 128 --s-q 2 --s-k 4096
+    DIAG_TRACE=ON DIAG=none bash tools/diag/diag_run.sh      # or: cmake -DOPENMLA_SPARSE_TRACE=ON ... _openmla
+    PYTHONPATH=python python3 tools/diag/trace_dense_decode.py --b 128 --s-q 2 --s-k 4096
 
 Thread 0 of every CTA stamps each step of its first 8 requests (src/kernels/dense_decode/kernel.cuh, struct
 Timeline): prologue start / done, first K tiles landed, block loop done, epilogue staged / stored / done, and the
@@ -18,7 +20,7 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/diag/ -> the repository
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 

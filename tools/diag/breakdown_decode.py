@@ -1,4 +1,6 @@
-"""Per-kernel breakdown of one decode call, from the CUDA activity trace (torch.profiler / CUPTI).
+"""Question: how long does each kernel of one decode call take, and what gaps lie between them?
+
+Per-kernel breakdown of one decode call, from the CUDA activity trace (torch.profiler / CUPTI).
 
 For each case the call runs eagerly `--reps` times with the benchmark's L2 flush before each call (`--flush read`
 and `--flush none` replace it by a 256 MB read or by nothing, `--gap-us` idles the GPU between flush and call); the
@@ -7,7 +9,7 @@ calls: each kernel's duration, the gap between consecutive kernels of the call, 
 first kernel's start to the last kernel's end (the part of the call the GPU sees; the benchmark's graph
 replay adds the launch of the first node).
 
-    PYTHONPATH=python python3 tools/breakdown_decode.py --sparse "b=2,topk=2048" "b=2,topk=64" --dense "b=128,s_q=2,s_k=4096"
+    PYTHONPATH=python python3 tools/diag/breakdown_decode.py --sparse "b=2,topk=2048" "b=2,topk=64" --dense "b=128,s_q=2,s_k=4096"
 
 Case strings are comma-separated key=value pairs over b, s_q, h_q, topk, s_k (sparse) and b, s_q, h_q, s_k
 (dense); missing keys take the benchmark's defaults. Inputs come from the benchmarks' own generators.
@@ -19,7 +21,7 @@ import statistics
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/diag/ -> the repository
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 

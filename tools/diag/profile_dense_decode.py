@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Runs one dense-decode case a few times, for Nsight Compute / compute-sanitizer on the GPU machine.
+"""Question: what do Nsight Compute (or compute-sanitizer) see in one dense-decode case? Runs it for them.
+
+Runs one dense-decode case a few times, for Nsight Compute / compute-sanitizer on the GPU machine.
 
     ncu --clock-control none -k regex:dense_decode_kernel -c 1 --section WarpStateStats \
-        python3 tools/profile_dense_decode.py --b 128 --s-q 2 --s-k 8192
+        python3 tools/diag/profile_dense_decode.py --b 128 --s-q 2 --s-k 8192
 """
 import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 
 import torch  # noqa: E402
 

@@ -1,9 +1,11 @@
-"""clock64 trace of the sparse-decode main kernel: where each warpgroup of one CTA spends a block.
+"""Question: where does each warpgroup of a sparse-decode CTA spend a block, and when does each CTA pass each head step?
+
+clock64 trace of the sparse-decode main kernel: where each warpgroup of one CTA spends a block.
 
 Needs the diagnostics build (the kernel stamps clock64 only when compiled with it):
 
     cmake -B build-trace -G Ninja -DOPENMLA_SPARSE_TRACE=ON -DOPENMLA_BUILD_TESTS=OFF && ninja -C build-trace _openmla
-    PYTHONPATH=python python3 tools/trace_sparse_decode.py --b 128 --h-q 128
+    PYTHONPATH=python python3 tools/diag/trace_sparse_decode.py --b 128 --h-q 128
 
 Thread 0 of each warpgroup of CTAs x = 0, 1 (query position 0, schedule partition 0) stamps every step of its
 first 256 blocks (src/kernels/sparse_decode/kernel.cuh, struct Trace). This prints, per role, the median /
@@ -17,10 +19,10 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/diag/ -> the repository
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "diag"))
 
 CTAS, ROLES, ITERS, EVENTS = 2, 3, 256, 6  # kernel.cuh, struct Trace
 TL_CTAS, TL_EVENTS = 1024, 12  # kernel.cuh, Trace::kTimelineCtas / kTimelineEvents, in TimelineEvent order

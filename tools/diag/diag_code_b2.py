@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Diagnostic (perf-notes, session 7): is the sparse b = 2 call slowed by fetching its own code (and other
-read-only state) from DRAM after the benchmark's flush? The 8 GB memset evicts the kernels' instructions from
+"""Question: is the sparse b = 2 call slowed by fetching its own code from DRAM after the benchmark's flush?
+
+Diagnostic (docs/sparse-decode.md, "Where the time goes"): is the call slowed by fetching its code (and other
+read-only state) from DRAM after the flush? The 8 GB memset evicts the kernels' instructions from
 L2 as well as the data; under the head's DRAM load every new code line then costs a loaded-DRAM round trip, and
 all SMs would wait for the same line (the timeline's GPU-wide 11.04 us event). Times the benchmark's b = 2 call
 (CUDA events around the eager call, median of 40) after:
@@ -12,19 +14,19 @@ all SMs would wait for the same line (the timeline's GPU-wide 11.04 us event). T
                without running our code);
   flush+pg2M   the memset, then a read of one word per 2 MB of the KV cache (every large page's translation
                used once; 27 lines of L2): is the head waiting on page-table walks?
-  flush+pg64K  the same with one word per 64 KB (session 6's tools/diag_tlb_b2.py "flush+touch", which this
-               script replaces);
+  flush+pg64K  the same with one word per 64 KB (the "flush+touch" mode of the earlier tools/diag_tlb_b2.py,
+               which this script replaces);
   warm         right after the previous call (no memset).
 
 If flush+tiny lands well below flush while flush+copy does not, the head waits on code fetches.
 
-    PYTHONPATH=python:.deps/py python3 tools/diag_code_b2.py
+    PYTHONPATH=python:.deps/py python3 tools/diag/diag_code_b2.py
 """
 import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 def main():

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# OpenMLA: one-call diagnostics on the lent GPU (carry .deps/wheels and .deps/googletest, as gpu_check.sh).
+# Question: where does a decode kernel's time go on the GPU (clock64 / %globaltimer traces, ncu, per-kernel breakdown)?
+# One-call diagnostics on the lent GPU (carry .deps/wheels and .deps/googletest, as tools/gpu_check.sh).
 #
 # Builds build-trace/ (the Python extension only, sparse decode with its clock64 trace compiled in) with all
 # cores, then runs, as selected by DIAG (space-separated; default "trace ncu-sparse ncu-dense"):
-#   trace       tools/trace_sparse_decode.py at h_q 128 (crossover) and 64            -> $OUT/trace.txt
+#   trace       tools/diag/trace_sparse_decode.py at h_q 128 (crossover) and 64            -> $OUT/trace.txt
 #   trace-b2    the same at b 2, h_q 128, L2 flushed and warm                          -> $OUT/trace.txt
 #   ncu-sparse  ncu source-level stall samples of the sparse kernel (b 128, h_q 128)  -> $OUT/ncu_sparse_*.txt
 #   ncu-dense   ncu speed-of-light + memory tables of dense decode (b 128, s_q 2, 32K) -> $OUT/ncu_dense.txt
@@ -12,14 +13,14 @@
 #   timeline    the whole-kernel per-CTA timeline (trace build) at b 2 and 64, h_q 128 -> $OUT/timeline.txt
 #   dense-timeline  the dense kernel's request timeline (trace build) at b 128, s_q 2 (4K, 32K) and s_q 1 4K
 #               -> $OUT/dense_timeline.txt
-#   code        tools/diag_code_b2.py: the b = 2 call after the flush, with and without our code warm in L2
+#   code        tools/diag/diag_code_b2.py: the b = 2 call after the flush, with and without our code warm in L2
 #               -> $OUT/code.txt (best with DIAG_TRACE=OFF)
-#   breakdown   tools/breakdown_decode.py: per-kernel durations and gaps of whole calls -> $OUT/breakdown.txt
+#   breakdown   tools/diag/breakdown_decode.py: per-kernel durations and gaps of whole calls -> $OUT/breakdown.txt
 #               (cases: BREAKDOWN_ARGS, default the sparse b = 2 row and shorter top-k)
 # DIAG_TRACE=OFF builds build-diag/ without the trace stamps instead (for timings: the stamps cost a little).
 # ncu always runs with --clock-control none (clocks are never touched). Summaries print last.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 root=$PWD
 out=${OUT:-$root/build-trace/diag}
 mkdir -p "$out"
@@ -87,15 +88,15 @@ PY
 for d in $diag; do
   case $d in
     trace)
-      { timeout 60 "$py" tools/trace_sparse_decode.py --b 128 --h-q 128
-        timeout 60 "$py" tools/trace_sparse_decode.py --b 128 --h-q 64; } >"$out/trace.txt" 2>&1 ;;
+      { timeout 60 "$py" tools/diag/trace_sparse_decode.py --b 128 --h-q 128
+        timeout 60 "$py" tools/diag/trace_sparse_decode.py --b 128 --h-q 64; } >"$out/trace.txt" 2>&1 ;;
     trace-b2)
-      { timeout 60 "$py" tools/trace_sparse_decode.py --b 2 --h-q 128
-        timeout 60 "$py" tools/trace_sparse_decode.py --b 2 --h-q 128 --no-flush; } >"$out/trace.txt" 2>&1 ;;
+      { timeout 60 "$py" tools/diag/trace_sparse_decode.py --b 2 --h-q 128
+        timeout 60 "$py" tools/diag/trace_sparse_decode.py --b 2 --h-q 128 --no-flush; } >"$out/trace.txt" 2>&1 ;;
     ncu-sparse)
       timeout 240 ncu --clock-control none -k regex:sparse_decode_kernel --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis \
-        --import-source yes -f -o "$out/ncu_sparse" "$py" tools/profile_sparse_decode.py --b 128 --h-q 128 \
+        --import-source yes -f -o "$out/ncu_sparse" "$py" tools/diag/profile_sparse_decode.py --b 128 --h-q 128 \
         >"$out/ncu_sparse.log" 2>&1
       ncu -i "$out/ncu_sparse.ncu-rep" --print-details all >"$out/ncu_sparse_details.txt" 2>&1
       ncu_sass_top "$out/ncu_sparse.ncu-rep" "$out/ncu_sparse_sass.txt" ;;
@@ -106,28 +107,28 @@ for d in $diag; do
       for cc in all none; do
         timeout 240 ncu --clock-control none --cache-control "$cc" -k regex:sparse_decode_kernel --launch-skip 1 \
           --launch-count 1 --section WarpStateStats --section SourceCounters --import-source yes -f \
-          -o "$out/ncu_b2_$cc" "$py" tools/profile_sparse_decode.py --b 2 --h-q 128 >"$out/ncu_b2_$cc.log" 2>&1
+          -o "$out/ncu_b2_$cc" "$py" tools/diag/profile_sparse_decode.py --b 2 --h-q 128 >"$out/ncu_b2_$cc.log" 2>&1
         ncu -i "$out/ncu_b2_$cc.ncu-rep" --print-details all >"$out/ncu_b2_${cc}_details.txt" 2>&1
         ncu_sass_top "$out/ncu_b2_$cc.ncu-rep" "$out/ncu_b2_${cc}_sass.txt"
       done ;;
     timeline)
-      { timeout 60 "$py" tools/trace_sparse_decode.py --timeline-only --b 2 --h-q 128
-        timeout 60 "$py" tools/trace_sparse_decode.py --timeline-only --b 2 --h-q 128 --no-flush
-        timeout 60 "$py" tools/trace_sparse_decode.py --timeline-only --b 64 --h-q 128; } >"$out/timeline.txt" 2>&1 ;;
+      { timeout 60 "$py" tools/diag/trace_sparse_decode.py --timeline-only --b 2 --h-q 128
+        timeout 60 "$py" tools/diag/trace_sparse_decode.py --timeline-only --b 2 --h-q 128 --no-flush
+        timeout 60 "$py" tools/diag/trace_sparse_decode.py --timeline-only --b 64 --h-q 128; } >"$out/timeline.txt" 2>&1 ;;
     dense-timeline)
-      { timeout 100 "$py" tools/trace_dense_decode.py --b 128 --s-q 2 --s-k 4096
-        timeout 100 "$py" tools/trace_dense_decode.py --b 128 --s-q 2 --s-k 32768
-        timeout 100 "$py" tools/trace_dense_decode.py --b 128 --s-q 1 --s-k 4096; } >"$out/dense_timeline.txt" 2>&1 ;;
+      { timeout 100 "$py" tools/diag/trace_dense_decode.py --b 128 --s-q 2 --s-k 4096
+        timeout 100 "$py" tools/diag/trace_dense_decode.py --b 128 --s-q 2 --s-k 32768
+        timeout 100 "$py" tools/diag/trace_dense_decode.py --b 128 --s-q 1 --s-k 4096; } >"$out/dense_timeline.txt" 2>&1 ;;
     code)
-      timeout 240 "$py" tools/diag_code_b2.py >"$out/code.txt" 2>&1 ;;
+      timeout 240 "$py" tools/diag/diag_code_b2.py >"$out/code.txt" 2>&1 ;;
     breakdown)
       # shellcheck disable=SC2086
-      timeout 240 "$py" tools/breakdown_decode.py ${BREAKDOWN_ARGS:---sparse b=2 b=2,topk=64 b=2,topk=128 b=2,topk=192 b=2,s_q=1 b=64} \
+      timeout 240 "$py" tools/diag/breakdown_decode.py ${BREAKDOWN_ARGS:---sparse b=2 b=2,topk=64 b=2,topk=128 b=2,topk=192 b=2,s_q=1 b=64} \
         >"$out/breakdown.txt" 2>&1 ;;
     ncu-dense)
       timeout 120 ncu --clock-control none -k regex:dense_decode_kernel --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
-        --section WarpStateStats "$py" tools/profile_dense_decode.py --b 128 --s-q 2 --s-k 32768 \
+        --section WarpStateStats "$py" tools/diag/profile_dense_decode.py --b 128 --s-q 2 --s-k 32768 \
         >"$out/ncu_dense.txt" 2>&1 ;;
   esac
 done
