@@ -1,7 +1,7 @@
 """Host cost per call of the Python entry points: what an engine pays on the CPU for every layer it runs eagerly.
 
 Each record is one way of calling (params `op`), with `host_us` = wall time per call, beside FlashMLA's 48-86 us
-(targets.md: its flash_mla_with_kvcache, schedule reused, no synchronisation). time_us repeats host_us (run.py's
+(its flash_mla_with_kvcache measured on an H100 the same way: schedule reused, no synchronisation). time_us repeats host_us (run.py's
 table column); the target is FlashMLA's best figure (48 us), so ratio = 48 / host_us (> 1: less host time).
 
 Method: the calls are queued behind a GPU sleep kernel (torch.cuda._sleep) that outlasts the timed loop, so no
@@ -43,7 +43,7 @@ CALLS = 300
 FIRST_CALL_CALLS = 100
 ROUNDS = 7
 WARMUP = 20
-FLASHMLA_HOST_US = (48.0, 86.0)  # targets.md: FlashMLA's host cost per call, best and worst
+FLASHMLA_HOST_US = (48.0, 86.0)  # FlashMLA's host cost per call on an H100, best and worst
 D_QK, D_V, PAGE = 576, 512, 64
 
 _DENSE_OPS = ("dense_decode", "dense_decode_out", "dense_decode_default_device", "dense_decode_first_call",
