@@ -19,6 +19,8 @@ op                              what it is
 ``quantize_kv_cache``           bf16 cache -> new FP8 cache (``_out``: into ``out``, declared mutated)
 ``dequantize_kv_cache``         FP8 cache -> new bf16 cache (``_out``: into ``out``, declared mutated)
 ``append_kv_cache``             new tokens into an FP8 cache (``cache`` declared mutated)
+``flash_mla_sparse_fwd``        sparse prefill -> (out, max_logits, lse), new tensors (``_out``: into the caller's
+                                three, declared mutated)
 ==============================  =====================================================================================
 
 The ops are not differentiable (inference kernels). Dispatch through torch adds a few microseconds per call to
@@ -31,6 +33,7 @@ import torch
 from . import _openmla as _C
 from . import decode as _decode
 from . import kv_cache as _kv_cache
+from . import prefill as _prefill
 
 NAMESPACE = "openmla"
 
@@ -54,6 +57,11 @@ SCHEMAS = {
     "dequantize_kv_cache": "dequantize_kv_cache(Tensor cache, str format='v32') -> Tensor",
     "dequantize_kv_cache_out": "dequantize_kv_cache_out(Tensor cache, str format, *, Tensor(a!) out) -> ()",
     "append_kv_cache": "append_kv_cache(Tensor new_kv, Tensor slots, Tensor(a!) cache, str format='v32') -> ()",
+    "flash_mla_sparse_fwd": ("flash_mla_sparse_fwd(Tensor q, Tensor kv, Tensor indices, float sm_scale, SymInt d_v=512, "
+                             "Tensor? attn_sink=None, Tensor? topk_length=None) -> (Tensor, Tensor, Tensor)"),
+    "flash_mla_sparse_fwd_out": ("flash_mla_sparse_fwd_out(Tensor q, Tensor kv, Tensor indices, float sm_scale, "
+                                 "SymInt d_v=512, Tensor? attn_sink=None, Tensor? topk_length=None, *, Tensor(a!) out, "
+                                 "Tensor(b!) max_logits, Tensor(c!) lse) -> ()"),
 }
 
 # SM count the fake implementations assume for tensors that are not on a CUDA device (meta tensors on a machine
@@ -92,6 +100,12 @@ def _dequantize_out(cache, format, *, out):
     _kv_cache.dequantize_kv_cache(cache, format, out=out)
 
 
+def _sparse_prefill_out(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None, *, out, max_logits,
+                        lse):
+    _prefill.flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out=out,
+                                  max_logits=max_logits, lse=lse)
+
+
 _IMPLS = {
     "get_mla_metadata": _get_mla_metadata,
     "plan_schedule": _plan_schedule,
@@ -102,6 +116,8 @@ _IMPLS = {
     "dequantize_kv_cache": _kv_cache.dequantize_kv_cache,
     "dequantize_kv_cache_out": _dequantize_out,
     "append_kv_cache": _kv_cache.append_kv_cache,
+    "flash_mla_sparse_fwd": _prefill.flash_mla_sparse_fwd,
+    "flash_mla_sparse_fwd_out": _sparse_prefill_out,
 }
 
 
@@ -169,6 +185,12 @@ def _fake_dequantize(cache, format="v32"):
     return cache.new_empty((cache.shape[0], cache.shape[1], 1, _kv_cache.head_dim(format)), dtype=torch.bfloat16)
 
 
+def _fake_sparse_prefill(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
+    s_q, h_q = q.shape[0], q.shape[1]
+    return (q.new_empty((s_q, h_q, d_v)), q.new_empty((s_q, h_q), dtype=torch.float32),
+            q.new_empty((s_q, h_q), dtype=torch.float32))
+
+
 def _fake_nothing(*args, **kwargs):
     return None
 
@@ -183,6 +205,8 @@ _FAKES = {
     "dequantize_kv_cache": _fake_dequantize,
     "dequantize_kv_cache_out": _fake_nothing,
     "append_kv_cache": _fake_nothing,
+    "flash_mla_sparse_fwd": _fake_sparse_prefill,
+    "flash_mla_sparse_fwd_out": _fake_nothing,
 }
 
 

@@ -38,6 +38,8 @@ def _written(name):
     ("dequantize_kv_cache", []),
     ("dequantize_kv_cache_out", ["out"]),
     ("append_kv_cache", ["cache"]),
+    ("flash_mla_sparse_fwd", []),
+    ("flash_mla_sparse_fwd_out", ["out", "max_logits", "lse"]),
 ])
 def test_schema_declares_what_each_op_writes(name, written):
     assert _written(name) == written
@@ -45,13 +47,15 @@ def test_schema_declares_what_each_op_writes(name, written):
     returns = [str(r.type) for r in schema.returns]
     assert returns == {"get_mla_metadata": ["Tensor", "Tensor"], "plan_schedule": ["Tensor", "Tensor"],
                        "flash_mla_with_kvcache": ["Tensor", "Tensor"], "quantize_kv_cache": ["Tensor"],
-                       "dequantize_kv_cache": ["Tensor"]}.get(name, [])
+                       "dequantize_kv_cache": ["Tensor"],
+                       "flash_mla_sparse_fwd": ["Tensor", "Tensor", "Tensor"]}.get(name, [])
 
 
 def test_every_op_is_registered_with_cuda_and_fake_kernels():
     assert set(_torch_ops.SCHEMAS) == {"get_mla_metadata", "plan_schedule", "flash_mla_with_kvcache",
                                        "flash_mla_with_kvcache_out", "quantize_kv_cache", "quantize_kv_cache_out",
-                                       "dequantize_kv_cache", "dequantize_kv_cache_out", "append_kv_cache"}
+                                       "dequantize_kv_cache", "dequantize_kv_cache_out", "append_kv_cache",
+                                       "flash_mla_sparse_fwd", "flash_mla_sparse_fwd_out"}
     for name in _torch_ops.SCHEMAS:
         qualified = f"openmla::{name}"
         assert torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CUDA"), name
@@ -119,6 +123,15 @@ def test_fake_kv_cache_ops(fmt, page, bpt, stride):
     slots = torch.empty((7,), dtype=torch.int64, device="meta")
     assert torch.ops.openmla.append_kv_cache(torch.empty((7, d), dtype=torch.bfloat16, device="meta"), slots, cache,
                                              fmt) is None
+
+
+def test_fake_sparse_prefill_outputs():
+    q = torch.empty((100, 16, D_QK), dtype=torch.bfloat16, device="meta")
+    kv = torch.empty((300, 1, D_QK), dtype=torch.bfloat16, device="meta")
+    idx = torch.empty((100, 1, 64), dtype=torch.int32, device="meta")
+    out, max_logits, lse = torch.ops.openmla.flash_mla_sparse_fwd(q, kv, idx, 0.04)
+    assert out.shape == (100, 16, D_V) and out.dtype == torch.bfloat16
+    assert max_logits.shape == lse.shape == (100, 16) and lse.dtype == max_logits.dtype == torch.float32
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,6 +227,14 @@ def test_opcheck_every_op():
     slse = torch.empty((2, 64, 2), dtype=torch.float32, device="cuda")
     new_kv = (torch.randn((5, D_QK), device="cuda") / 10).to(torch.bfloat16)
     slots = torch.tensor([0, 64, 65, -1, 1023], dtype=torch.int64, device="cuda")
+    pq = (torch.randn((50, 64, D_QK), device="cuda") / 10).to(torch.bfloat16)
+    pkv = (torch.randn((400, 1, D_QK), device="cuda") / 10).to(torch.bfloat16)
+    pidx = torch.randint(-1, 400, (50, 1, 128), device="cuda", dtype=torch.int32)
+    psink = torch.randn((64,), device="cuda")
+    plens = torch.randint(0, 129, (50,), device="cuda", dtype=torch.int32)
+    pout = torch.empty((50, 64, D_V), dtype=torch.bfloat16, device="cuda")
+    pmax = torch.empty((50, 64), device="cuda")
+    plse = torch.empty((50, 64), device="cuda")
     cases = {
         "get_mla_metadata": [((lens, 2 * 64, 1), {}), ((lengths, 2 * 64, 1, 64, True, 256), {})],
         "plan_schedule": [((q, lens, None, None, 4, 2, 64, 1, False, 0, 0), {}),
@@ -228,6 +249,8 @@ def test_opcheck_every_op():
         "dequantize_kv_cache": [((cache, "v32"), {})],
         "dequantize_kv_cache_out": [((cache, "v32"), {"out": torch.empty_like(kv)})],
         "append_kv_cache": [((new_kv, slots, cache.clone(), "v32"), {})],
+        "flash_mla_sparse_fwd": [((pq, pkv, pidx, 0.04), {}), ((pq, pkv, pidx, 0.04, 512, psink, plens), {})],
+        "flash_mla_sparse_fwd_out": [((pq, pkv, pidx, 0.04), {"out": pout, "max_logits": pmax, "lse": plse})],
     }
     assert set(cases) == set(_torch_ops.SCHEMAS)
     for name, calls in cases.items():
