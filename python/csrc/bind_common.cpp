@@ -4,8 +4,6 @@
 
 namespace openmla::py {
 
-namespace {
-
 bool to_dtype(const nb::dlpack::dtype& dt, DType* out) {
   using Code = nb::dlpack::dtype_code;
   const auto code = static_cast<Code>(dt.code);
@@ -33,8 +31,6 @@ bool to_dtype(const nb::dlpack::dtype& dt, DType* out) {
       return false;
   }
 }
-
-}  // namespace
 
 TensorRef to_tensor_ref(const Array& a, const char* name) {
   TensorRef t;

@@ -23,6 +23,8 @@ namespace openmla::py {
 using Array = nb::ndarray<>;
 using OptArray = std::optional<Array>;
 
+// The DType of a DLPack dtype; false when OpenMLA has none for it.
+bool to_dtype(const nb::dlpack::dtype& dt, DType* out);
 // Converts a DLPack array into a TensorRef. `name` is used in the error if the dtype is unknown.
 TensorRef to_tensor_ref(const Array& a, const char* name);
 // An absent optional argument becomes an undefined TensorRef.

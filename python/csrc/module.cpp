@@ -5,7 +5,10 @@
 namespace openmla::py {
 void bind_kv_cache(nb::module_& m);
 void bind_decode(nb::module_& m);
+void bind_decode_step(nb::module_& m);
 void bind_prefill(nb::module_& m);
+void bind_prefill_call(nb::module_& m);
+void bind_kv_cache_call(nb::module_& m);
 void bind_reference(nb::module_& m);
 }  // namespace openmla::py
 
@@ -38,6 +41,9 @@ NB_MODULE(_openmla, m) {
       "Returns (supported, reason): whether `feature` runs on CUDA device `device`, and if not, why.");
   openmla::py::bind_kv_cache(m);
   openmla::py::bind_decode(m);
+  openmla::py::bind_decode_step(m);
   openmla::py::bind_prefill(m);
+  openmla::py::bind_prefill_call(m);
+  openmla::py::bind_kv_cache_call(m);
   openmla::py::bind_reference(m);
 }

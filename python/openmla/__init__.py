@@ -10,7 +10,8 @@ can switch by changing one import:
 
 Besides the decode functions, the package exports the FP8 KV-cache codec (``quantize_kv_cache``,
 ``dequantize_kv_cache``, ``append_kv_cache``), ``query_capability``, ``version`` and ``build_commit``,
-and the CPU reference implementations as ``openmla.reference``.
+and the CPU reference implementations as ``openmla.reference``. Where torch is importable, importing the
+package also registers the torch custom ops ``torch.ops.openmla.*`` (python/openmla/_torch_ops.py).
 
 Importing the package needs neither torch nor a GPU. Torch is used at run time, where present, to
 allocate outputs and find the current stream.
@@ -108,6 +109,20 @@ else:
     _MISSING["reference"] = (
         "openmla.reference is not available: python/openmla/reference.py is missing from this installation"
     )
+
+
+# torch.ops.openmla.* (python/openmla/_torch_ops.py), where torch is importable. A failure to register them leaves
+# the rest of the package usable and is reported once, as a warning.
+from ._runtime import has_torch as _has_torch  # noqa: E402
+
+if _has_torch():
+    try:
+        from . import _torch_ops  # noqa: F401
+    except Exception as _err:  # pragma: no cover - depends on the torch build
+        import warnings
+
+        warnings.warn(f"openmla: the torch custom ops torch.ops.openmla.* could not be registered: "
+                      f"{type(_err).__name__}: {_err}", RuntimeWarning, stacklevel=2)
 
 
 def __getattr__(name: str):

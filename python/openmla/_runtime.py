@@ -22,6 +22,20 @@ def require_torch(what: str):
     return _torch
 
 
+def torch_tensors_read_in_place() -> bool:
+    """Whether the binding reads torch tensors by itself: torch >= 2.10 publishes the DLPack C exchange API on
+    torch.Tensor, through which the binding reads a tensor, torch's current stream and allocates outputs without a
+    Python call into torch (python/csrc/object_tensors.h). Looked up on a CPU tensor: no GPU is touched."""
+    if _torch is None:
+        return False
+    try:
+        from . import _openmla
+
+        return bool(_openmla.read_tensor(_torch.empty(0, device="cpu"))[-1])
+    except Exception:  # pragma: no cover - depends on the torch build
+        return False
+
+
 def is_torch_tensor(x) -> bool:
     return _torch is not None and isinstance(x, _torch.Tensor)
 

@@ -1,33 +1,54 @@
 """MLA decode with DeepSeek ``flash_mla``'s Python interface: dense mode over a paged BF16/FP16 cache, and
 sparse top-k mode over an FP8 cache (DeepSeek-V3.2 / MODEL1 sparse attention, selected by ``indices``).
 
-Drop-in usage (one schedule object per decoding step, shared by every layer of that step)::
+Two ways to hold the schedule, as in flash_mla's two API generations (docs/python-api.md):
 
-    import openmla as flash_mla
+* Object style (flash_mla today, vLLM): one ``FlashMLASchedMeta`` per decoding step, shared by every layer::
 
-    sched_meta, _ = flash_mla.get_mla_metadata()
-    for layer in layers:
-        out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache[layer], block_table, cache_seqlens, 512,
-                                                    sched_meta, causal=True)
-        # sparse: flash_mla.flash_mla_with_kvcache(q, fp8_cache[layer], None, None, 512, sched_meta,
-        #                                          is_fp8_kvcache=True, indices=indices[layer], ...)
+      import openmla as flash_mla
 
-The first call that receives ``sched_meta`` allocates the schedule and the split-KV scratch buffers on
-q's device and computes the schedule on the GPU from ``cache_seqlens`` (dense) or ``topk_length`` /
-``extra_topk_length`` (sparse), with no host synchronisation; later calls reuse them. Everything here is
-CUDA-graph capturable: capture ``get_mla_metadata()`` and the calls of one step together and the schedule
-is recomputed from the (updated in place) lengths on every replay. See docs/python-api.md.
+      sched_meta, _ = flash_mla.get_mla_metadata()
+      for layer in layers:
+          out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache[layer], block_table, cache_seqlens, 512,
+                                                      sched_meta, causal=True)
 
-Argument checks (dtypes, shapes, strides, devices) live in the C++ API; its messages reach the caller
-unchanged as ValueError (bad argument), NotImplementedError (not supported) or RuntimeError (CUDA).
+  The first call that receives ``sched_meta`` allocates the schedule and the split-KV scratch on q's device and
+  computes the schedule on the GPU from ``cache_seqlens`` (dense) or ``topk_length`` / ``extra_topk_length``
+  (sparse), with no host synchronisation; later calls reuse them.
+
+* Tensor style (flash_mla's older API, SGLang): the schedule as two int32 tensors, planned on the GPU when
+  ``get_mla_metadata`` is called with arguments::
+
+      tile_md, num_splits = flash_mla.get_mla_metadata(cache_seqlens, s_q * h_q // h_kv, h_kv)
+      out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, tile_md, num_splits,
+                                                  causal=True)
+
+  The split-KV scratch of tensor-style calls comes from a pool kept per (device, stream).
+
+Everything here is CUDA-graph capturable, and under ``torch.compile`` both styles become the torch custom ops
+``torch.ops.openmla.*`` (python/openmla/_torch_ops.py).
+
+Host cost: with torch >= 2.10 (the DLPack C exchange API) a call whose schedule is planned goes straight to the
+binding (python/csrc/bind_decode_step.cpp), which reads the tensors, the current stream and allocates missing
+outputs without a Python call into torch; every other call takes the general path below, which checks the
+arguments in Python first so that its errors name what is wrong. Argument checks of dtypes, shapes, strides and
+devices live in the C++ API and run on every call either way; their messages reach the caller unchanged as
+ValueError (bad argument), NotImplementedError (not supported) or RuntimeError (CUDA).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 from typing import Any, Optional
 
 from . import _openmla as _C
-from ._runtime import as_byte_view, is_torch_tensor, require_torch, stream_of
+from ._runtime import as_byte_view, is_torch_tensor, require_torch, torch_tensors_read_in_place
+
+try:  # torch is optional: importing OpenMLA needs neither torch nor a GPU
+    import torch as _torch
+except Exception:  # pragma: no cover - depends on the machine
+    _torch = None
 
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache"]
 
@@ -36,6 +57,21 @@ __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache"]
 _FP8_LAYOUTS = {656: ("fp8_v32", 576, "V3.2"), 584: ("fp8_model1", 512, "MODEL1")}
 # Arguments that only sparse mode (indices given) takes.
 _SPARSE_ONLY = ("attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length")
+
+
+if _torch is not None:
+    _IN_PLACE = torch_tensors_read_in_place()
+    _is_compiling = getattr(getattr(_torch, "compiler", None), "is_compiling", None) or (lambda: False)
+    # The general path's few torch calls, without the cost of active torch-function modes (set_default_device
+    # installs one: every tensor attribute then goes through Python).
+    _plain_torch = getattr(_torch._C, "DisableTorchFunction", contextlib.nullcontext)
+else:  # pragma: no cover - depends on the machine
+    _IN_PLACE = False
+    _is_compiling = None
+    _plain_torch = contextlib.nullcontext
+
+# First-use planning of any FlashMLASchedMeta: the object is planned once even when threads share it.
+_PLAN_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +100,8 @@ class _Config:
 
 
 class FlashMLASchedMeta:
-    """Decode schedule of one decoding step, filled on first use by :func:`flash_mla_with_kvcache`.
+    """Decode schedule of one decoding step (the object style), filled on first use by
+    :func:`flash_mla_with_kvcache`.
 
     Fields (flash_mla-compatible):
       have_initialized (bool): False until the first call planned the schedule.
@@ -83,9 +120,18 @@ class FlashMLASchedMeta:
     dense mode, ``topk_length`` / ``extra_topk_length`` in sparse mode; every layer of one step). A call whose
     shapes or flags differ raises ValueError naming the field; the length values are not checked (that would
     need a host synchronisation).
+
+    Threads: the first use plans under a lock, so an object shared by threads is planned once. Calls that share
+    the object share its schedule and split-KV scratch: a call on another CUDA stream than the previous one
+    first waits (on the GPU) for the work already enqueued with the object, so sharing across streams is correct
+    but serialised. For concurrent streams, use one object per stream.
     """
 
     Config = _Config
+    # The binding's DecodeStep once planned (the per-call entry point), and the (metadata, num_splits) tensors of
+    # a plan traced by torch.compile.
+    _step = None
+    _traced = None
 
     def __init__(self):
         self.have_initialized: bool = False
@@ -103,16 +149,37 @@ class FlashMLASchedMeta:
         return f"FlashMLASchedMeta(have_initialized=True, config={self.config})"
 
 
-def get_mla_metadata(*args, **kwargs):
-    """Returns ``(FlashMLASchedMeta(), None)``: an empty schedule for one decoding step.
+def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads_k=None, num_heads_q=None,
+                     is_fp8_kvcache=False, topk=None):
+    """The schedule of one decoding step, in either of flash_mla's two styles.
 
-    Every argument is accepted and ignored (flash_mla kept the old positional signature
-    ``(cache_seqlens, s_q * h_q // h_kv, h_kv, h_q, is_fp8, topk)`` for compatibility; the schedule is now
-    computed inside the first :func:`flash_mla_with_kvcache` call). Allocates nothing and launches nothing,
-    so it may be called inside CUDA-graph capture.
+    Without ``cache_seqlens`` (object style, flash_mla today): returns ``(FlashMLASchedMeta(), None)``, an
+    empty schedule that the first :func:`flash_mla_with_kvcache` call receiving it plans. The other arguments
+    are ignored. Allocates nothing and launches nothing, so it may be called inside CUDA-graph capture.
+
+    With ``cache_seqlens`` (tensor style, flash_mla's older API, SGLang): returns
+    ``(tile_scheduler_metadata, num_splits)``, new int32 tensors on cache_seqlens' device, computed on the GPU
+    on the current stream (no host synchronisation):
+
+      cache_seqlens: (b,) int32 CUDA tensor, the cached lengths (dense); in sparse mode only its length b is used.
+      num_q_tokens_per_head_k: s_q * h_q // h_kv, query rows per KV head.
+      num_heads_k: h_kv.
+      num_heads_q: h_q (needed in sparse mode; in dense mode it only splits the rows into s_q and h_q).
+      is_fp8_kvcache, topk: sparse mode (both given): the schedule of sparse decode over topk slots per query.
+
+    Returns (num_sm_parts, 8) and (b + 1,) int32 tensors, to pass to :func:`flash_mla_with_kvcache` as
+    ``tile_scheduler_metadata`` and ``num_splits``. Their shapes depend on the head geometry and b only, so they
+    can be copied into static buffers of a captured CUDA graph (SGLang's pattern).
     """
-    del args, kwargs
-    return FlashMLASchedMeta(), None
+    if cache_seqlens is None:
+        return FlashMLASchedMeta(), None
+    b, s_q, h_q, h_kv, sparse, topk = _metadata_problem(cache_seqlens, num_q_tokens_per_head_k, num_heads_k,
+                                                        num_heads_q, is_fp8_kvcache, topk)
+    if _is_compiling is not None and _is_compiling():
+        return _torch.ops.openmla.get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q,
+                                                   bool(is_fp8_kvcache), topk)
+    return _plan_metadata(cache_seqlens, cache_seqlens, None, None, batch=b, s_q=s_q, h_q=h_q, h_kv=h_kv,
+                          sparse=sparse, topk=topk or 0, extra_topk=0)
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
@@ -152,8 +219,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
 
     Both modes:
       head_dim_v: 512.
-      tile_scheduler_metadata: the FlashMLASchedMeta from :func:`get_mla_metadata`, planned on first use.
-      num_splits: must be None (kept for flash_mla's positional order).
+      tile_scheduler_metadata, num_splits: the schedule, in either style of :func:`get_mla_metadata`: a
+        FlashMLASchedMeta (planned on first use) with num_splits None, or the two tensors of
+        get_mla_metadata(cache_seqlens, ...).
       softmax_scale: scale of q.k; None means q.shape[-1] ** -0.5.
       out: optional (b, s_q, h_q, head_dim_v) tensor of q's dtype to write into (last dim contiguous).
       lse: optional (b, h_q, s_q) float32 tensor to write into (any strides).
@@ -163,7 +231,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
       of the sum of exp(softmax_scale * q.k) over the visible (dense) or selected valid (sparse) keys, +inf
       for a row with no such key, whose out is 0 (whatever the sink). A freshly allocated lse is a transposed
       view of (b, s_q, h_q) storage (do not assume contiguity). When ``out`` / ``lse`` are given, those same
-      tensors are returned.
+      tensors are returned and nothing is allocated.
 
     Raises:
       ValueError: a bad argument (the message names it), or a reused schedule whose recorded shapes or
@@ -171,60 +239,164 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
       NotImplementedError: an unsupported combination (e.g. an FP8 cache in dense mode).
       RuntimeError: a CUDA error.
     """
-    sched = tile_scheduler_metadata
-    if not isinstance(sched, FlashMLASchedMeta):
-        raise TypeError("argument 'tile_scheduler_metadata' must be the FlashMLASchedMeta returned by "
-                        f"openmla.get_mla_metadata(), got {type(sched).__name__}")
-    if num_splits is not None:
-        raise ValueError("argument 'num_splits' must be None: the split counts are kept in the FlashMLASchedMeta "
-                         "passed as tile_scheduler_metadata (get_mla_metadata() returns None for num_splits)")
-    if indices is not None:
-        return _sparse_decode(q, k_cache, head_dim_v, sched, softmax_scale, causal, is_fp8_kvcache, indices,
-                              attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length,
-                              out, lse)
-    sparse_args = dict(attn_sink=attn_sink, extra_k_cache=extra_k_cache,
-                       extra_indices_in_kvcache=extra_indices_in_kvcache, topk_length=topk_length,
-                       extra_topk_length=extra_topk_length)
-    for name in _SPARSE_ONLY:
-        if sparse_args[name] is not None:
-            raise ValueError(f"argument '{name}' is a sparse-decode argument but 'indices' is None: pass indices "
-                             "(with is_fp8_kvcache=True) for sparse decode; dense decode takes no " + name)
-    if is_fp8_kvcache:
-        raise NotImplementedError("is_fp8_kvcache=True without 'indices': dense decode over an FP8 cache is not "
-                                  "supported (as in flash_mla, FP8 caches are read by sparse decode only: pass "
-                                  "indices)")
-
-    torch = require_torch("flash_mla_with_kvcache")
-    # Only what allocating the outputs and the workspace needs is checked here; the C++ API checks the rest.
-    _require_cuda_tensor(q, "q", "(b, s_q, h_q, d_qk)")
-    _require_cuda_tensor(k_cache, "k_cache", "(num_blocks, page_block_size, h_kv, d_qk)")
-    b, s_q, h_q, d_qk = (int(x) for x in q.shape)
-    d_v = int(head_dim_v)
-    config = _Config(b=b, s_q=s_q, h_q=h_q, page_block_size=int(k_cache.shape[1]), h_k=int(k_cache.shape[2]),
-                     causal=bool(causal), is_fp8_kvcache=False, topk=None, extra_page_block_size=None,
-                     extra_topk=None, d_qk=d_qk, d_v=d_v, device=q.device)
-    problem = dict(batch=b, s_q=s_q, h_q=h_q, h_kv=config.h_k, d_qk=d_qk, d_v=d_v,
-                   page_block_size=config.page_block_size,
-                   cache_format="fp16" if q.dtype == torch.float16 else "bf16", causal=config.causal,
-                   num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count)
-    scale = float(q.shape[-1]) ** -0.5 if softmax_scale is None else float(softmax_scale)
-
-    def plan(metadata, splits, counters, stream):
-        _C.plan_decode(_dl(cache_seqlens), _dl(metadata), _dl(splits), merge_counters=_dl(counters), stream=stream,
-                       **problem)
-
-    def launch(out, lse, stream):
-        _C.dense_decode(_dl(q), _dl(k_cache), _dl(block_table), _dl(cache_seqlens),
-                        _dl(sched.tile_scheduler_metadata), _dl(sched.num_splits), _dl(sched.partial_o),
-                        _dl(sched.partial_lse), _dl(out), _dl(lse), merge_counters=_dl(sched.merge_counters),
-                        softmax_scale=scale, stream=stream, **problem)
-
-    return _run(torch, sched, config, problem, q, plan, launch, out, lse)
+    if _is_compiling is not None and _is_compiling():
+        return _traced_call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                            softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
+                            extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse)
+    # The per-layer call of a planned step, first: no Python work beyond telling the mode apart.
+    if _IN_PLACE:
+        if num_splits is None:
+            step = getattr(tile_scheduler_metadata, "_step", None)
+            if step is not None:
+                if indices is None:
+                    if (block_table is not None and cache_seqlens is not None and not is_fp8_kvcache
+                            and attn_sink is None and extra_k_cache is None and extra_indices_in_kvcache is None
+                            and topk_length is None and extra_topk_length is None):
+                        result = step.dense(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal,
+                                            out, lse)
+                        if result is not None:
+                            return result
+                elif is_fp8_kvcache and not causal:
+                    result = step.sparse(q, k_cache, indices, head_dim_v, softmax_scale, attn_sink, extra_k_cache,
+                                         extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse)
+                    if result is not None:
+                        return result
+        elif (not isinstance(tile_scheduler_metadata, FlashMLASchedMeta)
+              and (indices is not None or (block_table is not None and cache_seqlens is not None
+                                           and not is_fp8_kvcache))
+              and (indices is None or (is_fp8_kvcache and not causal))):
+            result = _C.decode_with_metadata(_SCRATCH, q, k_cache, block_table, cache_seqlens, head_dim_v,
+                                             tile_scheduler_metadata, num_splits, softmax_scale, causal, indices,
+                                             attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
+                                             extra_topk_length, out, lse)
+            if result is not None:
+                return result
+    with _plain_torch():
+        return _general_call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                             num_splits, softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
+                             extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse)
 
 
-def _sparse_decode(q, k_cache, head_dim_v, sched, softmax_scale, causal, is_fp8_kvcache, indices, attn_sink,
-                   extra_k_cache, extra_indices, topk_length, extra_topk_length, out, lse):
-    """Sparse mode of :func:`flash_mla_with_kvcache` (indices given)."""
+# ---------------------------------------------------------------------------------------------------------------
+# The general path: first use of a schedule, old torch, and every call that must be told what is wrong with it
+# ---------------------------------------------------------------------------------------------------------------
+def _general_call(q, k_cache, block_table, cache_seqlens, head_dim_v, sched, num_splits, softmax_scale, causal,
+                  is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length,
+                  out, lse):
+    tensor_style = _schedule_style(sched, num_splits)
+    if indices is None:
+        _check_dense_mode(block_table, cache_seqlens, is_fp8_kvcache, attn_sink, extra_k_cache, extra_indices,
+                          topk_length, extra_topk_length)
+        torch = require_torch("flash_mla_with_kvcache")
+        # Only what the schedule and the outputs need is checked here; the C++ API checks the rest.
+        _require_cuda_tensor(q, "q", "(b, s_q, h_q, d_qk)")
+        _require_cuda_tensor(k_cache, "k_cache", "(num_blocks, page_block_size, h_kv, d_qk)")
+        b, s_q, h_q, d_qk = (int(x) for x in q.shape)
+        config = _Config(b=b, s_q=s_q, h_q=h_q, page_block_size=int(k_cache.shape[1]), h_k=int(k_cache.shape[2]),
+                         causal=bool(causal), is_fp8_kvcache=False, topk=None, extra_page_block_size=None,
+                         extra_topk=None, d_qk=d_qk, d_v=int(head_dim_v), device=q.device)
+        cache_format = "fp16" if q.dtype == torch.float16 else "bf16"
+    else:
+        cache_format, config = _sparse_config(q, k_cache, head_dim_v, causal, is_fp8_kvcache, indices, extra_k_cache,
+                                              extra_indices, topk_length, extra_topk_length)
+        torch = _torch
+    stream = None if _IN_PLACE else torch.cuda.current_stream(q.device).cuda_stream
+    if out is None:
+        out = torch.empty((config.b, config.s_q, config.h_q, config.d_v), dtype=q.dtype, device=q.device)
+    if lse is None:
+        # Stored position-major like the kernel's rows, returned in flash_mla's logical order.
+        lse = torch.empty((config.b, config.s_q, config.h_q), dtype=torch.float32, device=q.device).transpose(1, 2)
+    if tensor_style:
+        result = _C.decode_with_metadata(_SCRATCH, q, as_byte_view(k_cache) if indices is not None else k_cache,
+                                         block_table, cache_seqlens, int(head_dim_v), sched, num_splits,
+                                         _scale(softmax_scale, config.d_qk), bool(causal), indices, attn_sink,
+                                         None if extra_k_cache is None else as_byte_view(extra_k_cache),
+                                         extra_indices, topk_length, extra_topk_length, out, lse, stream)
+        if result is None:  # pragma: no cover - the checks above leave nothing the binding would turn down
+            raise ValueError("flash_mla_with_kvcache: the arguments do not describe a decode call; see the shapes in "
+                             "the docstring")
+        return result
+
+    step, planned_now = sched._step, False
+    if step is None:
+        with _PLAN_LOCK:
+            step = sched._step
+            if step is None:
+                step = _plan_step(torch, sched, config, cache_format, cache_seqlens, topk_length, extra_topk_length,
+                                  stream)
+                planned_now = True
+                try:
+                    result = _launch(step, q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal,
+                                     indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length,
+                                     out, lse, stream)
+                except Exception:
+                    # The arguments were rejected (nothing ran but the plan): the object stays unused, so it can be
+                    # reused with correct arguments.
+                    sched.__init__()
+                    raise
+                sched._step = step  # published last: other threads see a planned object or none
+                return result
+    if not planned_now:
+        _check_same_config(sched.config, config)
+    return _launch(step, q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, indices, attn_sink,
+                   extra_k_cache, extra_indices, topk_length, extra_topk_length, out, lse, stream)
+
+
+def _launch(step, q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, indices, attn_sink,
+            extra_k_cache, extra_indices, topk_length, extra_topk_length, out, lse, stream):
+    if indices is None:
+        result = step.dense(q, k_cache, block_table, cache_seqlens, int(head_dim_v), softmax_scale, bool(causal), out,
+                            lse, stream)
+    else:
+        # The C++ API reads FP8 caches as bytes; a uint8 view also spares older DLPack exports the float8 dtype.
+        result = step.sparse(q, as_byte_view(k_cache), indices, int(head_dim_v), softmax_scale, attn_sink,
+                             None if extra_k_cache is None else as_byte_view(extra_k_cache), extra_indices,
+                             topk_length, extra_topk_length, out, lse, stream)
+    if result is None:
+        # The recorded config matched, so a tensor that must be on the schedule's device is not.
+        others = (("k_cache", k_cache), ("indices", indices), ("extra_k_cache", extra_k_cache),
+                  ("extra_indices_in_kvcache", extra_indices))
+        name, t = next(((n, t) for n, t in others if t is not None and t.device != q.device), ("k_cache", k_cache))
+        raise ValueError(f"argument '{name}' is on {t.device} but 'q' and the schedule are on {q.device}: every tensor "
+                         "of a call must be on one device")
+    return result
+
+
+def _plan_step(torch, sched: FlashMLASchedMeta, config: _Config, cache_format: str, cache_seqlens, topk_length,
+               extra_topk_length, stream):
+    """First use: size (this also validates the problem), allocate on q's device, plan on the current stream."""
+    dev = config.device
+    sparse = config.is_fp8_kvcache
+    problem = dict(batch=config.b, s_q=config.s_q, h_q=config.h_q, h_kv=config.h_k, d_qk=config.d_qk, d_v=config.d_v,
+                   page_block_size=config.page_block_size, cache_format=cache_format, causal=config.causal,
+                   sparse=sparse, topk=config.topk or 0, extra_topk=config.extra_topk or 0,
+                   extra_page_block_size=config.extra_page_block_size or 0,
+                   num_sms=_C.device_sm_count(_device_index(dev)))
+    sizes = _C.get_decode_workspace_sizes(**problem)
+    metadata = torch.empty((sizes["num_sm_parts"], _C.DECODE_SCHEDULE_RECORD_INTS), dtype=torch.int32, device=dev)
+    splits = torch.empty((sizes["num_splits_ints"],), dtype=torch.int32, device=dev)
+    partial_o = torch.empty((sizes["partial_rows"], config.d_v), dtype=torch.float32, device=dev)
+    partial_lse = torch.empty((sizes["partial_rows"],), dtype=torch.float32, device=dev)
+    # Zeroed by every plan; dense decode's in-kernel merge of two-chunk split requests counts with them.
+    counters = torch.empty((max(int(sizes["merge_counter_ints"]), 1),), dtype=torch.int32, device=dev)
+    step = _C.DecodeStep(metadata, splits, counters, partial_o, partial_lse, device_id=_device_index(dev),
+                         topk_length_given=config.topk_length_given,
+                         extra_topk_length_given=config.extra_topk_length_given, **problem)
+    step.plan(None if sparse else cache_seqlens, topk_length, extra_topk_length, stream)
+    sched.tile_scheduler_metadata = metadata
+    sched.num_splits = splits
+    sched.partial_o = partial_o
+    sched.partial_lse = partial_lse
+    sched.merge_counters = counters
+    sched.workspace_sizes = sizes
+    sched.config = config
+    sched.have_initialized = True
+    return step
+
+
+def _sparse_config(q, k_cache, head_dim_v, causal, is_fp8_kvcache, indices, extra_k_cache, extra_indices,
+                   topk_length, extra_topk_length):
+    """Sparse mode's checks that come before the C++ API, and the config of the call."""
     # Checks that need no tensor: the mode's flags and which optional arguments go together.
     if not is_fp8_kvcache:
         raise ValueError("argument 'is_fp8_kvcache' is False but 'indices' was given: sparse decode reads an FP8 "
@@ -246,7 +418,7 @@ def _sparse_decode(q, k_cache, head_dim_v, sched, softmax_scale, causal, is_fp8_
             raise ValueError(f"argument 'extra_k_cache' has {int(extra_k_cache.shape[-1])} bytes per token but "
                              f"'k_cache' has {int(k_cache.shape[-1])}: both caches must have the same FP8 layout")
 
-    torch = require_torch("flash_mla_with_kvcache")
+    require_torch("flash_mla_with_kvcache")
     _require_cuda_tensor(q, "q", "(b, s_q, h_q, d_qk)")
     _require_cuda_tensor(k_cache, "k_cache", "(num_blocks, page_block_size, 1, bytes_per_token)")
     _require_cuda_tensor(indices, "indices", "(b, s_q, topk)", ndim=3)
@@ -257,81 +429,178 @@ def _sparse_decode(q, k_cache, head_dim_v, sched, softmax_scale, causal, is_fp8_
     if d_qk != layout_d_qk:
         raise ValueError(f"argument 'q' has d_qk = {d_qk} but 'k_cache' ({int(k_cache.shape[-1])} bytes per token) "
                          f"is the {layout_name} FP8 layout, whose d_qk is {layout_d_qk}")
-    d_v = int(head_dim_v)
-    topk = int(indices.shape[-1])
-    extra_topk = int(extra_indices.shape[-1]) if extra_k_cache is not None else None
-    extra_page = int(extra_k_cache.shape[1]) if extra_k_cache is not None else None
+    extra = extra_k_cache is not None
     config = _Config(b=b, s_q=s_q, h_q=h_q, page_block_size=int(k_cache.shape[1]), h_k=int(k_cache.shape[2]),
-                     causal=False, is_fp8_kvcache=True, topk=topk, extra_page_block_size=extra_page,
-                     extra_topk=extra_topk, d_qk=d_qk, d_v=d_v, device=q.device,
-                     topk_length_given=topk_length is not None, extra_topk_length_given=extra_topk_length is not None)
-    problem = dict(batch=b, s_q=s_q, h_q=h_q, h_kv=config.h_k, d_qk=d_qk, d_v=d_v,
-                   page_block_size=config.page_block_size, cache_format=cache_format, causal=False, sparse=True,
-                   topk=topk, extra_topk=extra_topk or 0, extra_page_block_size=extra_page or 0,
-                   num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count)
-    scale = float(q.shape[-1]) ** -0.5 if softmax_scale is None else float(softmax_scale)
-    # The C++ API reads FP8 caches as bytes; a uint8 view also spares DLPack the float8 dtype.
-    cache_bytes = as_byte_view(k_cache)
-    extra_bytes = None if extra_k_cache is None else as_byte_view(extra_k_cache)
-
-    def plan(metadata, splits, counters, stream):
-        # cache_seqlens plays no part in sparse decode: the schedule follows topk / topk_length. The sparse main
-        # kernel does not merge in-kernel (the combine kernel merges its split requests); the counters are only
-        # zeroed.
-        _C.plan_decode(None, _dl(metadata), _dl(splits), topk_length=_opt(topk_length), merge_counters=_dl(counters),
-                       extra_topk_length=_opt(extra_topk_length), stream=stream, **problem)
-
-    def launch(out, lse, stream):
-        _C.sparse_decode(_dl(q), _dl(cache_bytes), _dl(indices), _dl(sched.tile_scheduler_metadata),
-                         _dl(sched.num_splits), _dl(sched.partial_o), _dl(sched.partial_lse), _dl(out), _dl(lse),
-                         topk_length=_opt(topk_length), attn_sink=_opt(attn_sink), extra_k_cache=_opt(extra_bytes),
-                         extra_indices=_opt(extra_indices), extra_topk_length=_opt(extra_topk_length),
-                         softmax_scale=scale, stream=stream, **problem)
-
-    return _run(torch, sched, config, problem, q, plan, launch, out, lse)
+                     causal=False, is_fp8_kvcache=True, topk=int(indices.shape[-1]),
+                     extra_page_block_size=int(extra_k_cache.shape[1]) if extra else None,
+                     extra_topk=int(extra_indices.shape[-1]) if extra else None, d_qk=d_qk, d_v=int(head_dim_v),
+                     device=q.device, topk_length_given=topk_length is not None,
+                     extra_topk_length_given=extra_topk_length is not None)
+    return cache_format, config
 
 
-def _run(torch, sched: FlashMLASchedMeta, config: _Config, problem: dict, q, plan, launch, out, lse):
-    """Plans on first use (or checks the recorded config), allocates missing outputs, launches on q's stream."""
-    b, s_q, h_q, d_v = config.b, config.s_q, config.h_q, config.d_v
-    with torch.cuda.device(q.device):
-        stream = stream_of(q)
-        planned_now = not sched.have_initialized
-        if planned_now:
-            _plan(torch, sched, config, problem, plan, stream)
-        else:
-            _check_same_config(sched.config, config)
-        if out is None:
-            out = torch.empty((b, s_q, h_q, d_v), dtype=q.dtype, device=q.device)
-        if lse is None:
-            # Stored position-major like the kernel's rows, returned in flash_mla's logical order.
-            lse = torch.empty((b, s_q, h_q), dtype=torch.float32, device=q.device).transpose(1, 2)
-        try:
-            launch(out, lse, stream)
-        except Exception:
-            # The arguments were rejected (nothing ran): do not pin this call's shapes on the schedule.
-            if planned_now:
-                sched.__init__()
-            raise
+def _check_dense_mode(block_table, cache_seqlens, is_fp8_kvcache, attn_sink, extra_k_cache, extra_indices,
+                      topk_length, extra_topk_length) -> None:
+    sparse_args = dict(attn_sink=attn_sink, extra_k_cache=extra_k_cache, extra_indices_in_kvcache=extra_indices,
+                       topk_length=topk_length, extra_topk_length=extra_topk_length)
+    for name in _SPARSE_ONLY:
+        if sparse_args[name] is not None:
+            raise ValueError(f"argument '{name}' is a sparse-decode argument but 'indices' is None: pass indices "
+                             "(with is_fp8_kvcache=True) for sparse decode; dense decode takes no " + name)
+    if is_fp8_kvcache:
+        raise NotImplementedError("is_fp8_kvcache=True without 'indices': dense decode over an FP8 cache is not "
+                                  "supported (as in flash_mla, FP8 caches are read by sparse decode only: pass "
+                                  "indices)")
+    for name, value, shape in (("block_table", block_table, "(b, max_blocks_per_seq) int32"),
+                               ("cache_seqlens", cache_seqlens, "(b,) int32")):
+        if value is None:
+            raise ValueError(f"argument '{name}' is None, but dense decode (indices=None) needs it: a {shape} CUDA "
+                             "tensor (only sparse decode, with indices, takes None here)")
+
+
+def _schedule_style(sched, num_splits) -> bool:
+    """True for the tensor style (metadata and num_splits tensors), False for a FlashMLASchedMeta; else raises."""
+    if isinstance(sched, FlashMLASchedMeta):
+        if num_splits is not None:
+            raise ValueError("argument 'num_splits' must be None with a FlashMLASchedMeta (object style: the split "
+                             "counts are kept in the object); pass the tensors of get_mla_metadata(cache_seqlens, ...) "
+                             "as tile_scheduler_metadata and num_splits for the tensor style")
+        return False
+    if is_torch_tensor(sched) or hasattr(sched, "__dlpack__"):
+        if num_splits is None:
+            raise ValueError("argument 'num_splits' is None but 'tile_scheduler_metadata' is a tensor: the tensor "
+                             "style passes both tensors of get_mla_metadata(cache_seqlens, ...); for the object style "
+                             "pass the FlashMLASchedMeta of get_mla_metadata() (no arguments) and num_splits=None")
+        return True
+    raise TypeError("argument 'tile_scheduler_metadata' must be the FlashMLASchedMeta of openmla.get_mla_metadata() "
+                    "or the tile_scheduler_metadata tensor of get_mla_metadata(cache_seqlens, ...), got "
+                    f"{type(sched).__name__}")
+
+
+def _scale(softmax_scale, d_qk: int) -> float:
+    return float(d_qk) ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tensor style
+# ---------------------------------------------------------------------------------------------------------------
+def _allocate_scratch(device_index: int, rows: int, d_v: int, counters: int):
+    """The split-KV scratch of tensor-style calls on one (device, stream), for SplitScratchPool (on a pool miss
+    only: the first call on a stream, or a call larger than any before). The counters start at zero."""
+    torch = _torch
+    with _plain_torch():
+        dev = torch.device("cuda", device_index)
+        return (torch.empty((rows, d_v), dtype=torch.float32, device=dev),
+                torch.empty((rows,), dtype=torch.float32, device=dev),
+                torch.zeros((counters,), dtype=torch.int32, device=dev))
+
+
+_SCRATCH = _C.SplitScratchPool(_allocate_scratch)
+
+
+def _metadata_problem(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache, topk):
+    """(b, s_q, h_q, h_kv, sparse, topk) of get_mla_metadata's tensor style, checked."""
+    shape = getattr(cache_seqlens, "shape", None)
+    if shape is None or len(shape) != 1:
+        raise TypeError("argument 'cache_seqlens' must be a (b,) int32 CUDA tensor (tensor style; call "
+                        f"get_mla_metadata() without arguments for the object style), got {type(cache_seqlens).__name__}"
+                        + (f" of shape {tuple(shape)}" if shape is not None else ""))
+    for name, value in (("num_q_tokens_per_head_k", num_q_tokens_per_head_k), ("num_heads_k", num_heads_k)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"argument '{name}' must be a positive int, got {value!r}")
+    if num_heads_q is not None and (not isinstance(num_heads_q, int) or isinstance(num_heads_q, bool)
+                                    or num_heads_q < 1):
+        raise ValueError(f"argument 'num_heads_q' must be None or a positive int, got {num_heads_q!r}")
+    rows, h_kv = num_q_tokens_per_head_k, num_heads_k
+    sparse = topk is not None
+    if is_fp8_kvcache and not sparse:
+        raise NotImplementedError("get_mla_metadata(..., is_fp8_kvcache=True) without 'topk': dense decode over an "
+                                  "FP8 cache is not supported (FP8 caches are read by sparse decode only: pass topk)")
+    if sparse:
+        if not is_fp8_kvcache:
+            raise ValueError("argument 'topk' was given but 'is_fp8_kvcache' is False: sparse decode reads an FP8 "
+                             "cache only; pass is_fp8_kvcache=True")
+        if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+            raise ValueError(f"argument 'topk' must be a positive int, got {topk!r}")
+        if num_heads_q is None:
+            raise ValueError("argument 'num_heads_q' is required in sparse mode (topk given): the schedule depends on "
+                             "the query heads")
+        if h_kv != 1:
+            raise ValueError(f"argument 'num_heads_k' is {h_kv}; sparse decode attends one latent KV head (1)")
+    h_q = num_heads_q if num_heads_q is not None else rows * h_kv
+    if (rows * h_kv) % h_q != 0:
+        raise ValueError(f"argument 'num_q_tokens_per_head_k' ({rows}) times num_heads_k ({h_kv}) is not a multiple "
+                         f"of num_heads_q ({h_q}): it must be s_q * num_heads_q // num_heads_k")
+    return shape[0], rows * h_kv // h_q, h_q, h_kv, sparse, topk  # shape[0] stays symbolic under torch.compile
+
+
+def _plan_metadata(like, cache_seqlens, topk_length, extra_topk_length, *, batch, s_q, h_q, h_kv, sparse, topk,
+                   extra_topk):
+    """New (tile_scheduler_metadata, num_splits) on like's device, planned on the GPU from cache_seqlens (dense) or
+    topk_length / extra_topk_length (sparse)."""
+    problem = dict(batch=batch, s_q=s_q, h_q=h_q, h_kv=h_kv, sparse=sparse, topk=topk, extra_topk=extra_topk)
+    if _IN_PLACE:
+        result = _C.plan_metadata(like, cache_seqlens, topk_length, extra_topk_length, **problem)
+        if result is not None:
+            return result
+    torch = require_torch("get_mla_metadata")
+    if not is_torch_tensor(like) or not like.is_cuda:
+        raise ValueError(f"argument 'cache_seqlens' must be a CUDA tensor, got {type(like).__name__}"
+                         + (f" on {like.device}" if is_torch_tensor(like) else ""))
+    with _plain_torch():
+        dev = like.device
+        problem.update(cache_format="fp8_v32" if sparse else "bf16", num_sms=_C.device_sm_count(_device_index(dev)))
+        sizes = _C.get_decode_workspace_sizes(**problem)
+        metadata = torch.empty((sizes["num_sm_parts"], _C.DECODE_SCHEDULE_RECORD_INTS), dtype=torch.int32, device=dev)
+        splits = torch.empty((sizes["num_splits_ints"],), dtype=torch.int32, device=dev)
+        with torch.cuda.device(dev):
+            _C.plan_decode(None if sparse else cache_seqlens, metadata, splits, topk_length=topk_length,
+                           extra_topk_length=extra_topk_length, stream=torch.cuda.current_stream(dev).cuda_stream,
+                           **problem)
+    return metadata, splits
+
+
+def _device_index(device) -> int:
+    return device.index if device.index is not None else _torch.cuda.current_device()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch.compile: both styles become the custom ops of _torch_ops.py
+# ---------------------------------------------------------------------------------------------------------------
+def _traced_call(q, k_cache, block_table, cache_seqlens, head_dim_v, sched, num_splits, softmax_scale, causal,
+                 is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length,
+                 out, lse):
+    """flash_mla_with_kvcache as torch.compile traces it: a FlashMLASchedMeta is planned by the plan op the first
+    time the traced code uses it (like the first layer's call in eager mode), then every call is one decode op."""
+    ops = _torch.ops.openmla
+    if isinstance(sched, FlashMLASchedMeta):
+        if num_splits is not None:
+            raise ValueError("argument 'num_splits' must be None with a FlashMLASchedMeta (object style)")
+        if sched._traced is None:
+            sparse = indices is not None
+            has_extra = sparse and extra_k_cache is not None
+            sched._traced = ops.plan_schedule(
+                q, None if sparse else cache_seqlens, topk_length if sparse else None,
+                extra_topk_length if has_extra else None, q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2],
+                sparse, indices.shape[-1] if sparse else 0, extra_indices.shape[-1] if has_extra else 0)
+        metadata, num_splits = sched._traced
+    else:
+        metadata = sched
+    args = (q, k_cache, block_table, cache_seqlens, head_dim_v, metadata, num_splits, softmax_scale, bool(causal),
+            bool(is_fp8_kvcache), indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length)
+    if out is None and lse is None:
+        return ops.flash_mla_with_kvcache(*args)
+    if out is None:
+        out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], head_dim_v))
+    if lse is None:
+        lse = q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=_torch.float32).transpose(1, 2)
+    ops.flash_mla_with_kvcache_out(*args, out=out, lse=lse)
     return out, lse
 
 
-def _dl(t):
-    """What the binding receives for a tensor: the tensor itself.
-
-    nanobind imports it through Tensor.__dlpack__(max_version=...) without a stream argument, so torch
-    inserts no cross-stream synchronisation (CUDA-graph capture is unaffected) and nanobind owns the capsule
-    for the duration of the call. Handing it raw capsules from torch.utils.dlpack.to_dlpack instead crashed
-    the interpreter when the C++ API rejected a call (seen on the GPU machine with Python 3.12), so the
-    per-tensor export cost (a few microseconds, invisible under CUDA graphs) is accepted.
-    """
-    return t
-
-
-def _opt(t):
-    return None if t is None else _dl(t)
-
-
+# ---------------------------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------------------------
 def _require_cuda_tensor(t, name: str, shape: str, ndim: int = 4) -> None:
     if not is_torch_tensor(t):
         raise TypeError(f"argument '{name}' must be a torch.Tensor {shape}, got {type(t).__name__}")
@@ -355,28 +624,6 @@ def _fp8_layout(cache, name: str):
         raise ValueError(f"argument '{name}' has last dimension {bytes_per_token}; sparse decode needs an FP8 cache "
                          "with 656 bytes per token (V3.2 layout, d_qk 576) or 584 (MODEL1 layout, d_qk 512)")
     return _FP8_LAYOUTS[bytes_per_token]
-
-
-def _plan(torch, sched: FlashMLASchedMeta, config: _Config, problem: dict, plan, stream: int) -> None:
-    """First use: size (this also validates the problem), allocate on q's device, plan on `stream`."""
-    sizes = _C.get_decode_workspace_sizes(**problem)
-    dev = config.device
-    metadata = torch.empty((sizes["num_sm_parts"], _C.DECODE_SCHEDULE_RECORD_INTS), dtype=torch.int32, device=dev)
-    splits = torch.empty((sizes["num_splits_ints"],), dtype=torch.int32, device=dev)
-    partial_o = torch.empty((sizes["partial_rows"], config.d_v), dtype=torch.float32, device=dev)
-    partial_lse = torch.empty((sizes["partial_rows"],), dtype=torch.float32, device=dev)
-    # Zeroed by every plan; dense decode's in-kernel merge of two-chunk split requests counts with them.
-    counters = torch.empty((max(int(sizes["merge_counter_ints"]), 1),), dtype=torch.int32, device=dev)
-    plan(metadata, splits, counters, stream)
-    # Recorded only once planning succeeded, so a failed first call leaves the object reusable.
-    sched.tile_scheduler_metadata = metadata
-    sched.num_splits = splits
-    sched.partial_o = partial_o
-    sched.partial_lse = partial_lse
-    sched.merge_counters = counters
-    sched.workspace_sizes = sizes
-    sched.config = config
-    sched.have_initialized = True
 
 
 def _check_same_config(planned: _Config, current: _Config) -> None:

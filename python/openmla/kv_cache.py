@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 
 from . import _openmla
-from ._runtime import as_byte_view, is_torch_tensor, require_torch, stream_of
+from ._runtime import as_byte_view, is_torch_tensor, require_torch, stream_of, torch_tensors_read_in_place
 
 __all__ = ["quantize_kv_cache", "dequantize_kv_cache", "append_kv_cache", "FORMATS", "bytes_per_token", "head_dim"]
 
@@ -106,6 +106,10 @@ def append_kv_cache(new_kv, slots, cache, format: str = "v32") -> None:
 
     Every written token is bit-identical to what :func:`quantize_kv_cache` would write for it.
     """
+    # Engines call this for every layer of every step: torch tensors (torch >= 2.10) go straight to the binding,
+    # which reads them and torch's current stream in place (docs/python-api.md, "Host cost").
+    if _APPEND_IN_PLACE and _openmla.kv_cache_append_call(new_kv, slots, cache, format) is not None:
+        return
     with _device_of(cache):
         _openmla.kv_cache_append(_dlpack_arg(new_kv), _dlpack_arg(slots), _dlpack_arg(cache), format,
                                  stream_of(cache))
@@ -114,6 +118,7 @@ def append_kv_cache(new_kv, slots, cache, format: str = "v32") -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------------------
+_APPEND_IN_PLACE = torch_tensors_read_in_place()
 class _NoDevice:
     def __enter__(self):
         return self

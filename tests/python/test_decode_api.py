@@ -324,8 +324,9 @@ def test_workspace_sizes_follow_num_sms():
 # ---------------------------------------------------------------------------------------------------
 # The flash_mla-compatible layer: what it decides before needing torch or a GPU
 # ---------------------------------------------------------------------------------------------------
-def test_get_mla_metadata_ignores_arguments():
-    for args, kwargs in (((), {}), ((None, 128, 1, 128), {"is_fp8_kvcache": False}), ((1, 2, 3, 4, 5, 6), {})):
+def test_get_mla_metadata_without_cache_seqlens_is_the_object_style():
+    # flash_mla's current API: no cache_seqlens -> an empty schedule object; the other arguments are ignored.
+    for args, kwargs in (((), {}), ((None, 128, 1, 128), {"is_fp8_kvcache": False}), ((), {"topk": 2048})):
         meta, splits = dec.get_mla_metadata(*args, **kwargs)
         assert isinstance(meta, dec.FlashMLASchedMeta)
         assert splits is None
@@ -334,6 +335,51 @@ def test_get_mla_metadata_ignores_arguments():
     a, _ = dec.get_mla_metadata()
     b, _ = dec.get_mla_metadata()
     assert a is not b
+
+
+def test_get_mla_metadata_signature_is_flash_mlas_older_one():
+    import inspect
+
+    params = list(inspect.signature(dec.get_mla_metadata).parameters.values())
+    assert [p.name for p in params] == ["cache_seqlens", "num_q_tokens_per_head_k", "num_heads_k", "num_heads_q",
+                                        "is_fp8_kvcache", "topk"]
+    assert {p.name: p.default for p in params} == {
+        "cache_seqlens": None, "num_q_tokens_per_head_k": None, "num_heads_k": None, "num_heads_q": None,
+        "is_fp8_kvcache": False, "topk": None}
+
+
+class _Lengths:
+    """Stands for a (b,) lengths tensor: the tensor style checks its other arguments before touching it."""
+
+    def __init__(self, b):
+        self.shape = (b,)
+
+
+@pytest.mark.parametrize("args,kwargs,exc,pattern", [
+    ((1, 2, 3), {}, TypeError, r"argument 'cache_seqlens' must be a \(b,\) int32 CUDA tensor"),
+    ((np.zeros((2, 2), dtype=np.int32), 128, 1), {}, TypeError, r"'cache_seqlens'.*of shape \(2, 2\)"),
+    ((_Lengths(4), 0, 1), {}, ValueError, r"argument 'num_q_tokens_per_head_k' must be a positive int"),
+    ((_Lengths(4), 128, None), {}, ValueError, r"argument 'num_heads_k' must be a positive int"),
+    ((_Lengths(4), 128.0, 1), {}, ValueError, r"argument 'num_q_tokens_per_head_k'"),
+    ((_Lengths(4), 128, 1, True), {}, ValueError, r"argument 'num_heads_q' must be None or a positive int"),
+    ((_Lengths(4), 100, 1, 64), {}, ValueError, r"not a multiple of num_heads_q"),
+    ((_Lengths(4), 128, 1), {"is_fp8_kvcache": True}, NotImplementedError, r"without 'topk'"),
+    ((_Lengths(4), 128, 1, 64), {"topk": 2048}, ValueError, r"'is_fp8_kvcache' is False"),
+    ((_Lengths(4), 128, 1), {"is_fp8_kvcache": True, "topk": 2048}, ValueError, r"'num_heads_q' is required"),
+    ((_Lengths(4), 128, 2, 128), {"is_fp8_kvcache": True, "topk": 2048}, ValueError, r"'num_heads_k' is 2"),
+    ((_Lengths(4), 128, 1, 64), {"is_fp8_kvcache": True, "topk": 0}, ValueError, r"'topk' must be a positive int"),
+])
+def test_tensor_style_metadata_argument_errors(args, kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        dec.get_mla_metadata(*args, **kwargs)
+
+
+def test_tensor_style_problem():
+    # (b, s_q, h_q, h_kv, sparse, topk) from flash_mla's older arguments.
+    assert dec._metadata_problem(_Lengths(4), 128, 1, None, False, None) == (4, 1, 128, 1, False, None)
+    assert dec._metadata_problem(_Lengths(4), 2 * 128, 1, 128, False, None) == (4, 2, 128, 1, False, None)
+    assert dec._metadata_problem(_Lengths(3), 2 * 16, 8, 128, False, None) == (3, 2, 128, 8, False, None)
+    assert dec._metadata_problem(_Lengths(1), 7 * 64, 1, 64, True, 2048) == (1, 7, 64, 1, True, 2048)
 
 
 def test_signature_matches_flash_mla():
@@ -378,11 +424,21 @@ def test_indices_select_sparse_mode():
         _call(indices=object())
 
 
-def test_num_splits_must_be_none():
-    with pytest.raises(ValueError, match=r"'num_splits' must be None"):
+def test_num_splits_must_be_none_with_a_schedule_object():
+    with pytest.raises(ValueError, match=r"'num_splits' must be None with a FlashMLASchedMeta"):
         _call(num_splits=object())
 
 
 def test_schedule_object_type_is_checked():
-    with pytest.raises(TypeError, match=r"tile_scheduler_metadata"):
+    with pytest.raises(TypeError, match=r"argument 'tile_scheduler_metadata' must be the FlashMLASchedMeta"):
+        _call(tile_scheduler_metadata=object())
+    # A tensor is the tensor style, which needs num_splits too.
+    with pytest.raises(ValueError, match=r"argument 'num_splits' is None but 'tile_scheduler_metadata' is a tensor"):
         _call(tile_scheduler_metadata=np.zeros((66, 8), dtype=np.int32))
+
+
+@pytest.mark.parametrize("name", ["block_table", "cache_seqlens"])
+def test_dense_mode_needs_block_table_and_lengths(name):
+    # Without indices the call is dense: None is named (nanobind would only say the call matched no overload).
+    with pytest.raises(ValueError, match=rf"argument '{name}' is None, but dense decode \(indices=None\) needs it"):
+        _call(**{name: None})
