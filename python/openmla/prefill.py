@@ -15,9 +15,18 @@ from __future__ import annotations
 import math
 
 from . import _openmla as _C
-from ._runtime import require_torch, stream_of
+from ._runtime import _torch, require_torch, stream_of, torch_tensors_read_in_place
 
 __all__ = ["flash_mla_sparse_fwd"]
+
+if _torch is not None:
+    # The per-call entry reads torch tensors itself (no DLPack export, no Python call into torch): see
+    # python/csrc/bind_prefill_call.cpp and docs/python-api.md, "Host cost".
+    _IN_PLACE = torch_tensors_read_in_place()
+    _is_compiling = getattr(getattr(_torch, "compiler", None), "is_compiling", None) or (lambda: False)
+else:  # pragma: no cover - depends on the machine
+    _IN_PLACE = False
+    _is_compiling = None
 
 
 def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None, *, out=None,
@@ -48,6 +57,18 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
       ValueError: a bad argument (the message names it). NotImplementedError: an unsupported shape (e.g.
       d_qk 128). RuntimeError: a CUDA error.
     """
+    if _is_compiling is not None and _is_compiling():  # torch.compile: the registered op (no graph break)
+        if out is None and max_logits is None and lse is None:
+            return _torch.ops.openmla.flash_mla_sparse_fwd(q, kv, indices, float(sm_scale), int(d_v), attn_sink,
+                                                           topk_length)
+        if out is not None and max_logits is not None and lse is not None:
+            _torch.ops.openmla.flash_mla_sparse_fwd_out(q, kv, indices, float(sm_scale), int(d_v), attn_sink,
+                                                        topk_length, out=out, max_logits=max_logits, lse=lse)
+            return out, max_logits, lse
+    elif _IN_PLACE:
+        res = _C.sparse_prefill_call(q, kv, indices, sm_scale, int(d_v), attn_sink, topk_length, out, max_logits, lse)
+        if res is not None:
+            return res
     torch = require_torch("flash_mla_sparse_fwd")
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"argument 'q' must be a (s_q, h_q, d_qk) torch.Tensor, got "
