@@ -30,6 +30,9 @@
 #ifndef OPENMLA_SP_EARLY_QK
 #define OPENMLA_SP_EARLY_QK 1
 #endif
+#ifndef OPENMLA_SP_P0_EARLY
+#define OPENMLA_SP_P0_EARLY 0
+#endif
 
 namespace openmla::kernels::sparse_prefill {
 
@@ -409,6 +412,151 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
       const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
       OPENMLA_PREFILL_STAMP(kWg, pair_count, 0);
       uint32_t pa[4][4];
+#if OPENMLA_SP_P0_EARLY
+      if constexpr (kWg == 0) {
+        // S0 = Q K0^T (its V_L head possibly issued at the end of the previous pair).
+        constexpr int kHead = T::kVTilesPerHalf;
+        if (!qk_head_issued) {
+          ptx::wgmma_fence();
+          issue_qk<kDQK, 0, kHead>(s, smem, 0, ph0, true);
+        }
+        issue_qk<kDQK, kHead, T::kNumTiles - kHead>(s, smem, 0, ph0, false);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(s);
+        OPENMLA_PREFILL_STAMP(0, pair_count, 1);
+        if (last_pair) arrive(&smem.q_free);
+        // m0 = max(m, rowmax S0), a0 = 2^(m - m0), P0 = 2^(S0 - m0); publish m0 and a0 at once, then P0 (relative
+        // to m0: WG1 adds P0 V0_R before it rescales O_R to m1), while P0 V0_L runs.
+        mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[0]), frag.col);
+        float mx[2], m0[2], a0[2], sum[2];
+        row_max(s, mx);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          m0[i] = fmaxf(m_run[i], mx[i] * p.scale_log2);
+          a0[i] = ptx::exp2_approx(m_run[i] - m0[i]);
+        }
+        exponentiate(s, p.scale_log2, m0, sum);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a0[i] + sum[i];
+        if (lane % 4 == 0) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            smem.max0[frag.row[i]] = m0[i];
+            smem.scale0[frag.row[i]] = a0[i];
+          }
+        }
+        arrive(handoff(Handoff::kMax0Ready));
+        OPENMLA_PREFILL_STAMP(0, pair_count, 2);
+        rescale_rows(o, a0[0], a0[1]);
+        to_a_fragments(s, pa);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_mn_major(smem.k[0][0] + kk * 16 * 128), 1);
+        ptx::wgmma_commit();
+        store_p(s, p_tile[0], frag);  // P0 (bf16, relative to m0) for WG1's P0 V0_R
+        arrive(handoff(Handoff::kP0Ready));
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(o);
+        arrive(&smem.free_[0][0]);
+        OPENMLA_PREFILL_STAMP(0, pair_count, 3);
+
+        // a1 = 2^(m0 - m1) and P1 from WG1: O_L = a1 O_L + P1 V1_L.
+        ptx::mbarrier_wait_parity(handoff(Handoff::kScale1Ready), handoff_phase);
+        OPENMLA_PREFILL_STAMP(0, pair_count, 4);
+        float a1[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          a1[i] = smem.scale1[frag.row[i]];
+          m_run[i] = smem.max1[frag.row[i]];
+          l_run[i] *= a1[i];
+        }
+        OPENMLA_PREFILL_STAMP(0, pair_count, 5);
+        rescale_rows(o, a1[0], a1[1]);
+        // has_k1 is false only in a tile's last pair, so the next pair (if any) follows in this tile.
+        qk_head_issued = false;
+        if (has_k1) {
+          ptx::mbarrier_wait_parity(&smem.full[1][0], ph1);
+#if OPENMLA_SP_CONSUMER_FENCE
+          ptx::fence_proxy_async_shared();
+#endif
+          ptx::wgmma_fence();
+          issue_pv_ss(o, p_tile[1], smem.k[1][0]);
+          ptx::wgmma_commit();
+          if (!last_pair) {
+            issue_qk<kDQK, 0, kHead>(s, smem, 0, ph0 ^ 1, true);
+            ptx::wgmma_commit();
+            qk_head_issued = true;
+            ptx::wgmma_wait<1>();  // P1 V1_L done; the next Q K0^T head may still run
+          } else {
+            ptx::wgmma_wait<0>();
+          }
+          ptx::fence_registers(o);
+          arrive(&smem.free_[1][0]);
+          if constexpr (T::kNumGroups == 3) arrive(&smem.free_[1][2]);  // P1 lived in K1's RoPE tile
+        }
+        OPENMLA_PREFILL_STAMP(0, pair_count, 6);
+      } else {
+        // S1 = Q K1^T, in the order the producer refills K1 (RoPE and V_L after WG0's P1 V1_L, V_R last).
+        constexpr int kFirst = T::kNumGroups == 3 ? T::kRopeTile : 0;
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (has_k1) {
+          gemm_qk<kDQK, kFirst>(s, smem, 1, ph1);
+          mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[1]), frag.col);
+          row_max(s, mx);
+        }
+        OPENMLA_PREFILL_STAMP(1, pair_count, 1);
+        if (last_pair) arrive(&smem.q_free);
+        // m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); P1 = 2^(S1 - m1) and a1 to WG0.
+        ptx::mbarrier_wait_parity(handoff(Handoff::kMax0Ready), handoff_phase);
+        OPENMLA_PREFILL_STAMP(1, pair_count, 2);
+        float m1[2], a0[2], a1[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float m0 = smem.max0[frag.row[i]];
+          a0[i] = smem.scale0[frag.row[i]];
+          m1[i] = fmaxf(m0, mx[i] * p.scale_log2);
+          a1[i] = ptx::exp2_approx(m0 - m1[i]);
+          m_run[i] = m1[i];
+          if (lane % 4 == 0) {
+            smem.scale1[frag.row[i]] = a1[i];
+            smem.max1[frag.row[i]] = m1[i];
+          }
+        }
+        if (has_k1) {
+          exponentiate(s, p.scale_log2, m1, sum);
+          store_p(s, p_tile[1], frag);
+        }
+        arrive(handoff(Handoff::kScale1Ready));
+        OPENMLA_PREFILL_STAMP(1, pair_count, 3);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a0[i] * a1[i] + sum[i];
+        // O_R = a0 O_R + P0 V0_R (relative to m0), then a1 O_R + P1 V1_R.
+        rescale_rows(o, a0[0], a0[1]);
+        ptx::mbarrier_wait_parity(handoff(Handoff::kP0Ready), handoff_phase);
+        OPENMLA_PREFILL_STAMP(1, pair_count, 4);
+        ptx::mbarrier_wait_parity(&smem.full[0][1], ph0);
+#if OPENMLA_SP_CONSUMER_FENCE
+        ptx::fence_proxy_async_shared();
+#endif
+        ptx::wgmma_fence();
+        issue_pv_ss(o, p_tile[0], smem.k[0][T::kVTilesPerHalf]);
+        ptx::wgmma_commit();
+        if (has_k1) to_a_fragments(s, pa);
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(o);
+        arrive(&smem.free_[0][1]);
+        if constexpr (T::kNumGroups == 3) arrive(&smem.free_[0][2]);  // P0 lived in K0's RoPE tile
+        OPENMLA_PREFILL_STAMP(1, pair_count, 5);
+        rescale_rows(o, a1[0], a1[1]);
+        if (has_k1) {
+          gemm_pv_rs(o, pa, smem.k[1][T::kVTilesPerHalf]);
+          arrive(&smem.free_[1][1]);
+        }
+        OPENMLA_PREFILL_STAMP(1, pair_count, 6);
+      }
+#else
       if constexpr (kWg == 0) {
         // S0 = Q K0^T; m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
         constexpr int kHead = T::kVTilesPerHalf;  // tiles issued early (the V_L group)
@@ -557,6 +705,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         if constexpr (T::kNumGroups == 3) arrive(&smem.free_[0][2]);  // P0 lived in K0's RoPE tile
         OPENMLA_PREFILL_STAMP(1, pair_count, 6);
       }
+#endif
       ++use[0];
       if (has_k1) ++use[1];
       handoff_phase ^= 1;
