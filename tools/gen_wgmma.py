@@ -10,6 +10,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "src", "common", "wgmma_ops.cuh")
 
 SHAPES = [64, 256]  # N of the m64nNk16 instructions the kernels use
+# Shapes added later, emitted after the ones above so that the existing wrappers keep their place in the file:
+# N = 128 for dense MHA prefill (S = Q K^T over 128 keys, O += P V over d_v = 128).
+ADDED_SHAPES = [128]
 TYPES = [("bf16", "bf16"), ("f16", "f16")]
 
 
@@ -65,12 +68,13 @@ def main():
         "namespace openmla::ptx {",
         "",
     ]
-    for t, _ in TYPES:
-        for n in SHAPES:
-            parts.append(gen_ss(n, t))
-            parts.append("")
-            parts.append(gen_rs(n, t))
-            parts.append("")
+    for shapes in (SHAPES, ADDED_SHAPES):
+        for t, _ in TYPES:
+            for n in shapes:
+                parts.append(gen_ss(n, t))
+                parts.append("")
+                parts.append(gen_rs(n, t))
+                parts.append("")
     parts.append("}  // namespace openmla::ptx")
     with open(OUT, "w") as f:
         f.write("\n".join(parts) + "\n")
