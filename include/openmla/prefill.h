@@ -1,4 +1,5 @@
-// OpenMLA: MLA prefill. Sparse top-k prefill (DeepSeek-V3.2 sparse attention for prompt tokens).
+// OpenMLA: MLA prefill. Sparse top-k prefill (DeepSeek-V3.2 sparse attention for prompt tokens) and dense MHA
+// prefill (MLA's prompt tokens after the latent is expanded: d_qk 192 = 128 NoPE + 64 RoPE, d_v 128).
 //
 // Conventions (shared with decode):
 //   - lse and max_logits are natural-log quantities; a query row with no valid key gets out = 0,
@@ -39,5 +40,60 @@ struct SparsePrefillArgs {
 // Any h_q >= 1 (64-head tiles: 64 and 128 are the fast paths; h_q = 8, 16, 32 cost what 64 does, without the
 // copy into padded heads), any s_q >= 1 (up to 2^31 / ceil(h_q / 64) tokens), any s_kv >= 1, any topk >= 1.
 Status sparse_prefill(const SparsePrefillArgs& args, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------------------------
+// Dense MHA prefill, forward (flash_attn_varlen_func). Implemented, NOT YET VERIFIED ON A GPU: mha_prefill() returns
+// StatusCode::kUnsupported unless the environment variable OPENMLA_EXPERIMENTAL_MHA=1 is set (read once per process).
+// ---------------------------------------------------------------------------------------------------------------
+// Sequences are packed along the token dimension: sequence i owns query rows [cu_seqlens_q[i], cu_seqlens_q[i + 1])
+// (s_q,i rows) and key rows [cu_seqlens_k[i], cu_seqlens_k[i + 1]) (s_k,i keys); s_q,i != s_k,i is allowed (chunked
+// prefill). Query row t of sequence i (0-based within it), head h, attends to key j of the sequence when !causal, or
+// when j <= t + s_k,i - s_q,i (causal, bottom-right aligned); head h reads kv head h / (h_q / h_kv).
+//   z_j = softmax_scale * q[row, h] . k[key j, g];  out[row, h] = sum_j exp(z_j) v[key j, g] / sum_j exp(z_j);
+//   lse[row, h] = ln sum_j exp(z_j);  a row that sees no key (s_k,i = 0, or causal with t + s_k,i - s_q,i < 0):
+//   out = 0, lse = +inf.
+// Rows of q, k, v past the last sequence are never read into a result, and rows of out / lse past it are not written.
+// cu_seqlens are device data the host never reads: the kernel clamps each sequence to the tensors (begin =
+// clamp(cu[i], 0, total), end = clamp(cu[i + 1], begin, total)), so bad values can never make it touch memory outside
+// the views (they remain a caller error: the result is then that of the clamped ranges).
+
+// Static description of a call: what the variant, the grid and the workspace depend on.
+struct MhaPrefillProblem {
+  int64_t batch = 0;          // sequences, >= 1 (cu_seqlens have batch + 1 entries)
+  int64_t h_q = 0;            // query heads, a multiple of h_kv
+  int64_t h_kv = 0;           // key/value heads (h_q == h_kv: MHA; h_q > h_kv: GQA)
+  int64_t d_qk = 192;         // 192 or 128
+  int64_t d_v = 128;          // 128
+  DType dtype = DType::kBFloat16;  // kBFloat16 or kFloat16: q, k, v and out
+  bool causal = false;        // bottom-right aligned
+  int64_t max_seqlen_q = 0;   // optional bound on every s_q,i (0: unknown); only sizes the grid, never trusted for memory
+  int num_sms = 0;            // SMs to run on (persistent CTAs); 0: the current device's count
+};
+
+struct MhaPrefillWorkspaceSizes {
+  size_t workspace_bytes = 0;  // MhaPrefillArgs::workspace needs at least this many bytes
+};
+
+// Checks the problem and fills `sizes`. Host-only: no CUDA call.
+Status get_mha_prefill_workspace_size(const MhaPrefillProblem& problem, MhaPrefillWorkspaceSizes* sizes);
+
+struct MhaPrefillArgs {
+  TensorRef q;             // (total_q, h_q, d_qk), problem.dtype; last dim contiguous, other strides multiples of 8
+                           // elements (16 bytes), 16-byte aligned (packed views of one qkv tensor are fine)
+  TensorRef k;             // (total_k, h_kv, d_qk), problem.dtype; the same layout rules
+  TensorRef v;             // (total_k, h_kv, d_v), problem.dtype; the same layout rules
+  TensorRef cu_seqlens_q;  // (batch + 1,) int32, contiguous: cu[0] = 0, non-decreasing, cu[batch] <= total_q
+  TensorRef cu_seqlens_k;  // (batch + 1,) int32, contiguous: likewise, cu[batch] <= total_k
+  float softmax_scale = 0.f;  // > 0 and finite; 0: d_qk ** -0.5
+  TensorRef workspace;     // (>= workspace_bytes,) bytes, contiguous, 16-byte aligned: scratch, rewritten by every call
+                           // (calls sharing one must be ordered on one stream)
+  TensorRef out;           // (total_q, h_q, d_v), problem.dtype; last dim contiguous, strides multiples of 8, 16-byte
+                           // aligned
+  TensorRef lse;           // (total_q, h_q) float32, any strides (flash_mla returns a transposed view)
+};
+
+// total_q and total_k (the tensors' rows) at most 2^30. Never synchronises, never allocates; graph-capturable (the
+// workspace is reset by a memset node on `stream`).
+Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args, cudaStream_t stream);
 
 }  // namespace openmla

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "api/mha_prefill_internal.h"
+
 namespace openmla {
 
 const char* feature_name(Feature feature) {
@@ -19,7 +21,7 @@ const char* feature_name(Feature feature) {
 
 namespace {
 
-// Why a feature is unavailable in this build, or nullptr when it is compiled in.
+// Why a feature is unavailable in this build, or nullptr when it is compiled in (and, for a gated family, enabled).
 const char* build_gap(Feature feature) {
   switch (feature) {
     case Feature::kKVCacheQuantize:
@@ -41,8 +43,12 @@ const char* build_gap(Feature feature) {
 #else
       return "compiled out (OPENMLA_ENABLE_SPARSE_PREFILL=OFF)";
 #endif
-    case Feature::kDensePrefill:
-      return "not implemented in this version of OpenMLA";
+    case Feature::kDensePrefill:  // the forward pass; the backward is not implemented yet
+#ifdef OPENMLA_HAS_MHA_PREFILL
+      return detail::mha_prefill_enabled() ? nullptr : detail::kMhaPrefillGateReason;
+#else
+      return "compiled out (OPENMLA_ENABLE_MHA_PREFILL=OFF)";
+#endif
   }
   return "unknown feature";
 }

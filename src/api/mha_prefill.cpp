@@ -1,0 +1,284 @@
+// Public dense MHA prefill API (include/openmla/prefill.h): validate -> launch plan -> build params -> launch.
+//
+// Every argument check runs before the first CUDA call, so a bad call launches nothing and the checks are tested
+// without a GPU (tests/cpp/test_mha_prefill_api.cpp). The family is gated while it is unverified on a GPU: a valid
+// call returns kUnsupported unless OPENMLA_EXPERIMENTAL_MHA=1 (docs/mha-prefill.md, "Status").
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "api/mha_prefill_internal.h"
+#include "api/validate.h"
+#include "heuristics/mha_prefill_launch.h"
+#include "kernels/mha_prefill/params.h"
+#include "kernels/mha_prefill/tile_math.h"
+#include "openmla/prefill.h"
+
+namespace openmla {
+
+namespace detail {
+
+bool mha_prefill_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("OPENMLA_EXPERIMENTAL_MHA");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return enabled;
+}
+
+namespace {
+
+using kernels::mha_prefill::kMaxRows;
+
+// The largest stride (elements) of a TMA-loaded operand: the maps' shift dimension has byte stride 2^34 - row bytes
+// (kernels/mha_prefill/launch.cu), which must stay positive.
+constexpr int64_t kMaxRowStride = int64_t{1} << 32;
+// Tile numbers (and the counter that hands them out, plus the grid) stay below 2^31.
+constexpr int64_t kMaxTiles = kInt32Max - (int64_t{1} << 16);
+
+const char* problem_dtype_name(DType d) { return dtype_name(d); }
+
+Status check_problem(const MhaPrefillProblem& p) {
+  if (p.batch < 1) return invalid_field("batch", p.batch, "must be >= 1 (the number of sequences)");
+  if (p.batch > kInt32Max - 1) return invalid_field("batch", p.batch, "must be below 2^31 - 1");
+  if (p.h_kv < 1) return invalid_field("h_kv", p.h_kv, "must be >= 1");
+  if (p.h_q < 1 || p.h_q % p.h_kv != 0) {
+    MessageStream os;
+    os << "must be a positive multiple of h_kv = " << p.h_kv << " (each kv head serves h_q / h_kv query heads)";
+    return invalid_field("h_q", p.h_q, os.str());
+  }
+  if (p.h_q > 65536) return invalid_field("h_q", p.h_q, "must be at most 65536");
+  if (!((p.d_qk == 192 || p.d_qk == 128) && p.d_v == 128)) {
+    MessageStream os;
+    os << "argument 'problem.d_qk' / 'problem.d_v' is " << p.d_qk << " / " << p.d_v
+       << "; dense MHA prefill supports (d_qk, d_v) = (192, 128) (MLA: 128 NoPE + 64 RoPE) or (128, 128)";
+    return Status::unsupported(os.str());
+  }
+  if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16)
+    return invalid_field("dtype", problem_dtype_name(p.dtype), "must be bfloat16 or float16");
+  if (p.max_seqlen_q < 0) return invalid_field("max_seqlen_q", p.max_seqlen_q, "must be >= 0 (0: unknown)");
+  if (p.num_sms < 0) return invalid_field("num_sms", p.num_sms, "must be >= 0 (0: the current device's SM count)");
+  return Status::ok();
+}
+
+// The stride of dimension `dim`, or the packed value when the dimension has size 1 (its stride is never stepped, and
+// frameworks leave anything there).
+int64_t used_stride(const TensorRef& t, int dim) {
+  if (t.shape[dim] > 1) return t.stride[dim];
+  int64_t packed = 1;
+  for (int i = dim + 1; i < t.ndim; ++i) packed *= t.shape[i] > 0 ? t.shape[i] : 1;
+  return packed;
+}
+
+// A (rows, heads, cols) operand moved by TMA or 16-byte stores: `dtype`, last dim contiguous, the other strides
+// positive multiples of 8 elements (16 bytes) below kMaxRowStride, 16-byte aligned.
+// A tensor of no rows may come without a data pointer (frameworks allocate nothing for it); it is never read.
+Status check_rows_operand(const TensorRef& given, const char* name, DType dtype, int64_t heads, const char* heads_what,
+                          int64_t cols, const char* cols_what) {
+  const bool empty = given.data == nullptr && given.ndim == 3 && given.shape[0] == 0;
+  TensorRef t = given;
+  if (empty) t.data = reinterpret_cast<void*>(uintptr_t{256});  // checked as if it had an (aligned) address
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(t, name, {DType::kBFloat16, DType::kFloat16}, 3));
+  if (t.dtype != dtype) {
+    MessageStream os;
+    os << "argument '" << name << "' has dtype " << dtype_name(t.dtype) << ", expected " << dtype_name(dtype)
+       << " (problem.dtype: q, k, v and out share one dtype)";
+    return invalid(os.str());
+  }
+  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 1, heads, heads_what));
+  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 2, cols, cols_what));
+  if (t.shape[0] > kMaxRows) {
+    MessageStream os;
+    os << "argument '" << name << "' has " << t.shape[0] << " rows; at most 2^30 are supported (shape "
+       << shape_string(t) << ")";
+    return invalid(os.str());
+  }
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(t, name));
+  for (int i = 0; i < 2; ++i) {
+    const int64_t s = used_stride(t, i);
+    if (s <= 0 || s % 8 != 0 || s >= kMaxRowStride) {
+      MessageStream os;
+      os << "argument '" << name << "' has stride " << t.stride[i] << " in dimension " << i
+         << ", which must be a positive multiple of 8 elements (16 bytes: rows are moved by TMA and 16-byte stores) "
+            "below 2^32; strides "
+         << stride_string(t);
+      return invalid(os.str());
+    }
+  }
+  return check_pointer_aligned(t, name, 16);
+}
+
+// Address range [lo, hi) a strided view can touch (size-1 dimensions contribute nothing).
+void byte_range(const TensorRef& t, uintptr_t* lo, uintptr_t* hi) {
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  int64_t min_off = 0, max_off = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] <= 1) continue;
+    const int64_t ext = (t.shape[i] - 1) * t.stride[i];
+    if (ext < 0) min_off += ext; else max_off += ext;
+  }
+  const int64_t es = static_cast<int64_t>(t.element_size());
+  *lo = base + static_cast<uintptr_t>(min_off * es);
+  *hi = base + static_cast<uintptr_t>((max_off + 1) * es);
+}
+
+// A written tensor must not overlap another tensor of the call (the result would depend on the schedule).
+Status check_disjoint_from(const TensorRef& out, const char* out_name, const TensorRef& other, const char* other_name) {
+  if (!out.defined() || !other.defined() || out.numel() == 0 || other.numel() == 0) return Status::ok();
+  uintptr_t a0, a1, b0, b1;
+  byte_range(out, &a0, &a1);
+  byte_range(other, &b0, &b1);
+  if (a0 < b1 && b0 < a1)
+    return invalid(std::string("argument '") + out_name + "' overlaps argument '" + other_name +
+                   "' in memory; outputs and the workspace must not alias the inputs or each other");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a, kernels::MhaPrefillParams* params) {
+  OPENMLA_RETURN_IF_ERROR(check_problem(pr));
+
+  // ---- q, k, v
+  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.q, "q", pr.dtype, pr.h_q, "h_q", pr.d_qk, "d_qk"));
+  const int64_t total_q = a.q.shape[0];
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.k, "k"));
+  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.k, "k", pr.dtype, pr.h_kv, "h_kv", pr.d_qk, "d_qk"));
+  const int64_t total_k = a.k.shape[0];
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.v, "v"));
+  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.v, "v", pr.dtype, pr.h_kv, "h_kv", pr.d_v, "d_v"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.v, "v", 0, total_k, "total_k, as k"));
+
+  // ---- cumulative lengths
+  OPENMLA_RETURN_IF_ERROR(check_lengths(a.cu_seqlens_q, "cu_seqlens_q", pr.batch + 1, "batch + 1"));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.cu_seqlens_q, "cu_seqlens_q"));
+  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.cu_seqlens_q, "cu_seqlens_q", 4));
+  OPENMLA_RETURN_IF_ERROR(check_lengths(a.cu_seqlens_k, "cu_seqlens_k", pr.batch + 1, "batch + 1"));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.cu_seqlens_k, "cu_seqlens_k"));
+  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.cu_seqlens_k, "cu_seqlens_k", 4));
+
+  // ---- scalars
+  const double scale = a.softmax_scale == 0.f ? 1.0 / std::sqrt(static_cast<double>(pr.d_qk)) : a.softmax_scale;
+  if (!(scale > 0.0) || !std::isfinite(scale)) {
+    MessageStream os;
+    os << "argument 'softmax_scale' is " << a.softmax_scale
+       << "; it must be a positive finite number (0: d_qk ** -0.5)";
+    return invalid(os.str());
+  }
+  const int64_t max_tiles = heuristics::mha_prefill_max_tiles(pr.batch, total_q, pr.h_q, 0);
+  if (max_tiles > kMaxTiles) {
+    MessageStream os;
+    os << "argument 'q' has " << total_q << " rows x " << pr.h_q << " heads in " << pr.batch
+       << " sequences: up to " << max_tiles << " tiles of 128 rows, more than the 2^31 - 2^16 one call supports "
+                                              "(split the call)";
+    return invalid(os.str());
+  }
+
+  // ---- workspace and outputs
+  OPENMLA_RETURN_IF_ERROR(check_on_cuda(a.workspace, "workspace"));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.workspace, "workspace"));
+  OPENMLA_RETURN_IF_ERROR(check_contiguous(a.workspace, "workspace"));
+  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.workspace, "workspace", 16));
+  const auto ws_bytes = static_cast<size_t>(a.workspace.numel()) * a.workspace.element_size();
+  if (ws_bytes < heuristics::kMhaPrefillWorkspaceBytes) {
+    MessageStream os;
+    os << "argument 'workspace' has " << ws_bytes << " bytes; get_mha_prefill_workspace_size asks for "
+       << heuristics::kMhaPrefillWorkspaceBytes;
+    return invalid(os.str());
+  }
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.out, "out"));
+  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.out, "out", pr.dtype, pr.h_q, "h_q", pr.d_v, "d_v"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 0, total_q, "total_q, as q"));
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.lse, "lse", {DType::kFloat32}, 2));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.lse, "lse"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, "lse", 0, total_q, "total_q, as q"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, "lse", 1, pr.h_q, "h_q"));
+  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.lse, "lse", 4));
+  const struct {
+    const TensorRef* t;
+    const char* name;
+  } written[] = {{&a.out, "out"}, {&a.lse, "lse"}, {&a.workspace, "workspace"}},
+    read[] = {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.cu_seqlens_q, "cu_seqlens_q"},
+              {&a.cu_seqlens_k, "cu_seqlens_k"}};
+  for (const auto& w : written)
+    for (const auto& r : read) OPENMLA_RETURN_IF_ERROR(check_disjoint_from(*w.t, w.name, *r.t, r.name));
+  for (int x = 0; x < 3; ++x)
+    for (int y = x + 1; y < 3; ++y)
+      OPENMLA_RETURN_IF_ERROR(check_disjoint_from(*written[x].t, written[x].name, *written[y].t, written[y].name));
+
+  if (params != nullptr) {
+    const heuristics::MhaPrefillLaunchPlan plan =
+        heuristics::plan_mha_prefill_launch(pr, total_q, pr.num_sms > 0 ? pr.num_sms : 1);
+    kernels::MhaPrefillParams& p = *params;
+    p = kernels::MhaPrefillParams{};
+    p.batch = static_cast<int>(pr.batch);
+    p.h_q = static_cast<int>(pr.h_q);
+    p.h_kv = static_cast<int>(pr.h_kv);
+    p.heads_per_kv = static_cast<int>(pr.h_q / pr.h_kv);
+    p.d_qk = static_cast<int>(pr.d_qk);
+    p.fp16 = pr.dtype == DType::kFloat16;
+    p.causal = pr.causal;
+    p.total_q = static_cast<int>(total_q);
+    p.total_k = static_cast<int>(total_k);
+    p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+    p.cu_seqlens_q = static_cast<const int32_t*>(a.cu_seqlens_q.data);
+    p.cu_seqlens_k = static_cast<const int32_t*>(a.cu_seqlens_k.data);
+    p.q = a.q.data;
+    p.q_stride_t = used_stride(a.q, 0);
+    p.q_stride_h = used_stride(a.q, 1);
+    // Without keys no K or V row is ever loaded, but the maps are still built: give them q's (valid, aligned) address.
+    p.k = total_k > 0 ? a.k.data : a.q.data;
+    p.k_stride_t = used_stride(a.k, 0);
+    p.k_stride_h = used_stride(a.k, 1);
+    p.v = total_k > 0 ? a.v.data : a.q.data;
+    p.v_stride_t = used_stride(a.v, 0);
+    p.v_stride_h = used_stride(a.v, 1);
+    p.out = a.out.data;
+    p.out_stride_t = a.out.stride[0];
+    p.out_stride_h = a.out.stride[1];
+    p.lse = static_cast<float*>(a.lse.data);
+    p.lse_stride_t = a.lse.stride[0];
+    p.lse_stride_h = a.lse.stride[1];
+    p.grid = plan.grid;
+    p.dynamic_tiles = plan.dynamic_tiles;
+    p.tile_counter = static_cast<int*>(a.workspace.data);
+  }
+  return Status::ok();
+}
+
+}  // namespace detail
+
+Status get_mha_prefill_workspace_size(const MhaPrefillProblem& problem, MhaPrefillWorkspaceSizes* sizes) {
+  if (sizes == nullptr) return Status::invalid_argument("argument 'sizes' must not be null");
+  OPENMLA_RETURN_IF_ERROR(detail::check_problem(problem));
+  sizes->workspace_bytes = heuristics::kMhaPrefillWorkspaceBytes;
+  return Status::ok();
+}
+
+Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args, cudaStream_t stream) {
+  // Checks first, so that argument errors are reported whether or not the family is enabled.
+  kernels::MhaPrefillParams params;
+  OPENMLA_RETURN_IF_ERROR(detail::validate_mha_prefill(problem, args, &params));
+  if (!detail::mha_prefill_enabled())
+    return Status::unsupported(std::string("dense MHA prefill: ") + detail::kMhaPrefillGateReason);
+#if defined(OPENMLA_HAS_MHA_PREFILL)
+  OPENMLA_RETURN_IF_ERROR(detail::check_current_device(args.q.device_id, "q"));
+  if (problem.num_sms == 0) {
+    int num_sms = 0;
+    OPENMLA_RETURN_IF_ERROR(detail::device_sm_count(args.q.device_id, &num_sms, "dense MHA prefill: SM count"));
+    params.grid = heuristics::plan_mha_prefill_launch(problem, params.total_q, num_sms).grid;
+  }
+  if (params.grid == 0) return Status::ok();  // no query row: nothing to write
+  if (params.dynamic_tiles)
+    OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream),
+                                 "dense MHA prefill: resetting the tile counter");
+  return kernels::launch_mha_prefill(params, stream);
+#else
+  (void)stream;
+  return Status::unsupported("dense MHA prefill was not built (CMake OPENMLA_ENABLE_MHA_PREFILL=OFF)");
+#endif
+}
+
+}  // namespace openmla

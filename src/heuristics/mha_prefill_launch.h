@@ -1,0 +1,38 @@
+// Launch plan of dense MHA prefill: the grid, the tile hand-out and the workspace, as pure host functions of the
+// problem (no CUDA call), unit-tested on the CPU (tests/cpp/test_mha_prefill_api.cpp). The tile order itself is in
+// kernels/mha_prefill/tile_math.h, shared with the kernel.
+//
+// NOTE: none of these choices has been measured yet (the kernel has not run on a GPU); each names what it rests on
+// and what to measure (docs/mha-prefill.md, "Decisions").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "openmla/prefill.h"
+
+namespace openmla::heuristics {
+
+// The workspace holds the tile counter of the dynamic hand-out (one int32, zeroed before each launch), padded to 16
+// bytes.
+inline constexpr size_t kMhaPrefillWorkspaceBytes = 16;
+
+// An upper bound on the tiles (query head x 128-row query block) of a call: sum_i ceil(s_q,i / 128) <=
+// (total_q + 127 batch) / 128 over any split of total_q rows into `batch` sequences, and <= batch *
+// ceil(max_seqlen_q / 128) when the caller gives a bound (max_seqlen_q > 0); times h_q.
+int64_t mha_prefill_max_tiles(int64_t batch, int64_t total_q, int64_t h_q, int64_t max_seqlen_q);
+
+struct MhaPrefillLaunchPlan {
+  int64_t max_tiles = 0;  // mha_prefill_max_tiles
+  int grid = 0;           // persistent CTAs: min(num_sms, max_tiles); 0 when there is nothing to do
+  // Tiles are taken from an atomic counter (in the workspace) rather than round-robin when their costs differ: under
+  // causal (a tile's cost grows with its query block) or with several sequences (their lengths are only known on the
+  // device). Round-robin over tiles of unequal cost leaves CTAs idle at the end: with b = 2, s = 4096, causal, 132
+  // CTAs, CTA c would take query blocks 31 - (c + 4 k) mod 32, a fifth more work for some CTAs than for others.
+  bool dynamic_tiles = false;
+};
+
+// `total_q`: rows of q; `num_sms` > 0: the SMs to run on.
+MhaPrefillLaunchPlan plan_mha_prefill_launch(const MhaPrefillProblem& problem, int64_t total_q, int num_sms);
+
+}  // namespace openmla::heuristics

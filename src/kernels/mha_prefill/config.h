@@ -1,0 +1,102 @@
+// Dense MHA prefill forward (sm_90a): per-variant traits, named hardware resources and the shared-memory plan.
+// Design note: docs/mha-prefill.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/mha_prefill/tile_math.h"
+
+namespace openmla::kernels::mha_prefill {
+
+// kDQK: the Q/K head dimension (192: MLA's 128 NoPE + 64 RoPE; 128); d_v is 128 in both. kFp16: fp16 operands
+// (else bf16); accumulation is fp32 either way.
+template <int kDQK, bool kFp16>
+struct Traits {
+  static_assert(kDQK == 192 || kDQK == 128, "dense MHA prefill serves d_qk 192 and 128");
+  static constexpr int kHeadDimQK = kDQK;
+  static constexpr int kHeadDimV = 128;
+  static constexpr bool kIsFp16 = kFp16;
+  static constexpr int kBlockM = mha_prefill::kBlockM;  // query rows per tile
+  static constexpr int kBlockN = mha_prefill::kBlockN;  // keys per block
+  static constexpr int kRowsPerWarpgroup = 64;          // one wgmma M per consumer warpgroup
+  // Operands live in shared memory as tiles of 128 rows x 64 columns (128 bytes: one 128B-swizzled row), which is
+  // also one TMA box.
+  static constexpr int kTileCols = 64;
+  static constexpr int kRowBytes = kTileCols * 2;
+  static constexpr int kTileBytes = kBlockM * kRowBytes;  // 16 KB
+  static_assert(kBlockM == kBlockN, "Q, K and V tiles share one shape (128 rows)");
+  static constexpr int kQKTiles = kHeadDimQK / kTileCols;  // 3 or 2
+  static constexpr int kVTiles = kHeadDimV / kTileCols;    // 2
+  // K and V ring depth. Two stages let the producer load block n - 1 while block n is consumed; 192/128 then takes
+  // 208 KB of the 227 (docs/mha-prefill.md, "Shared memory"), so a third stage does not fit; 128/128 could take three.
+  static constexpr int kStages = 2;
+
+  static constexpr int kWarpgroupThreads = 128;
+  static constexpr int kThreads = 3 * kWarpgroupThreads;  // WG0, WG1 consumers (rows 0-63, 64-127); WG2 producer
+  // setmaxnreg split of the CTA's 384 x 168 registers (__launch_bounds__(384, 1)): each consumer holds O (64 x 128
+  // fp32: 64 registers), S of the next block (64), P of the current one as bf16 A fragments (32), the softmax state
+  // and addresses; the producer runs the tile scan and issues TMA. setmaxnreg only redistributes (.inc blocks until
+  // the registers are free), so the split may not exceed 3 x 168; values are multiples of 8.
+  static constexpr int kLaunchRegs = 168;
+  static constexpr int kRegsConsumer = 232;
+  static constexpr int kRegsProducer = 40;
+  static_assert(2 * kRegsConsumer + kRegsProducer <= 3 * kLaunchRegs, "setmaxnreg only redistributes registers");
+  static_assert(kRegsConsumer % 8 == 0 && kRegsProducer % 8 == 0, "setmaxnreg counts are multiples of 8");
+
+  static constexpr uint32_t kQBytes = kQKTiles * kTileBytes;  // TMA bytes of one Q tile
+  static constexpr uint32_t kKBytes = kQKTiles * kTileBytes;  // of one K block
+  static constexpr uint32_t kVBytes = kVTiles * kTileBytes;   // of one V block
+
+  // Running max before the first block: finite, so exp2(m_old - m_new) never sees inf - inf (a row whose logits are
+  // all masked keeps it and ends with l = 0: out 0, lse +inf).
+  static constexpr float kMaxInit = -1e30f;
+};
+
+// What the producer tells the consumers about the tile it just started (shared memory, published by the q_full
+// arrival; one slot suffices: the producer writes the next tile's only after both consumer warpgroups released the
+// current Q, long after they read this).
+struct TileInfo {
+  int valid;     // 0: no tile left (the consumers exit)
+  int q_begin;   // first row of the sequence in q / out / lse
+  int s_q;       // its query rows
+  int s_k;       // its keys
+  int head;      // query head
+  int m_block;   // query block: rows [128 m_block, 128 m_block + 128) of the sequence
+  int n_end;     // key blocks [0, n_end) are visited, last first; 0: no valid row sees a key
+  int pad;
+};
+
+// Mbarriers: the Q buffer (one per CTA), the K and V rings, and the consumers' GEMM turns.
+//   q_full:   producer -> consumers, 1 arrival (+ Q's TMA bytes; a plain arrival for a tile without keys or the end)
+//   q_free:   consumers -> producer, one arrival per consumer warp (8) after its last Q K^T of the tile
+//   k_full/v_full[s]: producer -> consumers, 1 arrival + the block's TMA bytes
+//   k_free/v_free[s]: consumers -> producer, one arrival per consumer warp (8) after the wgmma reading the stage
+//   turn[w]:  the other consumer warpgroup -> warpgroup w, one arrival per warp (4): "your GEMMs may be issued"
+inline constexpr int kConsumerWarps = 8;
+inline constexpr int kWarpsPerWarpgroup = 4;
+
+template <int kDQK, bool kFp16>
+struct alignas(1024) SharedStorage {
+  using T = Traits<kDQK, kFp16>;
+  alignas(1024) uint8_t q[T::kQKTiles][T::kTileBytes];                 // Q tile: 128 rows x d_qk, 128B-swizzled
+  alignas(1024) uint8_t k[T::kStages][T::kQKTiles][T::kTileBytes];     // K blocks: 128 keys x d_qk
+  alignas(1024) uint8_t v[T::kStages][T::kVTiles][T::kTileBytes];      // V blocks: 128 keys x 128
+  TileInfo tile;
+  uint64_t q_full;
+  uint64_t q_free;
+  uint64_t k_full[T::kStages];
+  uint64_t k_free[T::kStages];
+  uint64_t v_full[T::kStages];
+  uint64_t v_free[T::kStages];
+  uint64_t turn[2];
+};
+
+// The dynamic shared memory a launch asks for: the plan plus the slack that aligns it to 1024 bytes.
+template <int kDQK, bool kFp16>
+inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage<kDQK, kFp16>)) + 1024;
+
+static_assert(kSmemBytes<192, false> <= 232448, "d_qk 192 plan exceeds 227 KB");
+static_assert(kSmemBytes<128, false> <= 232448, "d_qk 128 plan exceeds 227 KB");
+
+}  // namespace openmla::kernels::mha_prefill

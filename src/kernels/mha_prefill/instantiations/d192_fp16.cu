@@ -1,0 +1,6 @@
+// Dense MHA prefill, d_qk = 192, d_v = 128, fp16.
+#include "kernels/mha_prefill/launch_impl.cuh"
+
+namespace openmla::kernels {
+template Status launch_mha_prefill_typed<192, true>(const MhaPrefillParams&, cudaStream_t);
+}  // namespace openmla::kernels

@@ -1,0 +1,568 @@
+// Dense MHA prefill forward kernel (sm_90a): varlen, GQA, bottom-right causal, d_qk 192 or 128, d_v 128.
+//
+// A tile is (sequence, query head, 128 query rows). Persistent CTAs (at most one per SM) take tiles from a
+// longest-first order (tile_math.h) through an atomic counter (or round-robin). Each CTA has three warpgroups:
+//   WG2, the producer (one warp): finds the tile's sequence in cu_seqlens (a warp scan over 32 sequences at a time,
+//       moving forward only), publishes the tile in shared memory, loads Q once per tile and the tile's K and V blocks
+//       (128 keys, last block first) through two-stage rings, all by TMA over the packed token dimension. The maps
+//       address a sequence through a window that ends at its last row, so rows past the end read as zeros and a
+//       neighbour's rows (NaN padding included) never reach shared memory.
+//   WG0, WG1, the consumers: 64 query rows each. Per key block: S = Q K^T (SS wgmma, N = 128), the online softmax in
+//       base 2 with the scale folded into one FFMA, then O += P V with P in registers (RS wgmma). Within a warpgroup
+//       the next block's Q K^T runs while this block's softmax is computed (intra-warpgroup overlap); between the two
+//       warpgroups an mbarrier "turn" orders the GEMM issues so one warpgroup's softmax overlaps the other's GEMMs
+//       (ping-pong). O stays in registers and leaves straight from them (16-byte stores of valid rows only).
+// Design note, with the pipeline picture and the barrier table: docs/mha-prefill.md.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/mma_tile.cuh"
+#include "common/ptx.cuh"
+#include "kernels/mha_prefill/config.h"
+#include "kernels/mha_prefill/params.h"
+
+// Hang detector of the unverified kernel: a wait that has not completed after kWatchdogNs traps (the launch fails
+// with an error instead of hanging the process). The check runs only on the slow path of a wait.
+#ifndef OPENMLA_MHA_WATCHDOG
+#define OPENMLA_MHA_WATCHDOG 1
+#endif
+
+namespace openmla::kernels::mha_prefill {
+
+using tile::desc_k_major;
+using tile::Fragment;
+using tile::make_fragment;
+using tile::quad_max;
+using tile::quad_sum;
+using tile::quad_transpose4;
+
+// 20 s: far beyond any wait of a working kernel, also under compute-sanitizer.
+inline constexpr unsigned long long kWatchdogNs = 20ull * 1000 * 1000 * 1000;
+inline constexpr float kLn2 = 0.69314718055994531f;
+
+// ---------------------------------------------------------------------------------------------------
+// PTX and small helpers used by this kernel only
+// ---------------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint64_t make_l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// Blocks until the phase of `bar` with parity `parity` has completed.
+__device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
+  while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+// The producer's waits, with the hang detector (OPENMLA_MHA_WATCHDOG): every wait of the producer depends on the
+// consumers' progress, and the producer's last wait is for the consumers' exit (produce), so a hang anywhere in
+// the CTA ends in one of these. Only the producer traps: a trap in the consumers' code makes ptxas serialise their
+// wgmma and spill.
+__device__ __forceinline__ void producer_wait(uint64_t* bar, uint32_t parity) {
+  if (ptx::mbarrier_try_wait_parity(bar, parity)) return;
+#if OPENMLA_MHA_WATCHDOG
+  const unsigned long long t0 = ptx::globaltimer();
+  for (uint32_t spins = 1;; ++spins) {
+    if (ptx::mbarrier_try_wait_parity(bar, parity)) return;
+    if ((spins & 1023u) == 0 && ptx::globaltimer() - t0 > kWatchdogNs) __trap();
+  }
+#else
+  wait_phase(bar, parity);
+#endif
+}
+
+template <bool kFp16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kFp16) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// S (+)= A B^T over one k16 slice: A = 64 query rows, B = 128 keys, both K-major in shared memory.
+template <bool kFp16>
+__device__ __forceinline__ void mma_qk(float (&s)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  if constexpr (kFp16)
+    ptx::wgmma_m64n128k16_ss_f16<0>(s, desc_a, desc_b, scale_d);
+  else
+    ptx::wgmma_m64n128k16_ss_bf16<0>(s, desc_a, desc_b, scale_d);
+}
+
+// O += P V over one k16 slice (16 keys): P from registers, V MN-major in shared memory (d_v contiguous).
+template <bool kFp16>
+__device__ __forceinline__ void mma_pv(float (&o)[64], const uint32_t (&pa)[4], uint64_t desc_b) {
+  if constexpr (kFp16)
+    ptx::wgmma_m64n128k16_rs_f16<1>(o, pa, desc_b, 1);
+  else
+    ptx::wgmma_m64n128k16_rs_bf16<1>(o, pa, desc_b, 1);
+}
+
+// V block viewed as the MN-major B operand of P V: 64 d_v columns per 128-row tile, the next 64 one tile (LBO) away,
+// the next 8 keys one 1024-byte swizzle atom (SBO) away.
+template <class T>
+__device__ __forceinline__ uint64_t desc_v(const void* p) {
+  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), T::kTileBytes, tile::kSwizzleAtomBytes);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Row operations on a 64 x 128 accumulator fragment (m64n128: element j * 4 + 2 i + e is row f.row[i], column
+// 8 j + f.col + e)
+// ---------------------------------------------------------------------------------------------------
+__device__ __forceinline__ void row_max(const float (&s)[64], float (&mx)[2]) {
+  mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[j * 4 + 0], s[j * 4 + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[j * 4 + 2], s[j * 4 + 3]));
+  }
+  mx[0] = quad_max(mx[0]);
+  mx[1] = quad_max(mx[1]);
+}
+
+// The online-softmax step of one block: m_new = max(m, rowmax(S) scale_log2), s <- 2^(s scale_log2 - m_new),
+// l <- l 2^(m - m_new) + rowsum (this thread's columns only; the quad's partial sums are added in the epilogue).
+// Returns the factor a = 2^(m - m_new) that O (relative to m) must be scaled by.
+__device__ __forceinline__ void softmax_step(float (&s)[64], float scale_log2, float (&m)[2], float (&l)[2],
+                                             float (&a)[2]) {
+  float mx[2];
+  row_max(s, mx);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m_new = fmaxf(m[i], mx[i] * scale_log2);
+    a[i] = ptx::exp2_approx(m[i] - m_new);
+    m[i] = m_new;
+  }
+  float sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[j * 4 + e] = ptx::exp2_approx(fmaf(s[j * 4 + e], scale_log2, -m[0]));
+      s[j * 4 + 2 + e] = ptx::exp2_approx(fmaf(s[j * 4 + 2 + e], scale_log2, -m[1]));
+      sum[0] += s[j * 4 + e];
+      sum[1] += s[j * 4 + 2 + e];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) l[i] = l[i] * a[i] + sum[i];
+}
+
+// Multiplies O's rows by a (unless every row of the warp keeps its scale, the common case once the running max has
+// settled: exact either way; a warp-level decision, no collective instruction).
+__device__ __forceinline__ void rescale_o(float (&o)[64], const float (&a)[2]) {
+  if (!__any_sync(0xffffffffu, a[0] != 1.f || a[1] != 1.f)) return;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    o[j * 4 + 0] *= a[0];
+    o[j * 4 + 1] *= a[0];
+    o[j * 4 + 2] *= a[1];
+    o[j * 4 + 3] *= a[1];
+  }
+}
+
+// Logits of keys a row must not see become -inf (overwritten, never added to). limit[i]: the last key row i sees
+// (row_key_limit); the element of column c holds key n0 + c.
+__device__ __forceinline__ void mask_block(float (&s)[64], const int (&limit)[2], int n0, int col) {
+  const int t0 = limit[0] - n0 - col, t1 = limit[1] - n0 - col;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (8 * j + e > t0) s[j * 4 + e] = -INFINITY;
+      if (8 * j + e > t1) s[j * 4 + 2 + e] = -INFINITY;
+    }
+  }
+}
+
+// P (fp32, in S's registers) as the A operand of m64nNk16 for each of the 8 k16 slices of the 128 keys.
+template <bool kFp16>
+__device__ __forceinline__ void to_a_fragments(const float (&s)[64], uint32_t (&pa)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    pa[kk][0] = pack2<kFp16>(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = pack2<kFp16>(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack2<kFp16>(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack2<kFp16>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// Issues (no fence, commit or wait) S = Q K^T: this warpgroup's 64 rows of the Q tile against a 128-key K block.
+template <class T>
+__device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, const uint8_t* k_block) {
+#pragma unroll
+  for (int g = 0; g < T::kQKTiles; ++g) {
+#pragma unroll
+    for (int kk = 0; kk < T::kTileCols / 16; ++kk)
+      mma_qk<T::kIsFp16>(s, desc_k_major(q_rows + g * T::kTileBytes + kk * 32),
+                         desc_k_major(k_block + g * T::kTileBytes + kk * 32), (g == 0 && kk == 0) ? 0 : 1);
+  }
+}
+
+// Issues (no fence, commit or wait) O += P V over a 128-key V block.
+template <class T>
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8][4], const uint8_t* v_block) {
+#pragma unroll
+  for (int kk = 0; kk < T::kBlockN / 16; ++kk) mma_pv<T::kIsFp16>(o, pa[kk], desc_v<T>(v_block + kk * 16 * T::kRowBytes));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Tile scheduling (producer warp): tile t -> (sequence, head, query block)
+// ---------------------------------------------------------------------------------------------------
+// 32 consecutive sequences, one per lane: this lane's tile count and the inclusive prefix sum over the lanes. A CTA's
+// tile numbers only grow, so the window only moves forward: the whole call reads cu_seqlens_q once per CTA.
+struct SeqWindow {
+  int base;          // first sequence of the window (lane 0's)
+  int tiles_before;  // tiles of the sequences before it
+  int count;         // tiles of sequence base + lane (0 past the batch)
+  int incl;          // tiles of sequences base .. base + lane
+};
+
+__device__ __forceinline__ void load_window(const MhaPrefillParams& p, SeqWindow& w, int lane) {
+  const int b = w.base + lane;
+  int count = 0;
+  if (b < p.batch) {
+    const RowRange r = clamp_rows(__ldg(p.cu_seqlens_q + b), __ldg(p.cu_seqlens_q + b + 1), p.total_q);
+    count = p.h_q * num_m_blocks(r.len);
+  }
+  int incl = count;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int x = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += x;
+  }
+  w.count = count;
+  w.incl = incl;
+}
+
+// Finds tile `t` (warp-collective); false when t is past the last tile. On success fills `info` and the sequence's
+// first key row.
+__device__ __forceinline__ bool find_tile(const MhaPrefillParams& p, int t, SeqWindow& w, int lane, TileInfo& info,
+                                          int& k_begin) {
+  for (;;) {
+    const int window_tiles = __shfl_sync(0xffffffffu, w.incl, 31);
+    if (t < w.tiles_before + window_tiles) break;
+    if (w.base + 32 >= p.batch) return false;
+    w.tiles_before += window_tiles;
+    w.base += 32;
+    load_window(p, w, lane);
+  }
+  const uint32_t hit = __ballot_sync(0xffffffffu, w.tiles_before + w.incl > t);
+  const int src = __ffs(hit) - 1;
+  const int first = w.tiles_before + __shfl_sync(0xffffffffu, w.incl - w.count, src);
+  const int seq = w.base + src;
+  const RowRange rq = clamp_rows(__ldg(p.cu_seqlens_q + seq), __ldg(p.cu_seqlens_q + seq + 1), p.total_q);
+  const RowRange rk = clamp_rows(__ldg(p.cu_seqlens_k + seq), __ldg(p.cu_seqlens_k + seq + 1), p.total_k);
+  const TileCoord c = tile_coord(t - first, num_m_blocks(rq.len), p.causal);
+  info.valid = 1;
+  info.q_begin = rq.begin;
+  info.s_q = rq.len;
+  info.s_k = rk.len;
+  info.head = c.head;
+  info.m_block = c.m_block;
+  info.n_end = key_block_end(rq.len, rk.len, c.m_block, p.causal);
+  info.pad = 0;
+  k_begin = rk.begin;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Producer (one warp; lane 0 issues the TMA)
+// ---------------------------------------------------------------------------------------------------
+// TMA coordinates of rows [first, first + 128) of a sequence whose rows are [begin, begin + len) of the tensor
+// (launch.cu, make_ragged_map): (column, head, kMaxRows - len + first, begin + len, kMaxRows). Rows at or past len
+// are out of the map's bounds and arrive as zeros.
+template <class T>
+__device__ __forceinline__ void load_rows(uint8_t (*dst)[T::kTileBytes], int tiles, const CUtensorMap* map,
+                                          uint64_t* bar, int head, int begin, int len, int first, uint64_t policy) {
+  const int window_row = static_cast<int>(kMaxRows) - len + first;
+  const int window_end = begin + len;
+  for (int g = 0; g < tiles; ++g)
+    ptx::tma_load_5d(dst[g], map, bar, g * T::kTileCols, head, window_row, window_end, static_cast<int>(kMaxRows),
+                     policy);
+}
+
+template <int kDQK, bool kFp16>
+__device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage<kDQK, kFp16>& smem,
+                                        const CUtensorMap* q_map, const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                        int lane) {
+  using T = Traits<kDQK, kFp16>;
+  // Q is read by one CTA; K and V of a head by every CTA working on that head's query blocks: keep them in L2.
+  const uint64_t q_policy = make_l2_evict_first_policy();
+  const uint64_t kv_policy = ptx::make_l2_evict_last_policy();
+  SeqWindow win{0, 0, 0, 0};
+  load_window(p, win, lane);
+  uint32_t k_iter = 0, v_iter = 0;  // blocks loaded into each ring so far (stage = iter % kStages)
+  uint32_t tile_iter = 0;
+  int tile = blockIdx.x;
+  for (;;) {
+    TileInfo info;
+    int k_begin = 0;
+    const bool have = find_tile(p, tile, win, lane, info, k_begin);
+    // The next tile number is requested now and read at the end of this tile, so its latency hides behind the loads.
+    int ticket = 0;
+    if (have && p.dynamic_tiles && lane == 0) ticket = atomicAdd(p.tile_counter, 1);
+
+    if (lane == 0) {
+      // Both consumer warpgroups are past the previous tile's last Q K^T: Q and the tile slot may be rewritten.
+      producer_wait(&smem.q_free, (tile_iter & 1) ^ 1);
+      if (!have) {
+        info = TileInfo{};
+        info.valid = 0;
+      }
+      smem.tile = info;
+      if (!have || info.n_end == 0) {
+        ptx::mbarrier_arrive(&smem.q_full);  // no Q to load: the (release) arrival publishes the slot
+      } else {
+        ptx::mbarrier_arrive_expect_tx(&smem.q_full, T::kQBytes);
+        load_rows<T>(smem.q, T::kQKTiles, q_map, &smem.q_full, info.head, info.q_begin, info.s_q,
+                     info.m_block * T::kBlockM, q_policy);
+      }
+    }
+    if (!have) {
+      // The consumers answer the end with one more q_free arrival as they exit: waiting for it puts a hang anywhere in
+      // the CTA under the watchdog.
+      if (lane == 0) producer_wait(&smem.q_free, tile_iter & 1);
+      break;
+    }
+    ++tile_iter;
+
+    if (lane == 0) {
+      // Blocks are consumed last first. The consumers take K of block i + 1 together with V of block i, so K runs one
+      // block ahead: K(n-1), K(n-2), V(n-1), K(n-3), V(n-2), ..., V(0).
+      const int kv_head = info.head / p.heads_per_kv;
+      const int nb = info.n_end;
+      for (int i = 0; i <= nb; ++i) {
+        if (i < nb) {
+          const int s = k_iter % T::kStages;
+          producer_wait(&smem.k_free[s], ((k_iter / T::kStages) & 1) ^ 1);
+          ptx::mbarrier_arrive_expect_tx(&smem.k_full[s], T::kKBytes);
+          load_rows<T>(smem.k[s], T::kQKTiles, k_map, &smem.k_full[s], kv_head, k_begin, info.s_k,
+                       (nb - 1 - i) * T::kBlockN, kv_policy);
+          ++k_iter;
+        }
+        if (i >= 1) {
+          const int s = v_iter % T::kStages;
+          producer_wait(&smem.v_free[s], ((v_iter / T::kStages) & 1) ^ 1);
+          ptx::mbarrier_arrive_expect_tx(&smem.v_full[s], T::kVBytes);
+          load_rows<T>(smem.v[s], T::kVTiles, v_map, &smem.v_full[s], kv_head, k_begin, info.s_k,
+                       (nb - i) * T::kBlockN, kv_policy);
+          ++v_iter;
+        }
+      }
+    }
+    tile = p.dynamic_tiles ? __shfl_sync(0xffffffffu, ticket, 0) + p.grid : tile + p.grid;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Consumers
+// ---------------------------------------------------------------------------------------------------
+// Writes this thread's two rows of a tile (4 x 16 bytes each across the quad) from O (already divided by l) and the
+// lse, valid rows only. `o` is 64 x 128 fp32 in the m64n128 accumulator layout.
+template <bool kFp16>
+__device__ __forceinline__ void store_rows(const MhaPrefillParams& p, const TileInfo& info, const float (&o)[64],
+                                           const int (&row)[2], const float (&lse)[2], int lane) {
+  const int q4 = lane % 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const bool live = row[i] < info.s_q;  // the same for the whole quad
+    const int64_t token = static_cast<int64_t>(info.q_begin) + row[i];
+    uint8_t* dst = static_cast<uint8_t*>(p.out) + 2 * (token * p.out_stride_t + info.head * p.out_stride_h);
+    // A 4 x 4 word transpose across the quad gives each lane 8 contiguous columns: 16-byte stores.
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      uint32_t v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = pack2<kFp16>(o[(4 * m + k) * 4 + 2 * i], o[(4 * m + k) * 4 + 2 * i + 1]);
+      quad_transpose4(v, q4);
+      if (live) *reinterpret_cast<uint4*>(dst + (4 * m + q4) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+    if (live && q4 == 0) p.lse[token * p.lse_stride_t + info.head * p.lse_stride_h] = lse[i];
+  }
+}
+
+template <int kDQK, bool kFp16, int kWg>
+__device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage<kDQK, kFp16>& smem, int tid) {
+  using T = Traits<kDQK, kFp16>;
+  const int lane = tid % 32;
+  const Fragment frag = make_fragment(tid % T::kWarpgroupThreads);
+  const uint8_t* q_rows = smem.q[0] + kWg * T::kRowsPerWarpgroup * T::kRowBytes;
+  uint32_t k_iter = 0, v_iter = 0;  // blocks consumed from each ring
+  uint32_t turn_phase = 0;          // completions of this warpgroup's turn barrier waited for
+  // One arrival per warp (lane 0, after the whole warp passed the point: wgmma waits are warp-synchronous).
+  auto release = [&](uint64_t* bar) {
+    if (lane == 0) ptx::mbarrier_arrive(bar);
+  };
+  // Ping-pong: a warpgroup issues its GEMMs only in its turn, and hands the turn over once they are issued.
+  auto turn_begin = [&] {
+    wait_phase(&smem.turn[kWg], turn_phase);
+    turn_phase ^= 1;
+  };
+  auto turn_end = [&] { release(&smem.turn[kWg ^ 1]); };
+  if constexpr (kWg == 1) turn_end();  // WG0 issues first
+
+  for (uint32_t tile_iter = 0;; ++tile_iter) {
+    wait_phase(&smem.q_full, tile_iter & 1);
+    const TileInfo info = smem.tile;
+    if (!info.valid) {
+      release(&smem.q_free);  // the producer waits for this before it exits
+      break;
+    }
+    int row[2];  // this thread's rows within the sequence
+    row[0] = info.m_block * T::kBlockM + kWg * T::kRowsPerWarpgroup + frag.row[0];
+    row[1] = row[0] + 8;
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+
+    if (info.n_end == 0) {  // no valid row of the tile sees a key: out = 0, lse = +inf
+      release(&smem.q_free);
+      const float inf[2] = {INFINITY, INFINITY};
+      store_rows<kFp16>(p, info, o, row, inf, lane);
+      continue;
+    }
+    int limit[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) limit[i] = row_key_limit(info.s_q, info.s_k, row[i], p.causal);
+    float m[2] = {T::kMaxInit, T::kMaxInit};  // running max (scaled, base 2)
+    float l[2] = {0.f, 0.f};                  // this thread's partial row sums, relative to m
+    float a[2];
+    float s[64];
+    uint32_t pa[8][4];
+
+    // ---------------------------------------------------------------- first block (the last keys): S only
+    int n = info.n_end - 1;
+    {
+      const int ks = k_iter % T::kStages;
+      wait_phase(&smem.k_full[ks], (k_iter / T::kStages) & 1);
+      turn_begin();
+      ptx::wgmma_fence();
+      issue_qk<T>(s, q_rows, smem.k[ks][0]);
+      ptx::wgmma_commit();
+      turn_end();
+      ptx::wgmma_wait<0>();
+      ptx::fence_registers(s);
+      release(&smem.k_free[ks]);
+      ++k_iter;
+      if (n == 0) release(&smem.q_free);
+      if (block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.causal)) mask_block(s, limit, n * T::kBlockN, frag.col);
+      softmax_step(s, p.scale_log2, m, l, a);  // O is still 0: no rescale
+      to_a_fragments<kFp16>(s, pa);
+    }
+
+    // ---------------------------------------------------------------- main loop: S of block n with P V of block n + 1
+    for (--n; n >= 0; --n) {
+      const int ks = k_iter % T::kStages, vs = v_iter % T::kStages;
+      wait_phase(&smem.k_full[ks], (k_iter / T::kStages) & 1);
+      wait_phase(&smem.v_full[vs], (v_iter / T::kStages) & 1);
+      turn_begin();
+      ptx::wgmma_fence();
+      issue_qk<T>(s, q_rows, smem.k[ks][0]);
+      ptx::wgmma_commit();
+      issue_pv<T>(o, pa, smem.v[vs][0]);
+      ptx::wgmma_commit();
+      turn_end();
+      ptx::wgmma_wait<1>();  // S done; P V may still run (it reads pa, which stays untouched until it is done)
+      ptx::fence_registers(s);
+      release(&smem.k_free[ks]);
+      ++k_iter;
+      if (n == 0) release(&smem.q_free);
+      if (block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.causal)) mask_block(s, limit, n * T::kBlockN, frag.col);
+      softmax_step(s, p.scale_log2, m, l, a);
+      ptx::wgmma_wait<0>();
+      ptx::fence_registers(o);
+      release(&smem.v_free[vs]);
+      ++v_iter;
+      rescale_o(o, a);  // O (relative to the old max, block n + 1 included) -> relative to the new max
+      to_a_fragments<kFp16>(s, pa);
+    }
+
+    // ---------------------------------------------------------------- last P V (block 0)
+    {
+      const int vs = v_iter % T::kStages;
+      wait_phase(&smem.v_full[vs], (v_iter / T::kStages) & 1);
+      turn_begin();
+      ptx::wgmma_fence();
+      issue_pv<T>(o, pa, smem.v[vs][0]);
+      ptx::wgmma_commit();
+      turn_end();
+      ptx::wgmma_wait<0>();
+      ptx::fence_registers(o);
+      release(&smem.v_free[vs]);
+      ++v_iter;
+    }
+
+    // ---------------------------------------------------------------- epilogue
+    float lse[2];
+    float inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float total = quad_sum(l[i]);
+      // A row with a visible key has l >= 1 (its max contributes 2^0); l = 0: no key, out 0 and lse +inf. (NaN in
+      // the inputs propagates to out and lse, as in the reference.)
+      const bool none = total == 0.f;
+      inv[i] = none ? 0.f : 1.f / total;
+      lse[i] = none ? INFINITY : (m[i] + log2f(total)) * kLn2;
+    }
+    rescale_o(o, inv);
+    store_rows<kFp16>(p, info, o, row, lse, lane);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------------------
+template <int kDQK, bool kFp16>
+__global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
+    mha_prefill_kernel(const __grid_constant__ MhaPrefillParams p, const __grid_constant__ CUtensorMap q_map,
+                       const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
+  using T = Traits<kDQK, kFp16>;
+  using Smem = SharedStorage<kDQK, kFp16>;
+  extern __shared__ uint8_t smem_raw[];
+  Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int tid = threadIdx.x;
+  // Warp-uniform role (wgmma under a branch ptxas cannot prove uniform is serialised).
+  const int wg = __shfl_sync(0xffffffffu, tid / T::kWarpgroupThreads, 0);
+
+  if (tid == 0) {
+    ptx::prefetch_tensormap(&q_map);
+    ptx::prefetch_tensormap(&k_map);
+    ptx::prefetch_tensormap(&v_map);
+    ptx::mbarrier_init(&smem.q_full, 1);
+    ptx::mbarrier_init(&smem.q_free, kConsumerWarps);
+    for (int s = 0; s < T::kStages; ++s) {
+      ptx::mbarrier_init(&smem.k_full[s], 1);
+      ptx::mbarrier_init(&smem.k_free[s], kConsumerWarps);
+      ptx::mbarrier_init(&smem.v_full[s], 1);
+      ptx::mbarrier_init(&smem.v_free[s], kConsumerWarps);
+    }
+    for (int w = 0; w < 2; ++w) ptx::mbarrier_init(&smem.turn[w], kWarpsPerWarpgroup);
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  // Each role ends in its own exit so that ptxas keeps the register budgets apart.
+  if (wg == 2) {
+    ptx::setmaxnreg_dec<T::kRegsProducer>();
+    if (tid / 32 == 2 * T::kWarpgroupThreads / 32) produce<kDQK, kFp16>(p, smem, &q_map, &k_map, &v_map, tid % 32);
+    return;
+  } else if (wg == 0) {
+    ptx::setmaxnreg_inc<T::kRegsConsumer>();
+    consume<kDQK, kFp16, 0>(p, smem, tid);
+    return;
+  } else {
+    ptx::setmaxnreg_inc<T::kRegsConsumer>();
+    consume<kDQK, kFp16, 1>(p, smem, tid);
+    return;
+  }
+}
+
+}  // namespace openmla::kernels::mha_prefill

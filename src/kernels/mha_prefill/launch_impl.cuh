@@ -1,0 +1,28 @@
+// The typed launcher of the dense MHA prefill kernel, included by one instantiation unit per (d_qk, dtype).
+#pragma once
+
+#include "common/cuda_check.h"
+#include "kernels/mha_prefill/kernel.cuh"
+#include "kernels/mha_prefill/launch.h"
+
+namespace openmla::kernels {
+
+template <int kDQK, bool kFp16>
+Status launch_mha_prefill_typed(const MhaPrefillParams& p, cudaStream_t stream) {
+  using T = mha_prefill::Traits<kDQK, kFp16>;
+  CUtensorMap q_map, k_map, v_map;
+  OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map({p.q, kDQK, p.h_q, p.q_stride_t, p.q_stride_h, kFp16}, &q_map,
+                                                       "dense MHA prefill q"));
+  OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map({p.k, kDQK, p.h_kv, p.k_stride_t, p.k_stride_h, kFp16}, &k_map,
+                                                       "dense MHA prefill k"));
+  OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map(
+      {p.v, T::kHeadDimV, p.h_kv, p.v_stride_t, p.v_stride_h, kFp16}, &v_map, "dense MHA prefill v"));
+  auto kernel = mha_prefill::mha_prefill_kernel<kDQK, kFp16>;
+  constexpr int smem_bytes = mha_prefill::kSmemBytes<kDQK, kFp16>;
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+                               "dense MHA prefill: setting the shared-memory size");
+  kernel<<<p.grid, T::kThreads, smem_bytes, stream>>>(p, q_map, k_map, v_map);
+  return detail::last_cuda_error("dense MHA prefill kernel launch");
+}
+
+}  // namespace openmla::kernels

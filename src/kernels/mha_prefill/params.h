@@ -1,0 +1,50 @@
+// Parameters of the dense MHA prefill forward kernel. Plain data, built by api/mha_prefill.cpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "openmla/status.h"
+
+namespace openmla::kernels {
+
+struct MhaPrefillParams {
+  int batch;         // sequences (cu_seqlens have batch + 1 entries)
+  int h_q;           // query heads
+  int h_kv;          // key/value heads (h_q % h_kv == 0)
+  int heads_per_kv;  // h_q / h_kv: head h reads kv head h / heads_per_kv
+  int d_qk;          // 192 or 128 (d_v is 128)
+  bool fp16;         // fp16 operands (else bf16)
+  bool causal;       // bottom-right aligned
+  int total_q;       // rows of q, out, lse (<= 2^30)
+  int total_k;       // rows of k, v (<= 2^30)
+  float scale_log2;  // softmax scale * log2(e) (> 0)
+
+  const int32_t* cu_seqlens_q;  // (batch + 1,) int32; clamped to [0, total_q] in the kernel
+  const int32_t* cu_seqlens_k;  // (batch + 1,) int32; clamped to [0, total_k]
+
+  // Loaded by TMA (the launcher builds the maps): element strides, multiples of 8, of the token and head dimensions.
+  const void* q;  // (total_q, h_q, d_qk)
+  int64_t q_stride_t, q_stride_h;
+  const void* k;  // (total_k, h_kv, d_qk); never read when total_k == 0 (then it may point anywhere valid)
+  int64_t k_stride_t, k_stride_h;
+  const void* v;  // (total_k, h_kv, 128)
+  int64_t v_stride_t, v_stride_h;
+
+  void* out;  // (total_q, h_q, 128), last dim contiguous, 16-byte aligned rows
+  int64_t out_stride_t, out_stride_h;
+  float* lse;  // (total_q, h_q) float32, any strides
+  int64_t lse_stride_t, lse_stride_h;
+
+  // Tile scheduling (heuristics/mha_prefill_launch.h): CTA c starts with tile c; the next one is
+  // atomicAdd(tile_counter, 1) + grid when `dynamic_tiles` (the counter is zeroed before the launch), else +grid.
+  int grid;
+  bool dynamic_tiles;
+  int* tile_counter;  // workspace, may be null when !dynamic_tiles
+};
+
+// Launches the kernel on `stream` (grid params.grid, 384 threads). Builds the Q, K and V tensor maps.
+Status launch_mha_prefill(const MhaPrefillParams& params, cudaStream_t stream);
+
+}  // namespace openmla::kernels
