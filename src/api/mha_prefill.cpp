@@ -144,11 +144,19 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
   // ---- q, k, v
   OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.q, "q", pr.dtype, pr.h_q, "h_q", pr.d_qk, "d_qk"));
   const int64_t total_q = a.q.shape[0];
-  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.k, "k"));
+  const int64_t max_tiles = heuristics::mha_prefill_max_tiles(pr.batch, total_q, pr.h_q, 0);
+  if (max_tiles > kMaxTiles) {
+    MessageStream os;
+    os << "argument 'q' has " << total_q << " rows x " << pr.h_q << " heads in " << pr.batch
+       << " sequences: up to " << max_tiles << " tiles of 128 rows, more than the 2^31 - 2^16 one call supports "
+                                              "(split the call)";
+    return invalid(os.str());
+  }
   OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.k, "k", pr.dtype, pr.h_kv, "h_kv", pr.d_qk, "d_qk"));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.k, "k"));
   const int64_t total_k = a.k.shape[0];
-  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.v, "v"));
   OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.v, "v", pr.dtype, pr.h_kv, "h_kv", pr.d_v, "d_v"));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.v, "v"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.v, "v", 0, total_k, "total_k, as k"));
 
   // ---- cumulative lengths
@@ -167,14 +175,6 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
        << "; it must be a positive finite number (0: d_qk ** -0.5)";
     return invalid(os.str());
   }
-  const int64_t max_tiles = heuristics::mha_prefill_max_tiles(pr.batch, total_q, pr.h_q, 0);
-  if (max_tiles > kMaxTiles) {
-    MessageStream os;
-    os << "argument 'q' has " << total_q << " rows x " << pr.h_q << " heads in " << pr.batch
-       << " sequences: up to " << max_tiles << " tiles of 128 rows, more than the 2^31 - 2^16 one call supports "
-                                              "(split the call)";
-    return invalid(os.str());
-  }
 
   // ---- workspace and outputs
   OPENMLA_RETURN_IF_ERROR(check_on_cuda(a.workspace, "workspace"));
@@ -188,8 +188,8 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
        << heuristics::kMhaPrefillWorkspaceBytes;
     return invalid(os.str());
   }
-  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.out, "out"));
   OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.out, "out", pr.dtype, pr.h_q, "h_q", pr.d_v, "d_v"));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.out, "out"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 0, total_q, "total_q, as q"));
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.lse, "lse", {DType::kFloat32}, 2));
   OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.lse, "lse"));

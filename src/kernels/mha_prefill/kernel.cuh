@@ -216,22 +216,33 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8]
 // ---------------------------------------------------------------------------------------------------
 // Tile scheduling (producer warp): tile t -> (sequence, head, query block)
 // ---------------------------------------------------------------------------------------------------
-// 32 consecutive sequences, one per lane: this lane's tile count and the inclusive prefix sum over the lanes. A CTA's
-// tile numbers only grow, so the window only moves forward: the whole call reads cu_seqlens_q once per CTA.
+// 32 consecutive sequences, one per lane: this lane's query rows (tile_math.h, next_query_end), its tile count and
+// the inclusive prefix sum of the counts over the lanes. A CTA's tile numbers only grow, so the window only moves
+// forward: the whole call reads cu_seqlens_q once per CTA.
 struct SeqWindow {
   int base;          // first sequence of the window (lane 0's)
   int tiles_before;  // tiles of the sequences before it
-  int count;         // tiles of sequence base + lane (0 past the batch)
+  int carry_end;     // end of the query rows of sequence base - 1 (e(base - 1))
+  int q_begin;       // query rows [q_begin, q_end) of sequence base + lane (empty past the batch)
+  int q_end;
+  int count;         // its tiles
   int incl;          // tiles of sequences base .. base + lane
 };
 
 __device__ __forceinline__ void load_window(const MhaPrefillParams& p, SeqWindow& w, int lane) {
   const int b = w.base + lane;
-  int count = 0;
-  if (b < p.batch) {
-    const RowRange r = clamp_rows(__ldg(p.cu_seqlens_q + b), __ldg(p.cu_seqlens_q + b + 1), p.total_q);
-    count = p.h_q * num_m_blocks(r.len);
+  // e(b) = min(max(cu[base + 1 .. b + 1], e(base - 1)), total): a max-scan over the lanes.
+  int e = b < p.batch ? __ldg(p.cu_seqlens_q + b + 1) : w.carry_end;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int x = __shfl_up_sync(0xffffffffu, e, off);
+    if (lane >= off) e = imax(e, x);
   }
+  e = next_query_end(w.carry_end, e, p.total_q);
+  const int prev = __shfl_up_sync(0xffffffffu, e, 1);
+  w.q_begin = lane == 0 ? w.carry_end : prev;
+  w.q_end = e;
+  const int count = p.h_q * num_m_blocks(e - w.q_begin);
   int incl = count;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
@@ -251,6 +262,7 @@ __device__ __forceinline__ bool find_tile(const MhaPrefillParams& p, int t, SeqW
     if (t < w.tiles_before + window_tiles) break;
     if (w.base + 32 >= p.batch) return false;
     w.tiles_before += window_tiles;
+    w.carry_end = __shfl_sync(0xffffffffu, w.q_end, 31);
     w.base += 32;
     load_window(p, w, lane);
   }
@@ -258,16 +270,17 @@ __device__ __forceinline__ bool find_tile(const MhaPrefillParams& p, int t, SeqW
   const int src = __ffs(hit) - 1;
   const int first = w.tiles_before + __shfl_sync(0xffffffffu, w.incl - w.count, src);
   const int seq = w.base + src;
-  const RowRange rq = clamp_rows(__ldg(p.cu_seqlens_q + seq), __ldg(p.cu_seqlens_q + seq + 1), p.total_q);
+  const int q_begin = __shfl_sync(0xffffffffu, w.q_begin, src);
+  const int s_q = __shfl_sync(0xffffffffu, w.q_end, src) - q_begin;
   const RowRange rk = clamp_rows(__ldg(p.cu_seqlens_k + seq), __ldg(p.cu_seqlens_k + seq + 1), p.total_k);
-  const TileCoord c = tile_coord(t - first, num_m_blocks(rq.len), p.causal);
+  const TileCoord c = tile_coord(t - first, num_m_blocks(s_q), p.causal);
   info.valid = 1;
-  info.q_begin = rq.begin;
-  info.s_q = rq.len;
+  info.q_begin = q_begin;
+  info.s_q = s_q;
   info.s_k = rk.len;
   info.head = c.head;
   info.m_block = c.m_block;
-  info.n_end = key_block_end(rq.len, rk.len, c.m_block, p.causal);
+  info.n_end = key_block_end(s_q, rk.len, c.m_block, p.causal);
   info.pad = 0;
   k_begin = rk.begin;
   return true;
@@ -297,7 +310,8 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
   // Q is read by one CTA; K and V of a head by every CTA working on that head's query blocks: keep them in L2.
   const uint64_t q_policy = make_l2_evict_first_policy();
   const uint64_t kv_policy = ptx::make_l2_evict_last_policy();
-  SeqWindow win{0, 0, 0, 0};
+  SeqWindow win{};
+  win.carry_end = first_query_end(__ldg(p.cu_seqlens_q), p.total_q);
   load_window(p, win, lane);
   uint32_t k_iter = 0, v_iter = 0;  // blocks loaded into each ring so far (stage = iter % kStages)
   uint32_t tile_iter = 0;

@@ -35,6 +35,14 @@ OPENMLA_MHA_HD RowRange clamp_rows(int lo, int hi, int total) {
   return RowRange{b, e - b};
 }
 
+// Query rows are assigned to sequences in order, each ending at the largest cumulative length seen so far:
+// e(-1) = clamp(cu[0], 0, total), e(i) = min(max(cu[i + 1], e(i - 1)), total), sequence i = rows [e(i - 1), e(i)).
+// For valid cu_seqlens (non-decreasing, within the tensor) this is [cu[i], cu[i + 1]); for any values the sequences
+// are disjoint and in order, so the call's tiles never exceed mha_prefill_max_tiles (heuristics/mha_prefill_launch.h)
+// and tile numbers cannot overflow. (Key rows are only clamped, clamp_rows: overlapping key ranges cost nothing.)
+OPENMLA_MHA_HD int next_query_end(int prev_end, int cu_next, int total) { return imin(imax(cu_next, prev_end), total); }
+OPENMLA_MHA_HD int first_query_end(int cu0, int total) { return imin(imax(cu0, 0), total); }
+
 OPENMLA_MHA_HD int num_m_blocks(int s_q) { return (s_q + kBlockM - 1) / kBlockM; }
 OPENMLA_MHA_HD int num_n_blocks(int s_k) { return (s_k + kBlockN - 1) / kBlockN; }
 

@@ -1,0 +1,504 @@
+// Dense MHA prefill: every validation error of mha_prefill, the parameters it builds, the workspace size, the launch
+// plan and the tile arithmetic the kernel shares with the host (kernels/mha_prefill/tile_math.h), checked against
+// brute force. Uses fake, aligned, non-null "device" pointers: validate_mha_prefill makes no CUDA call, so no GPU
+// is needed and nothing is ever launched on them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "api/mha_prefill_internal.h"
+#include "heuristics/mha_prefill_launch.h"
+#include "kernels/mha_prefill/tile_math.h"
+#include "openmla/capability.h"
+#include "openmla/prefill.h"
+
+namespace openmla {
+namespace {
+
+namespace mp = kernels::mha_prefill;
+
+void* fake_ptr(int i) { return reinterpret_cast<void*>(uintptr_t{0x10000000} + uintptr_t(i) * 0x10000000); }
+
+MhaPrefillProblem valid_problem() {
+  return MhaPrefillProblem{.batch = 4, .h_q = 16, .h_kv = 2, .d_qk = 192, .d_v = 128, .dtype = DType::kBFloat16,
+                           .causal = true, .max_seqlen_q = 0, .num_sms = 132};
+}
+
+// A valid call: 4 sequences packed into 1000 query rows and 1500 key rows, h_q = 16, h_kv = 2 (GQA 8), 192 / 128.
+MhaPrefillArgs valid_args() {
+  MhaPrefillArgs a;
+  a.q = make_tensor(fake_ptr(1), DType::kBFloat16, {1000, 16, 192});
+  a.k = make_tensor(fake_ptr(2), DType::kBFloat16, {1500, 2, 192});
+  a.v = make_tensor(fake_ptr(3), DType::kBFloat16, {1500, 2, 128});
+  a.cu_seqlens_q = make_tensor(fake_ptr(4), DType::kInt32, {5});
+  a.cu_seqlens_k = make_tensor(fake_ptr(5), DType::kInt32, {5});
+  a.softmax_scale = 0.125f;
+  a.workspace = make_tensor(fake_ptr(6), DType::kUInt8, {16});
+  a.out = make_tensor(fake_ptr(7), DType::kBFloat16, {1000, 16, 128});
+  a.lse = make_tensor(fake_ptr(8), DType::kFloat32, {1000, 16}, {1, 1000});  // flash_mla's transposed lse
+  return a;
+}
+
+void expect_error(const std::function<void(MhaPrefillProblem&, MhaPrefillArgs&)>& mutate, const std::string& needle,
+                  StatusCode code = StatusCode::kInvalidArgument) {
+  MhaPrefillProblem p = valid_problem();
+  MhaPrefillArgs a = valid_args();
+  mutate(p, a);
+  const Status s = detail::validate_mha_prefill(p, a, nullptr);
+  ASSERT_FALSE(s.is_ok()) << "expected an error naming " << needle;
+  EXPECT_EQ(s.code(), code) << s.message();
+  EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+}
+
+TEST(MhaPrefillApi, ValidCallBuildsParams) {
+  kernels::MhaPrefillParams p;
+  const Status st = detail::validate_mha_prefill(valid_problem(), valid_args(), &p);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(p.batch, 4);
+  EXPECT_EQ(p.h_q, 16);
+  EXPECT_EQ(p.h_kv, 2);
+  EXPECT_EQ(p.heads_per_kv, 8);
+  EXPECT_EQ(p.d_qk, 192);
+  EXPECT_FALSE(p.fp16);
+  EXPECT_TRUE(p.causal);
+  EXPECT_EQ(p.total_q, 1000);
+  EXPECT_EQ(p.total_k, 1500);
+  EXPECT_FLOAT_EQ(p.scale_log2, 0.125f * 1.4426950408889634f);
+  EXPECT_EQ(p.q_stride_t, 16 * 192);
+  EXPECT_EQ(p.q_stride_h, 192);
+  EXPECT_EQ(p.k_stride_t, 2 * 192);
+  EXPECT_EQ(p.v_stride_t, 2 * 128);
+  EXPECT_EQ(p.out_stride_t, 16 * 128);
+  EXPECT_EQ(p.lse_stride_t, 1);
+  EXPECT_EQ(p.lse_stride_h, 1000);
+  EXPECT_EQ(p.q, fake_ptr(1));
+  EXPECT_EQ(p.k, fake_ptr(2));
+  EXPECT_EQ(p.tile_counter, fake_ptr(6));
+  // (1000 + 127 * 4) / 128 = 11 query blocks at most, x 16 heads = 176 tiles > 132 SMs.
+  EXPECT_EQ(p.grid, 132);
+  EXPECT_TRUE(p.dynamic_tiles);
+}
+
+TEST(MhaPrefillApi, PackedQkvViewsAndDefaults) {
+  // flash_attn_varlen_qkvpacked_func: one (total, h, 192 + 192 + 128) tensor split along the last dimension.
+  MhaPrefillProblem pr = valid_problem();
+  pr.h_q = pr.h_kv = 8;
+  pr.causal = false;
+  pr.batch = 1;
+  pr.dtype = DType::kFloat16;
+  pr.max_seqlen_q = 300;
+  const int64_t row = 8 * 512;
+  auto* base = static_cast<char*>(fake_ptr(1));
+  MhaPrefillArgs a = valid_args();
+  a.q = make_tensor(base, DType::kFloat16, {300, 8, 192}, {row, 512, 1});
+  a.k = make_tensor(base + 192 * 2, DType::kFloat16, {300, 8, 192}, {row, 512, 1});
+  a.v = make_tensor(base + 384 * 2, DType::kFloat16, {300, 8, 128}, {row, 512, 1});
+  a.cu_seqlens_q = make_tensor(fake_ptr(4), DType::kInt32, {2});
+  a.cu_seqlens_k = make_tensor(fake_ptr(5), DType::kInt32, {2});
+  a.out = make_tensor(fake_ptr(7), DType::kFloat16, {300, 8, 128});
+  a.lse = make_tensor(fake_ptr(8), DType::kFloat32, {300, 8});
+  a.softmax_scale = 0.f;
+  kernels::MhaPrefillParams p;
+  const Status st = detail::validate_mha_prefill(pr, a, &p);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_TRUE(p.fp16);
+  EXPECT_EQ(p.q_stride_t, row);
+  EXPECT_EQ(p.k_stride_h, 512);
+  EXPECT_EQ(p.v, base + 768);
+  EXPECT_FLOAT_EQ(p.scale_log2, static_cast<float>(1.4426950408889634 / std::sqrt(192.0)));
+  // One sequence of at most 300 rows: 3 query blocks x 8 heads; non-causal single sequence: round-robin.
+  EXPECT_EQ(p.grid, 24);
+  EXPECT_FALSE(p.dynamic_tiles);
+}
+
+TEST(MhaPrefillApi, SizeOneDimensionsAndEmptyTensors) {
+  MhaPrefillProblem pr = valid_problem();
+  pr.h_q = 2;
+  pr.h_kv = 1;
+  pr.batch = 1;
+  MhaPrefillArgs a = valid_args();
+  // h_kv = 1 and total_k = 1: strides of size-1 dimensions are never used (anything is accepted and replaced).
+  a.q = make_tensor(fake_ptr(1), DType::kBFloat16, {1, 2, 192}, {3, 192, 1});
+  a.k = make_tensor(fake_ptr(2), DType::kBFloat16, {1, 1, 192}, {0, 5, 1});
+  a.v = make_tensor(fake_ptr(3), DType::kBFloat16, {1, 1, 128}, {7, 0, 1});
+  a.cu_seqlens_q = make_tensor(fake_ptr(4), DType::kInt32, {2});
+  a.cu_seqlens_k = make_tensor(fake_ptr(5), DType::kInt32, {2});
+  a.out = make_tensor(fake_ptr(7), DType::kBFloat16, {1, 2, 128});
+  a.lse = make_tensor(fake_ptr(8), DType::kFloat32, {1, 2});
+  kernels::MhaPrefillParams p;
+  Status st = detail::validate_mha_prefill(pr, a, &p);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(p.q_stride_t, 2 * 192);
+  EXPECT_EQ(p.k_stride_t, 192);
+  EXPECT_EQ(p.k_stride_h, 192);
+  EXPECT_EQ(p.v_stride_h, 128);
+  EXPECT_EQ(p.grid, 2);
+
+  // No keys at all (every sequence has s_k = 0): k and v may be empty views without an address; the maps are then
+  // built on q's address (never read).
+  a.k = make_tensor(nullptr, DType::kBFloat16, {0, 1, 192});
+  a.v = make_tensor(nullptr, DType::kBFloat16, {0, 1, 128});
+  st = detail::validate_mha_prefill(pr, a, &p);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(p.total_k, 0);
+  EXPECT_EQ(p.k, fake_ptr(1));
+  EXPECT_EQ(p.v, fake_ptr(1));
+
+  // No query row: nothing to launch.
+  a.q = make_tensor(nullptr, DType::kBFloat16, {0, 2, 192});
+  a.out = make_tensor(nullptr, DType::kBFloat16, {0, 2, 128});
+  a.lse = make_tensor(fake_ptr(8), DType::kFloat32, {0, 2});
+  st = detail::validate_mha_prefill(pr, a, &p);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(p.grid, 0);
+}
+
+TEST(MhaPrefillApi, ProblemFields) {
+  expect_error([](auto& p, auto&) { p.batch = 0; }, "'problem.batch' is 0");
+  expect_error([](auto& p, auto&) { p.h_kv = 0; }, "'problem.h_kv' is 0");
+  expect_error([](auto& p, auto&) { p.h_q = 13; }, "'problem.h_q' is 13; must be a positive multiple of h_kv = 2");
+  expect_error([](auto& p, auto&) { p.d_qk = 576; }, "(d_qk, d_v) = (192, 128)", StatusCode::kUnsupported);
+  expect_error([](auto& p, auto&) { p.d_v = 192; }, "'problem.d_qk' / 'problem.d_v' is 192 / 192",
+               StatusCode::kUnsupported);
+  expect_error([](auto& p, auto&) { p.dtype = DType::kFloat32; }, "'problem.dtype' is float32");
+  expect_error([](auto& p, auto&) { p.max_seqlen_q = -1; }, "'problem.max_seqlen_q' is -1");
+  expect_error([](auto& p, auto&) { p.num_sms = -2; }, "'problem.num_sms' is -2");
+}
+
+TEST(MhaPrefillApi, QKV) {
+  expect_error([](auto&, auto& a) { a.q = TensorRef{}; }, "'q' is required");
+  expect_error([](auto&, auto& a) { a.q.device = DeviceType::kCPU; }, "'q' must be a CUDA tensor");
+  expect_error([](auto&, auto& a) { a.q.dtype = DType::kFloat32; }, "'q' has dtype float32, expected bfloat16 or float16");
+  expect_error([](auto&, auto& a) { a.q.dtype = DType::kFloat16; }, "'q' has dtype float16, expected bfloat16 (problem.dtype");
+  expect_error([](auto&, auto& a) { a.q.ndim = 4; }, "'q' must have 3 dimensions");
+  expect_error([](auto&, auto& a) { a.q.shape[1] = 8; }, "'q' has size 8 in dimension 1 (h_q)");
+  expect_error([](auto&, auto& a) { a.q.shape[2] = 128; }, "'q' has size 128 in dimension 2 (d_qk)");
+  expect_error([](auto&, auto& a) { a.q.stride[2] = 2; }, "'q' must be contiguous in its last dimension");
+  expect_error([](auto&, auto& a) { a.q.stride[1] = 196; }, "'q' has stride 196 in dimension 1");
+  expect_error([](auto&, auto& a) { a.q.stride[0] = -a.q.stride[0]; }, "positive multiple of 8");
+  expect_error([](auto&, auto& a) { a.q.stride[0] = int64_t{1} << 33; }, "below 2^32");
+  expect_error([](auto&, auto& a) { a.q.data = static_cast<char*>(a.q.data) + 8; }, "'q' data pointer must be 16-byte");
+  expect_error([](auto&, auto& a) {
+    a.q.shape[0] = a.out.shape[0] = a.lse.shape[0] = (int64_t{1} << 30) + 1;
+  }, "at most 2^30");
+  expect_error([](auto&, auto& a) { a.k = TensorRef{}; }, "'k' is required");
+  expect_error([](auto&, auto& a) { a.k.device_id = 1; }, "all tensors must be on the same device");
+  expect_error([](auto&, auto& a) { a.k.shape[1] = 4; }, "'k' has size 4 in dimension 1 (h_kv)");
+  expect_error([](auto&, auto& a) { a.k.shape[2] = 128; }, "'k' has size 128 in dimension 2 (d_qk)");
+  expect_error([](auto&, auto& a) { a.k.stride[0] = 388; }, "'k' has stride 388 in dimension 0");
+  expect_error([](auto&, auto& a) { a.v = TensorRef{}; }, "'v' is required");
+  expect_error([](auto&, auto& a) { a.v.shape[2] = 192; }, "'v' has size 192 in dimension 2 (d_v)");
+  expect_error([](auto&, auto& a) { a.v.shape[0] = 1499; }, "'v' has size 1499 in dimension 0 (total_k, as k)");
+  expect_error([](auto&, auto& a) { a.v.dtype = DType::kFloat16; }, "'v' has dtype float16");
+}
+
+TEST(MhaPrefillApi, CumulativeLengths) {
+  expect_error([](auto&, auto& a) { a.cu_seqlens_q = TensorRef{}; }, "'cu_seqlens_q' is required");
+  expect_error([](auto&, auto& a) { a.cu_seqlens_q.dtype = DType::kInt64; }, "'cu_seqlens_q' has dtype int64");
+  expect_error([](auto&, auto& a) { a.cu_seqlens_q.shape[0] = 4; }, "'cu_seqlens_q' has size 4 in dimension 0 (batch + 1)");
+  expect_error([](auto&, auto& a) { a.cu_seqlens_k.device = DeviceType::kCPU; }, "'cu_seqlens_k' must be a CUDA tensor");
+  expect_error([](auto&, auto& a) { a.cu_seqlens_k = make_tensor(a.cu_seqlens_k.data, DType::kInt32, {5}, {2}); },
+               "'cu_seqlens_k' must be contiguous");
+  expect_error([](auto&, auto& a) { a.cu_seqlens_k.data = static_cast<char*>(a.cu_seqlens_k.data) + 2; },
+               "'cu_seqlens_k' data pointer must be 4-byte");
+}
+
+TEST(MhaPrefillApi, Scalars) {
+  expect_error([](auto&, auto& a) { a.softmax_scale = -1.f; }, "'softmax_scale' is -1");
+  expect_error([](auto&, auto& a) { a.softmax_scale = NAN; }, "'softmax_scale'");
+  expect_error([](auto&, auto& a) { a.softmax_scale = INFINITY; }, "'softmax_scale'");
+  expect_error([](auto& p, auto& a) {
+    p.h_q = p.h_kv = 4096;
+    a.q = make_tensor(fake_ptr(1), DType::kBFloat16, {int64_t{1} << 30, 4096, 192});
+  }, "tiles of 128 rows");
+}
+
+TEST(MhaPrefillApi, WorkspaceAndOutputs) {
+  expect_error([](auto&, auto& a) { a.workspace = TensorRef{}; }, "'workspace' is required");
+  expect_error([](auto&, auto& a) { a.workspace.shape[0] = 8; }, "'workspace' has 8 bytes; get_mha_prefill_workspace_size asks for 16");
+  expect_error([](auto&, auto& a) { a.workspace.data = static_cast<char*>(a.workspace.data) + 4; }, "'workspace' data pointer must be 16-byte");
+  expect_error([](auto&, auto& a) { a.workspace.device = DeviceType::kCPU; }, "'workspace' must be a CUDA tensor");
+  expect_error([](auto&, auto& a) { a.out = TensorRef{}; }, "'out' is required");
+  expect_error([](auto&, auto& a) { a.out.dtype = DType::kFloat32; }, "'out' has dtype float32");
+  expect_error([](auto&, auto& a) { a.out.shape[0] = 999; }, "'out' has size 999 in dimension 0 (total_q, as q)");
+  expect_error([](auto&, auto& a) { a.out.shape[2] = 192; }, "'out' has size 192 in dimension 2 (d_v)");
+  expect_error([](auto&, auto& a) { a.out.stride[1] = 132; }, "'out' has stride 132 in dimension 1");
+  expect_error([](auto&, auto& a) { a.out.data = static_cast<char*>(a.out.data) + 2; }, "'out' data pointer must be 16-byte");
+  expect_error([](auto&, auto& a) { a.lse = TensorRef{}; }, "'lse' is required");
+  expect_error([](auto&, auto& a) { a.lse.dtype = DType::kBFloat16; }, "'lse' has dtype bfloat16");
+  expect_error([](auto&, auto& a) { a.lse.shape[1] = 2; }, "'lse' has size 2 in dimension 1 (h_q)");
+  expect_error([](auto&, auto& a) { a.lse.data = static_cast<char*>(a.lse.data) + 2; }, "'lse' data pointer must be 4-byte");
+  expect_error([](auto&, auto& a) { a.lse.device_id = 2; }, "all tensors must be on the same device");
+}
+
+TEST(MhaPrefillApi, OutputsMustNotAlias) {
+  expect_error([](auto&, auto& a) { a.out.data = a.q.data; }, "'out' overlaps argument 'q'");
+  expect_error([](auto&, auto& a) { a.lse.data = static_cast<char*>(a.v.data) + 64; }, "'lse' overlaps argument 'v'");
+  expect_error([](auto&, auto& a) { a.workspace.data = a.cu_seqlens_k.data; }, "'workspace' overlaps argument 'cu_seqlens_k'");
+  expect_error([](auto&, auto& a) { a.lse.data = static_cast<char*>(a.out.data) + 1024; }, "'out' overlaps argument 'lse'");
+}
+
+TEST(MhaPrefillApi, WorkspaceSize) {
+  MhaPrefillWorkspaceSizes ws;
+  ASSERT_TRUE(get_mha_prefill_workspace_size(valid_problem(), &ws).is_ok());
+  EXPECT_EQ(ws.workspace_bytes, 16u);
+  MhaPrefillProblem bad = valid_problem();
+  bad.h_q = 3;
+  const Status st = get_mha_prefill_workspace_size(bad, &ws);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("'problem.h_q'"), std::string::npos) << st.message();
+  EXPECT_FALSE(get_mha_prefill_workspace_size(valid_problem(), nullptr).is_ok());
+}
+
+// Without OPENMLA_EXPERIMENTAL_MHA=1 a valid call is refused before any CUDA call, with the reason; argument errors
+// are still reported as such. (Skipped when the variable is set: the call would then launch on the fake pointers.)
+TEST(MhaPrefillApi, GatedUntilVerifiedOnAGpu) {
+  if (detail::mha_prefill_enabled()) GTEST_SKIP() << "OPENMLA_EXPERIMENTAL_MHA=1 is set in this process";
+  Status st = mha_prefill(valid_problem(), valid_args(), nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_NE(st.message().find("not yet verified on a GPU; set OPENMLA_EXPERIMENTAL_MHA=1 to run it"), std::string::npos)
+      << st.message();
+  MhaPrefillArgs bad = valid_args();
+  bad.out.shape[1] = 3;
+  st = mha_prefill(valid_problem(), bad, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
+  const Capability cap = query_capability(Feature::kDensePrefill);
+  EXPECT_FALSE(cap.supported);
+#if defined(OPENMLA_HAS_MHA_PREFILL)
+  EXPECT_EQ(cap.reason, "dense_prefill: implemented, not yet verified on a GPU; set OPENMLA_EXPERIMENTAL_MHA=1 to run it");
+#endif
+}
+
+// ---- Launch plan --------------------------------------------------------------------------------------------------
+TEST(MhaPrefillLaunch, MaxTilesBoundsEverySplit) {
+  // Brute force: every split of total_q rows into `batch` sequences has at most the bound's query blocks.
+  for (int64_t batch = 1; batch <= 4; ++batch) {
+    for (int64_t total = 0; total <= 600; total += 37) {
+      int64_t worst = 0;
+      // Sequences as long as possible in as many pieces as possible: total - 1 rows... the worst split puts
+      // 128 k + 1 rows in each sequence; enumerate splits with the first batch - 1 lengths in steps of 1 (small).
+      std::function<void(int64_t, int64_t, int64_t)> rec = [&](int64_t left, int64_t seqs, int64_t blocks) {
+        if (seqs == 1) {
+          worst = std::max(worst, blocks + (left + 127) / 128);
+          return;
+        }
+        for (int64_t s = 0; s <= left; s += (left > 300 ? 7 : 1)) rec(left - s, seqs - 1, blocks + (s + 127) / 128);
+      };
+      rec(total, batch, 0);
+      const int64_t bound = heuristics::mha_prefill_max_tiles(batch, total, 1, 0);
+      EXPECT_GE(bound, worst) << "batch " << batch << " total " << total;
+      EXPECT_LE(bound, worst + batch) << "batch " << batch << " total " << total;
+    }
+  }
+  EXPECT_EQ(heuristics::mha_prefill_max_tiles(2, 8192, 128, 0), 65 * 128);  // any split of 8192 rows in 2: <= 65 blocks
+  EXPECT_EQ(heuristics::mha_prefill_max_tiles(2, 8192, 128, 4096), 64 * 128);
+  EXPECT_EQ(heuristics::mha_prefill_max_tiles(16, 16 * 1024, 128, 1024), 16 * 8 * 128);
+  EXPECT_EQ(heuristics::mha_prefill_max_tiles(1000, 1000, 16, 1), 1000 * 16);     // 1000 one-row sequences
+  EXPECT_EQ(heuristics::mha_prefill_max_tiles(1000, 1000, 16, 0), (1000 + 127 * 1000) / 128 * 16);
+  EXPECT_EQ(heuristics::mha_prefill_max_tiles(3, 0, 16, 0), 0);
+}
+
+TEST(MhaPrefillLaunch, GridAndTileHandOut) {
+  MhaPrefillProblem p = valid_problem();
+  p.batch = 1;
+  p.h_q = p.h_kv = 128;
+  p.causal = false;
+  auto plan = heuristics::plan_mha_prefill_launch(p, 8192, 132);
+  EXPECT_EQ(plan.max_tiles, 64 * 128);
+  EXPECT_EQ(plan.grid, 132);
+  EXPECT_FALSE(plan.dynamic_tiles);  // one sequence, no mask: every tile costs the same
+  p.causal = true;
+  EXPECT_TRUE(heuristics::plan_mha_prefill_launch(p, 8192, 132).dynamic_tiles);
+  p.causal = false;
+  p.batch = 2;
+  EXPECT_TRUE(heuristics::plan_mha_prefill_launch(p, 8192, 132).dynamic_tiles);
+  p.batch = 1;
+  p.h_q = p.h_kv = 1;
+  plan = heuristics::plan_mha_prefill_launch(p, 200, 132);
+  EXPECT_EQ(plan.grid, 2);
+  EXPECT_EQ(heuristics::plan_mha_prefill_launch(p, 0, 132).grid, 0);
+}
+
+// ---- Tile arithmetic against brute force ---------------------------------------------------------------------------
+TEST(MhaPrefillTiles, ClampRows) {
+  EXPECT_EQ(mp::clamp_rows(10, 20, 100).begin, 10);
+  EXPECT_EQ(mp::clamp_rows(10, 20, 100).len, 10);
+  EXPECT_EQ(mp::clamp_rows(10, 5, 100).len, 0);       // out of order: empty
+  EXPECT_EQ(mp::clamp_rows(-7, 5, 100).begin, 0);     // negative start clamps to 0
+  EXPECT_EQ(mp::clamp_rows(90, 1 << 30, 100).len, 10);  // past the tensor clamps to its end
+  EXPECT_EQ(mp::clamp_rows(200, 300, 100).begin, 100);
+  EXPECT_EQ(mp::clamp_rows(200, 300, 100).len, 0);
+}
+
+bool sees(int s_q, int s_k, int row, int key, bool causal) {
+  return key >= 0 && key < s_k && (!causal || key <= row + s_k - s_q);
+}
+
+TEST(MhaPrefillTiles, KeyBlocksAndMasksMatchBruteForce) {
+  const int lens[] = {0, 1, 2, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257, 300, 383, 384, 385, 640};
+  for (bool causal : {false, true}) {
+    for (int s_q : lens) {
+      for (int s_k : lens) {
+        for (int mb = 0; mb < mp::num_m_blocks(s_q); ++mb) {
+          const int n_end = mp::key_block_end(s_q, s_k, mb, causal);
+          ASSERT_GE(n_end, 0);
+          ASSERT_LE(n_end, mp::num_n_blocks(s_k));
+          const int r0 = mb * mp::kBlockM, r1 = std::min(r0 + mp::kBlockM, s_q);
+          for (int n = 0; n < mp::num_n_blocks(s_k); ++n) {
+            bool any = false, all = true;
+            for (int r = r0; r < r1; ++r)
+              for (int c = n * mp::kBlockN; c < (n + 1) * mp::kBlockN; ++c) {
+                const bool v = sees(s_q, s_k, r, c, causal);
+                any |= v;
+                all &= v;
+              }
+            // Every block holding a visible key is visited; the blocks past n_end hold none.
+            if (any) ASSERT_LT(n, n_end) << "s_q " << s_q << " s_k " << s_k << " mb " << mb << " n " << n;
+            // A block visited without a mask must be entirely visible to every valid row.
+            if (n < n_end && !mp::block_needs_mask(s_q, s_k, mb, n, causal))
+              ASSERT_TRUE(all) << "s_q " << s_q << " s_k " << s_k << " mb " << mb << " n " << n << " causal " << causal;
+          }
+          // The per-row limit is exactly the last visible key.
+          for (int r = r0; r < r1; ++r) {
+            int last = -1;
+            for (int c = 0; c < s_k; ++c)
+              if (sees(s_q, s_k, r, c, causal)) last = c;
+            const int lim = mp::row_key_limit(s_q, s_k, r, causal);
+            ASSERT_EQ(std::max(lim, -1), last) << "s_q " << s_q << " s_k " << s_k << " row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(MhaPrefillTiles, MaskedBlocksComeFirst) {
+  // Blocks are visited last first, so the masked ones must be a suffix of [0, n_end): at most 2 under causal (the
+  // diagonal spans 128 rows), 1 without (the sequence end), plus all of them for rows that see nothing.
+  for (int s_q : {1, 100, 128, 1000, 4097}) {
+    for (int s_k : {1, 100, 128, 1000, 4097, 8192}) {
+      for (bool causal : {false, true}) {
+        for (int mb = 0; mb < mp::num_m_blocks(s_q); ++mb) {
+          const int n_end = mp::key_block_end(s_q, s_k, mb, causal);
+          if (n_end == 0) continue;
+          int masked = 0;
+          bool seen_unmasked = false;
+          for (int n = n_end - 1; n >= 0; --n) {
+            const bool m = mp::block_needs_mask(s_q, s_k, mb, n, causal);
+            if (m) {
+              ASSERT_FALSE(seen_unmasked) << "s_q " << s_q << " s_k " << s_k << " mb " << mb;
+              ++masked;
+            } else {
+              seen_unmasked = true;
+            }
+          }
+          if (mp::row_key_limit(s_q, s_k, mb * mp::kBlockM, causal) >= 0) EXPECT_LE(masked, causal ? 2 : 1);
+        }
+      }
+    }
+  }
+}
+
+TEST(MhaPrefillTiles, TileOrderIsABijectionLongestFirst) {
+  for (bool causal : {false, true}) {
+    for (int m_blocks : {1, 2, 7, 32}) {
+      const int h_q = 3;
+      std::set<std::pair<int, int>> seen;
+      int prev_head = 0, prev_mb = causal ? m_blocks : -1;
+      for (int local = 0; local < h_q * m_blocks; ++local) {
+        const mp::TileCoord c = mp::tile_coord(local, m_blocks, causal);
+        ASSERT_GE(c.head, 0);
+        ASSERT_LT(c.head, h_q);
+        ASSERT_GE(c.m_block, 0);
+        ASSERT_LT(c.m_block, m_blocks);
+        ASSERT_TRUE(seen.insert({c.head, c.m_block}).second);
+        if (c.head == prev_head) {
+          if (causal) ASSERT_LT(c.m_block, prev_mb);  // the block with the most keys first
+          else ASSERT_GT(c.m_block, prev_mb);
+        } else {
+          ASSERT_EQ(c.head, prev_head + 1);  // heads in order: heads of one kv head are neighbours
+        }
+        prev_head = c.head;
+        prev_mb = c.m_block;
+      }
+      EXPECT_EQ(static_cast<int>(seen.size()), h_q * m_blocks);
+    }
+  }
+}
+
+// Query rows of each sequence under the kernel's rule (tile_math.h, next_query_end), sequentially.
+std::vector<mp::RowRange> query_rows(const std::vector<int>& cu, int total) {
+  std::vector<mp::RowRange> rows;
+  int end = mp::first_query_end(cu[0], total);
+  for (size_t i = 0; i + 1 < cu.size(); ++i) {
+    const int next = mp::next_query_end(end, cu[i + 1], total);
+    rows.push_back({end, next - end});
+    end = next;
+  }
+  return rows;
+}
+
+TEST(MhaPrefillTiles, QueryRowsAreDisjointForAnyCumulativeLengths) {
+  // Valid lengths: exactly [cu[i], cu[i + 1]).
+  const std::vector<int> good = {0, 5, 5, 300, 301, 1000};
+  std::vector<mp::RowRange> r = query_rows(good, 1000);
+  for (size_t i = 0; i < r.size(); ++i) {
+    EXPECT_EQ(r[i].begin, good[i]);
+    EXPECT_EQ(r[i].len, good[i + 1] - good[i]);
+  }
+  // Garbage: negative, decreasing, past the tensor. Sequences stay disjoint, in order, inside [0, total).
+  const std::vector<int> bad = {-50, 40, 10, 900, 2000000000, -3, 1200, 700};
+  r = query_rows(bad, 1000);
+  int end = 0;
+  for (const mp::RowRange& x : r) {
+    EXPECT_GE(x.len, 0);
+    EXPECT_EQ(x.begin, end);
+    end = x.begin + x.len;
+    EXPECT_LE(end, 1000);
+  }
+  EXPECT_EQ(r[0].begin, 0);
+  EXPECT_EQ(r[0].len, 40);
+  EXPECT_EQ(r[1].len, 0);    // 10 < 40: empty
+  EXPECT_EQ(r[2].len, 860);  // up to 900
+  EXPECT_EQ(r[3].len, 100);  // clamped to the tensor
+  EXPECT_EQ(r[4].len, 0);
+}
+
+// The host model of the producer's walk (kernel.cuh, find_tile): tile t of the call is tile t - first(i) of the
+// sequence i whose tiles [first(i), first(i) + tiles(i)) contain t, sequences in order, empty ones skipped. Checks
+// that every (sequence, head, query block) with a row is produced exactly once for a batch with empty sequences and
+// out-of-order and out-of-range cumulative lengths across several 32-sequence windows, and that the count stays
+// within the host's bound (which sizes the grid and guards the tile numbers against overflow).
+TEST(MhaPrefillTiles, CallTileWalkCoversEverySequenceOnce) {
+  std::vector<int> cu = {0};
+  const int lens[] = {0, 1, 63, 64, 65, 127, 128, 129, 1000, 0, 0, 4097, 5};
+  for (int i = 0; i < 70; ++i) cu.push_back(cu.back() + lens[i % 13]);
+  cu[40] = cu[39] - 3;               // a decreasing entry
+  const int total = cu.back() - 10;  // the last sequence runs past the tensor
+  const int h_q = 2, batch = static_cast<int>(cu.size()) - 1;
+  const std::vector<mp::RowRange> rows = query_rows(cu, total);
+  std::vector<int64_t> first(batch + 1, 0);
+  for (int b = 0; b < batch; ++b) first[b + 1] = first[b] + mp::sequence_tiles(rows[b].len, h_q);
+  std::set<std::tuple<int, int, int>> produced;
+  for (int64_t t = 0; t < first[batch]; ++t) {
+    int seq = 0;
+    while (first[seq + 1] <= t) ++seq;
+    const mp::TileCoord c = mp::tile_coord(static_cast<int>(t - first[seq]), mp::num_m_blocks(rows[seq].len), true);
+    ASSERT_TRUE(produced.insert({seq, c.head, c.m_block}).second);
+    ASSERT_LT(c.m_block * mp::kBlockM, rows[seq].len);
+    ASSERT_LE(rows[seq].begin + rows[seq].len, total);
+  }
+  int64_t expected = 0;
+  for (int b = 0; b < batch; ++b) expected += h_q * mp::num_m_blocks(rows[b].len);
+  EXPECT_EQ(static_cast<int64_t>(produced.size()), expected);
+  EXPECT_LE(expected, heuristics::mha_prefill_max_tiles(batch, total, h_q, 0));
+}
+
+}  // namespace
+}  // namespace openmla
