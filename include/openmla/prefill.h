@@ -45,8 +45,8 @@ Status sparse_prefill(const SparsePrefillArgs& args, cudaStream_t stream);
 // Dense MHA prefill, forward (flash_attn_varlen_func). Implemented, NOT YET VERIFIED ON A GPU: mha_prefill() returns
 // StatusCode::kUnsupported unless the environment variable OPENMLA_EXPERIMENTAL_MHA=1 is set (read once per process).
 // ---------------------------------------------------------------------------------------------------------------
-// Sequences are packed along the token dimension: sequence i owns query rows [cu_seqlens_q[i], cu_seqlens_q[i + 1])
-// (s_q,i rows) and key rows [cu_seqlens_k[i], cu_seqlens_k[i + 1]) (s_k,i keys); s_q,i != s_k,i is allowed (chunked
+// Sequences are packed along the token dimension: sequence i owns query rows [cu_seqlens_qo[i], cu_seqlens_qo[i + 1])
+// (s_q,i rows) and key rows [cu_seqlens_kv[i], cu_seqlens_kv[i + 1]) (s_k,i keys); s_q,i != s_k,i is allowed (chunked
 // prefill). Query row t of sequence i (0-based within it), head h, attends to key j of the sequence when !causal, or
 // when j <= t + s_k,i - s_q,i (causal, bottom-right aligned); head h reads kv head h / (h_q / h_kv).
 //   z_j = softmax_scale * q[row, h] . k[key j, g];  out[row, h] = sum_j exp(z_j) v[key j, g] / sum_j exp(z_j);
@@ -66,7 +66,7 @@ struct MhaPrefillProblem {
   int64_t d_v = 128;          // 128
   DType dtype = DType::kBFloat16;  // kBFloat16 or kFloat16: q, k, v and out
   bool causal = false;        // bottom-right aligned
-  int64_t max_seqlen_q = 0;   // optional bound on every s_q,i (0: unknown); only sizes the grid, never trusted for memory
+  int64_t max_seqlen_qo = 0;  // optional bound on every s_q,i (0: unknown); only sizes the grid, never trusted
   int num_sms = 0;            // SMs to run on (persistent CTAs); 0: the current device's count
 };
 
@@ -82,8 +82,8 @@ struct MhaPrefillArgs {
                            // elements (16 bytes), 16-byte aligned (packed views of one qkv tensor are fine)
   TensorRef k;             // (total_k, h_kv, d_qk), problem.dtype; the same layout rules
   TensorRef v;             // (total_k, h_kv, d_v), problem.dtype; the same layout rules
-  TensorRef cu_seqlens_q;  // (batch + 1,) int32, contiguous: cu[0] = 0, non-decreasing, cu[batch] <= total_q
-  TensorRef cu_seqlens_k;  // (batch + 1,) int32, contiguous: likewise, cu[batch] <= total_k
+  TensorRef cu_seqlens_qo;  // (batch + 1,) int32, contiguous: cu[0] = 0, non-decreasing, cu[batch] <= total_q
+  TensorRef cu_seqlens_kv;  // (batch + 1,) int32, contiguous: likewise, cu[batch] <= total_k
   float softmax_scale = 0.f;  // > 0 and finite; 0: d_qk ** -0.5
   TensorRef workspace;     // (>= workspace_bytes,) bytes, contiguous, 16-byte aligned: scratch, rewritten by every call
                            // (calls sharing one must be ordered on one stream)

@@ -8,6 +8,7 @@ void bind_decode(nb::module_& m);
 void bind_decode_step(nb::module_& m);
 void bind_prefill(nb::module_& m);
 void bind_prefill_call(nb::module_& m);
+void bind_mha(nb::module_& m);
 void bind_kv_cache_call(nb::module_& m);
 void bind_reference(nb::module_& m);
 }  // namespace openmla::py
@@ -44,6 +45,7 @@ NB_MODULE(_openmla, m) {
   openmla::py::bind_decode_step(m);
   openmla::py::bind_prefill(m);
   openmla::py::bind_prefill_call(m);
+  openmla::py::bind_mha(m);
   openmla::py::bind_kv_cache_call(m);
   openmla::py::bind_reference(m);
 }

@@ -8,7 +8,9 @@ can switch by changing one import:
     out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512,
                                                 sched_meta, causal=True)
 
-Besides the decode functions, the package exports the FP8 KV-cache codec (``quantize_kv_cache``,
+Besides the decode functions, the package exports sparse prefill (``flash_mla_sparse_fwd``), dense MHA prefill
+(``flash_attn_varlen_func`` and its packed variants; implemented, not yet verified on a GPU: enabled by
+OPENMLA_EXPERIMENTAL_MHA=1), the FP8 KV-cache codec (``quantize_kv_cache``,
 ``dequantize_kv_cache``, ``append_kv_cache``), ``query_capability``, ``version`` and ``build_commit``,
 and the CPU reference implementations as ``openmla.reference``. Where torch is importable, importing the
 package also registers the torch custom ops ``torch.ops.openmla.*`` (python/openmla/_torch_ops.py).
@@ -80,6 +82,7 @@ _EXPORTS = {
     "kv_cache": ("quantize_kv_cache", "dequantize_kv_cache", "append_kv_cache"),
     "decode": ("get_mla_metadata", "flash_mla_with_kvcache", "FlashMLASchedMeta"),
     "prefill": ("flash_mla_sparse_fwd",),
+    "mha": ("flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"),
 }
 _MISSING: dict[str, str] = {}  # public name -> why it is unavailable
 

@@ -58,7 +58,7 @@ Status check_problem(const MhaPrefillProblem& p) {
   }
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16)
     return invalid_field("dtype", problem_dtype_name(p.dtype), "must be bfloat16 or float16");
-  if (p.max_seqlen_q < 0) return invalid_field("max_seqlen_q", p.max_seqlen_q, "must be >= 0 (0: unknown)");
+  if (p.max_seqlen_qo < 0) return invalid_field("max_seqlen_qo", p.max_seqlen_qo, "must be >= 0 (0: unknown)");
   if (p.num_sms < 0) return invalid_field("num_sms", p.num_sms, "must be >= 0 (0: the current device's SM count)");
   return Status::ok();
 }
@@ -117,7 +117,10 @@ void byte_range(const TensorRef& t, uintptr_t* lo, uintptr_t* hi) {
   for (int i = 0; i < t.ndim; ++i) {
     if (t.shape[i] <= 1) continue;
     const int64_t ext = (t.shape[i] - 1) * t.stride[i];
-    if (ext < 0) min_off += ext; else max_off += ext;
+    if (ext < 0)
+      min_off += ext;
+    else
+      max_off += ext;
   }
   const int64_t es = static_cast<int64_t>(t.element_size());
   *lo = base + static_cast<uintptr_t>(min_off * es);
@@ -147,9 +150,10 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
   const int64_t max_tiles = heuristics::mha_prefill_max_tiles(pr.batch, total_q, pr.h_q, 0);
   if (max_tiles > kMaxTiles) {
     MessageStream os;
-    os << "argument 'q' has " << total_q << " rows x " << pr.h_q << " heads in " << pr.batch
-       << " sequences: up to " << max_tiles << " tiles of 128 rows, more than the 2^31 - 2^16 one call supports "
-                                              "(split the call)";
+    os << "argument 'q' has " << total_q << " rows x " << pr.h_q << " heads in " << pr.batch << " sequences: up to "
+       << max_tiles
+       << " tiles of 128 rows, more than the 2^31 - 2^16 one call supports "
+          "(split the call)";
     return invalid(os.str());
   }
   OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.k, "k", pr.dtype, pr.h_kv, "h_kv", pr.d_qk, "d_qk"));
@@ -160,12 +164,12 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
   OPENMLA_RETURN_IF_ERROR(check_dim(a.v, "v", 0, total_k, "total_k, as k"));
 
   // ---- cumulative lengths
-  OPENMLA_RETURN_IF_ERROR(check_lengths(a.cu_seqlens_q, "cu_seqlens_q", pr.batch + 1, "batch + 1"));
-  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.cu_seqlens_q, "cu_seqlens_q"));
-  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.cu_seqlens_q, "cu_seqlens_q", 4));
-  OPENMLA_RETURN_IF_ERROR(check_lengths(a.cu_seqlens_k, "cu_seqlens_k", pr.batch + 1, "batch + 1"));
-  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.cu_seqlens_k, "cu_seqlens_k"));
-  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.cu_seqlens_k, "cu_seqlens_k", 4));
+  OPENMLA_RETURN_IF_ERROR(check_lengths(a.cu_seqlens_qo, "cu_seqlens_qo", pr.batch + 1, "batch + 1"));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.cu_seqlens_qo, "cu_seqlens_qo"));
+  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.cu_seqlens_qo, "cu_seqlens_qo", 4));
+  OPENMLA_RETURN_IF_ERROR(check_lengths(a.cu_seqlens_kv, "cu_seqlens_kv", pr.batch + 1, "batch + 1"));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.cu_seqlens_kv, "cu_seqlens_kv"));
+  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.cu_seqlens_kv, "cu_seqlens_kv", 4));
 
   // ---- scalars
   const double scale = a.softmax_scale == 0.f ? 1.0 / std::sqrt(static_cast<double>(pr.d_qk)) : a.softmax_scale;
@@ -200,8 +204,11 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
     const TensorRef* t;
     const char* name;
   } written[] = {{&a.out, "out"}, {&a.lse, "lse"}, {&a.workspace, "workspace"}},
-    read[] = {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.cu_seqlens_q, "cu_seqlens_q"},
-              {&a.cu_seqlens_k, "cu_seqlens_k"}};
+    read[] = {{&a.q, "q"},
+              {&a.k, "k"},
+              {&a.v, "v"},
+              {&a.cu_seqlens_qo, "cu_seqlens_qo"},
+              {&a.cu_seqlens_kv, "cu_seqlens_kv"}};
   for (const auto& w : written)
     for (const auto& r : read) OPENMLA_RETURN_IF_ERROR(check_disjoint_from(*w.t, w.name, *r.t, r.name));
   for (int x = 0; x < 3; ++x)
@@ -223,8 +230,8 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
     p.total_q = static_cast<int>(total_q);
     p.total_k = static_cast<int>(total_k);
     p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-    p.cu_seqlens_q = static_cast<const int32_t*>(a.cu_seqlens_q.data);
-    p.cu_seqlens_k = static_cast<const int32_t*>(a.cu_seqlens_k.data);
+    p.cu_seqlens_qo = static_cast<const int32_t*>(a.cu_seqlens_qo.data);
+    p.cu_seqlens_kv = static_cast<const int32_t*>(a.cu_seqlens_kv.data);
     p.q = a.q.data;
     p.q_stride_t = used_stride(a.q, 0);
     p.q_stride_h = used_stride(a.q, 1);

@@ -19,8 +19,8 @@ inline constexpr size_t kMhaPrefillWorkspaceBytes = 16;
 
 // An upper bound on the tiles (query head x 128-row query block) of a call: sum_i ceil(s_q,i / 128) <=
 // (total_q + 127 batch) / 128 over any split of total_q rows into `batch` sequences, and <= batch *
-// ceil(max_seqlen_q / 128) when the caller gives a bound (max_seqlen_q > 0); times h_q.
-int64_t mha_prefill_max_tiles(int64_t batch, int64_t total_q, int64_t h_q, int64_t max_seqlen_q);
+// ceil(max_seqlen_qo / 128) when the caller gives a bound (max_seqlen_qo > 0); times h_q.
+int64_t mha_prefill_max_tiles(int64_t batch, int64_t total_q, int64_t h_q, int64_t max_seqlen_qo);
 
 struct MhaPrefillLaunchPlan {
   int64_t max_tiles = 0;  // mha_prefill_max_tiles

@@ -26,8 +26,15 @@ namespace mp = kernels::mha_prefill;
 void* fake_ptr(int i) { return reinterpret_cast<void*>(uintptr_t{0x10000000} + uintptr_t(i) * 0x10000000); }
 
 MhaPrefillProblem valid_problem() {
-  return MhaPrefillProblem{.batch = 4, .h_q = 16, .h_kv = 2, .d_qk = 192, .d_v = 128, .dtype = DType::kBFloat16,
-                           .causal = true, .max_seqlen_q = 0, .num_sms = 132};
+  return MhaPrefillProblem{.batch = 4,
+                           .h_q = 16,
+                           .h_kv = 2,
+                           .d_qk = 192,
+                           .d_v = 128,
+                           .dtype = DType::kBFloat16,
+                           .causal = true,
+                           .max_seqlen_qo = 0,
+                           .num_sms = 132};
 }
 
 // A valid call: 4 sequences packed into 1000 query rows and 1500 key rows, h_q = 16, h_kv = 2 (GQA 8), 192 / 128.
@@ -36,8 +43,8 @@ MhaPrefillArgs valid_args() {
   a.q = make_tensor(fake_ptr(1), DType::kBFloat16, {1000, 16, 192});
   a.k = make_tensor(fake_ptr(2), DType::kBFloat16, {1500, 2, 192});
   a.v = make_tensor(fake_ptr(3), DType::kBFloat16, {1500, 2, 128});
-  a.cu_seqlens_q = make_tensor(fake_ptr(4), DType::kInt32, {5});
-  a.cu_seqlens_k = make_tensor(fake_ptr(5), DType::kInt32, {5});
+  a.cu_seqlens_qo = make_tensor(fake_ptr(4), DType::kInt32, {5});
+  a.cu_seqlens_kv = make_tensor(fake_ptr(5), DType::kInt32, {5});
   a.softmax_scale = 0.125f;
   a.workspace = make_tensor(fake_ptr(6), DType::kUInt8, {16});
   a.out = make_tensor(fake_ptr(7), DType::kBFloat16, {1000, 16, 128});
@@ -92,15 +99,15 @@ TEST(MhaPrefillApi, PackedQkvViewsAndDefaults) {
   pr.causal = false;
   pr.batch = 1;
   pr.dtype = DType::kFloat16;
-  pr.max_seqlen_q = 300;
+  pr.max_seqlen_qo = 300;
   const int64_t row = 8 * 512;
   auto* base = static_cast<char*>(fake_ptr(1));
   MhaPrefillArgs a = valid_args();
   a.q = make_tensor(base, DType::kFloat16, {300, 8, 192}, {row, 512, 1});
   a.k = make_tensor(base + 192 * 2, DType::kFloat16, {300, 8, 192}, {row, 512, 1});
   a.v = make_tensor(base + 384 * 2, DType::kFloat16, {300, 8, 128}, {row, 512, 1});
-  a.cu_seqlens_q = make_tensor(fake_ptr(4), DType::kInt32, {2});
-  a.cu_seqlens_k = make_tensor(fake_ptr(5), DType::kInt32, {2});
+  a.cu_seqlens_qo = make_tensor(fake_ptr(4), DType::kInt32, {2});
+  a.cu_seqlens_kv = make_tensor(fake_ptr(5), DType::kInt32, {2});
   a.out = make_tensor(fake_ptr(7), DType::kFloat16, {300, 8, 128});
   a.lse = make_tensor(fake_ptr(8), DType::kFloat32, {300, 8});
   a.softmax_scale = 0.f;
@@ -127,8 +134,8 @@ TEST(MhaPrefillApi, SizeOneDimensionsAndEmptyTensors) {
   a.q = make_tensor(fake_ptr(1), DType::kBFloat16, {1, 2, 192}, {3, 192, 1});
   a.k = make_tensor(fake_ptr(2), DType::kBFloat16, {1, 1, 192}, {0, 5, 1});
   a.v = make_tensor(fake_ptr(3), DType::kBFloat16, {1, 1, 128}, {7, 0, 1});
-  a.cu_seqlens_q = make_tensor(fake_ptr(4), DType::kInt32, {2});
-  a.cu_seqlens_k = make_tensor(fake_ptr(5), DType::kInt32, {2});
+  a.cu_seqlens_qo = make_tensor(fake_ptr(4), DType::kInt32, {2});
+  a.cu_seqlens_kv = make_tensor(fake_ptr(5), DType::kInt32, {2});
   a.out = make_tensor(fake_ptr(7), DType::kBFloat16, {1, 2, 128});
   a.lse = make_tensor(fake_ptr(8), DType::kFloat32, {1, 2});
   kernels::MhaPrefillParams p;
@@ -167,15 +174,17 @@ TEST(MhaPrefillApi, ProblemFields) {
   expect_error([](auto& p, auto&) { p.d_v = 192; }, "'problem.d_qk' / 'problem.d_v' is 192 / 192",
                StatusCode::kUnsupported);
   expect_error([](auto& p, auto&) { p.dtype = DType::kFloat32; }, "'problem.dtype' is float32");
-  expect_error([](auto& p, auto&) { p.max_seqlen_q = -1; }, "'problem.max_seqlen_q' is -1");
+  expect_error([](auto& p, auto&) { p.max_seqlen_qo = -1; }, "'problem.max_seqlen_qo' is -1");
   expect_error([](auto& p, auto&) { p.num_sms = -2; }, "'problem.num_sms' is -2");
 }
 
 TEST(MhaPrefillApi, QKV) {
   expect_error([](auto&, auto& a) { a.q = TensorRef{}; }, "'q' is required");
   expect_error([](auto&, auto& a) { a.q.device = DeviceType::kCPU; }, "'q' must be a CUDA tensor");
-  expect_error([](auto&, auto& a) { a.q.dtype = DType::kFloat32; }, "'q' has dtype float32, expected bfloat16 or float16");
-  expect_error([](auto&, auto& a) { a.q.dtype = DType::kFloat16; }, "'q' has dtype float16, expected bfloat16 (problem.dtype");
+  expect_error([](auto&, auto& a) { a.q.dtype = DType::kFloat32; },
+               "'q' has dtype float32, expected bfloat16 or float16");
+  expect_error([](auto&, auto& a) { a.q.dtype = DType::kFloat16; },
+               "'q' has dtype float16, expected bfloat16 (problem.dtype");
   expect_error([](auto&, auto& a) { a.q.ndim = 4; }, "'q' must have 3 dimensions");
   expect_error([](auto&, auto& a) { a.q.shape[1] = 8; }, "'q' has size 8 in dimension 1 (h_q)");
   expect_error([](auto&, auto& a) { a.q.shape[2] = 128; }, "'q' has size 128 in dimension 2 (d_qk)");
@@ -184,9 +193,8 @@ TEST(MhaPrefillApi, QKV) {
   expect_error([](auto&, auto& a) { a.q.stride[0] = -a.q.stride[0]; }, "positive multiple of 8");
   expect_error([](auto&, auto& a) { a.q.stride[0] = int64_t{1} << 33; }, "below 2^32");
   expect_error([](auto&, auto& a) { a.q.data = static_cast<char*>(a.q.data) + 8; }, "'q' data pointer must be 16-byte");
-  expect_error([](auto&, auto& a) {
-    a.q.shape[0] = a.out.shape[0] = a.lse.shape[0] = (int64_t{1} << 30) + 1;
-  }, "at most 2^30");
+  expect_error([](auto&, auto& a) { a.q.shape[0] = a.out.shape[0] = a.lse.shape[0] = (int64_t{1} << 30) + 1; },
+               "at most 2^30");
   expect_error([](auto&, auto& a) { a.k = TensorRef{}; }, "'k' is required");
   expect_error([](auto&, auto& a) { a.k.device_id = 1; }, "all tensors must be on the same device");
   expect_error([](auto&, auto& a) { a.k.shape[1] = 4; }, "'k' has size 4 in dimension 1 (h_kv)");
@@ -199,49 +207,59 @@ TEST(MhaPrefillApi, QKV) {
 }
 
 TEST(MhaPrefillApi, CumulativeLengths) {
-  expect_error([](auto&, auto& a) { a.cu_seqlens_q = TensorRef{}; }, "'cu_seqlens_q' is required");
-  expect_error([](auto&, auto& a) { a.cu_seqlens_q.dtype = DType::kInt64; }, "'cu_seqlens_q' has dtype int64");
-  expect_error([](auto&, auto& a) { a.cu_seqlens_q.shape[0] = 4; }, "'cu_seqlens_q' has size 4 in dimension 0 (batch + 1)");
-  expect_error([](auto&, auto& a) { a.cu_seqlens_k.device = DeviceType::kCPU; }, "'cu_seqlens_k' must be a CUDA tensor");
-  expect_error([](auto&, auto& a) { a.cu_seqlens_k = make_tensor(a.cu_seqlens_k.data, DType::kInt32, {5}, {2}); },
-               "'cu_seqlens_k' must be contiguous");
-  expect_error([](auto&, auto& a) { a.cu_seqlens_k.data = static_cast<char*>(a.cu_seqlens_k.data) + 2; },
-               "'cu_seqlens_k' data pointer must be 4-byte");
+  expect_error([](auto&, auto& a) { a.cu_seqlens_qo = TensorRef{}; }, "'cu_seqlens_qo' is required");
+  expect_error([](auto&, auto& a) { a.cu_seqlens_qo.dtype = DType::kInt64; }, "'cu_seqlens_qo' has dtype int64");
+  expect_error([](auto&, auto& a) { a.cu_seqlens_qo.shape[0] = 4; },
+               "'cu_seqlens_qo' has size 4 in dimension 0 (batch + 1)");
+  expect_error([](auto&, auto& a) { a.cu_seqlens_kv.device = DeviceType::kCPU; },
+               "'cu_seqlens_kv' must be a CUDA tensor");
+  expect_error([](auto&, auto& a) { a.cu_seqlens_kv = make_tensor(a.cu_seqlens_kv.data, DType::kInt32, {5}, {2}); },
+               "'cu_seqlens_kv' must be contiguous");
+  expect_error([](auto&, auto& a) { a.cu_seqlens_kv.data = static_cast<char*>(a.cu_seqlens_kv.data) + 2; },
+               "'cu_seqlens_kv' data pointer must be 4-byte");
 }
 
 TEST(MhaPrefillApi, Scalars) {
   expect_error([](auto&, auto& a) { a.softmax_scale = -1.f; }, "'softmax_scale' is -1");
   expect_error([](auto&, auto& a) { a.softmax_scale = NAN; }, "'softmax_scale'");
   expect_error([](auto&, auto& a) { a.softmax_scale = INFINITY; }, "'softmax_scale'");
-  expect_error([](auto& p, auto& a) {
-    p.h_q = p.h_kv = 4096;
-    a.q = make_tensor(fake_ptr(1), DType::kBFloat16, {int64_t{1} << 30, 4096, 192});
-  }, "tiles of 128 rows");
+  expect_error(
+      [](auto& p, auto& a) {
+        p.h_q = p.h_kv = 4096;
+        a.q = make_tensor(fake_ptr(1), DType::kBFloat16, {int64_t{1} << 30, 4096, 192});
+      },
+      "tiles of 128 rows");
 }
 
 TEST(MhaPrefillApi, WorkspaceAndOutputs) {
   expect_error([](auto&, auto& a) { a.workspace = TensorRef{}; }, "'workspace' is required");
-  expect_error([](auto&, auto& a) { a.workspace.shape[0] = 8; }, "'workspace' has 8 bytes; get_mha_prefill_workspace_size asks for 16");
-  expect_error([](auto&, auto& a) { a.workspace.data = static_cast<char*>(a.workspace.data) + 4; }, "'workspace' data pointer must be 16-byte");
+  expect_error([](auto&, auto& a) { a.workspace.shape[0] = 8; },
+               "'workspace' has 8 bytes; get_mha_prefill_workspace_size asks for 16");
+  expect_error([](auto&, auto& a) { a.workspace.data = static_cast<char*>(a.workspace.data) + 4; },
+               "'workspace' data pointer must be 16-byte");
   expect_error([](auto&, auto& a) { a.workspace.device = DeviceType::kCPU; }, "'workspace' must be a CUDA tensor");
   expect_error([](auto&, auto& a) { a.out = TensorRef{}; }, "'out' is required");
   expect_error([](auto&, auto& a) { a.out.dtype = DType::kFloat32; }, "'out' has dtype float32");
   expect_error([](auto&, auto& a) { a.out.shape[0] = 999; }, "'out' has size 999 in dimension 0 (total_q, as q)");
   expect_error([](auto&, auto& a) { a.out.shape[2] = 192; }, "'out' has size 192 in dimension 2 (d_v)");
   expect_error([](auto&, auto& a) { a.out.stride[1] = 132; }, "'out' has stride 132 in dimension 1");
-  expect_error([](auto&, auto& a) { a.out.data = static_cast<char*>(a.out.data) + 2; }, "'out' data pointer must be 16-byte");
+  expect_error([](auto&, auto& a) { a.out.data = static_cast<char*>(a.out.data) + 2; },
+               "'out' data pointer must be 16-byte");
   expect_error([](auto&, auto& a) { a.lse = TensorRef{}; }, "'lse' is required");
   expect_error([](auto&, auto& a) { a.lse.dtype = DType::kBFloat16; }, "'lse' has dtype bfloat16");
   expect_error([](auto&, auto& a) { a.lse.shape[1] = 2; }, "'lse' has size 2 in dimension 1 (h_q)");
-  expect_error([](auto&, auto& a) { a.lse.data = static_cast<char*>(a.lse.data) + 2; }, "'lse' data pointer must be 4-byte");
+  expect_error([](auto&, auto& a) { a.lse.data = static_cast<char*>(a.lse.data) + 2; },
+               "'lse' data pointer must be 4-byte");
   expect_error([](auto&, auto& a) { a.lse.device_id = 2; }, "all tensors must be on the same device");
 }
 
 TEST(MhaPrefillApi, OutputsMustNotAlias) {
   expect_error([](auto&, auto& a) { a.out.data = a.q.data; }, "'out' overlaps argument 'q'");
   expect_error([](auto&, auto& a) { a.lse.data = static_cast<char*>(a.v.data) + 64; }, "'lse' overlaps argument 'v'");
-  expect_error([](auto&, auto& a) { a.workspace.data = a.cu_seqlens_k.data; }, "'workspace' overlaps argument 'cu_seqlens_k'");
-  expect_error([](auto&, auto& a) { a.lse.data = static_cast<char*>(a.out.data) + 1024; }, "'out' overlaps argument 'lse'");
+  expect_error([](auto&, auto& a) { a.workspace.data = a.cu_seqlens_kv.data; },
+               "'workspace' overlaps argument 'cu_seqlens_kv'");
+  expect_error([](auto&, auto& a) { a.lse.data = static_cast<char*>(a.out.data) + 1024; },
+               "'out' overlaps argument 'lse'");
 }
 
 TEST(MhaPrefillApi, WorkspaceSize) {
@@ -271,7 +289,8 @@ TEST(MhaPrefillApi, GatedUntilVerifiedOnAGpu) {
   const Capability cap = query_capability(Feature::kDensePrefill);
   EXPECT_FALSE(cap.supported);
 #if defined(OPENMLA_HAS_MHA_PREFILL)
-  EXPECT_EQ(cap.reason, "dense_prefill: implemented, not yet verified on a GPU; set OPENMLA_EXPERIMENTAL_MHA=1 to run it");
+  EXPECT_EQ(cap.reason,
+            "dense_prefill: implemented, not yet verified on a GPU; set OPENMLA_EXPERIMENTAL_MHA=1 to run it");
 #endif
 }
 
@@ -299,7 +318,7 @@ TEST(MhaPrefillLaunch, MaxTilesBoundsEverySplit) {
   EXPECT_EQ(heuristics::mha_prefill_max_tiles(2, 8192, 128, 0), 65 * 128);  // any split of 8192 rows in 2: <= 65 blocks
   EXPECT_EQ(heuristics::mha_prefill_max_tiles(2, 8192, 128, 4096), 64 * 128);
   EXPECT_EQ(heuristics::mha_prefill_max_tiles(16, 16 * 1024, 128, 1024), 16 * 8 * 128);
-  EXPECT_EQ(heuristics::mha_prefill_max_tiles(1000, 1000, 16, 1), 1000 * 16);     // 1000 one-row sequences
+  EXPECT_EQ(heuristics::mha_prefill_max_tiles(1000, 1000, 16, 1), 1000 * 16);  // 1000 one-row sequences
   EXPECT_EQ(heuristics::mha_prefill_max_tiles(1000, 1000, 16, 0), (1000 + 127 * 1000) / 128 * 16);
   EXPECT_EQ(heuristics::mha_prefill_max_tiles(3, 0, 16, 0), 0);
 }
@@ -329,8 +348,8 @@ TEST(MhaPrefillLaunch, GridAndTileHandOut) {
 TEST(MhaPrefillTiles, ClampRows) {
   EXPECT_EQ(mp::clamp_rows(10, 20, 100).begin, 10);
   EXPECT_EQ(mp::clamp_rows(10, 20, 100).len, 10);
-  EXPECT_EQ(mp::clamp_rows(10, 5, 100).len, 0);       // out of order: empty
-  EXPECT_EQ(mp::clamp_rows(-7, 5, 100).begin, 0);     // negative start clamps to 0
+  EXPECT_EQ(mp::clamp_rows(10, 5, 100).len, 0);         // out of order: empty
+  EXPECT_EQ(mp::clamp_rows(-7, 5, 100).begin, 0);       // negative start clamps to 0
   EXPECT_EQ(mp::clamp_rows(90, 1 << 30, 100).len, 10);  // past the tensor clamps to its end
   EXPECT_EQ(mp::clamp_rows(200, 300, 100).begin, 100);
   EXPECT_EQ(mp::clamp_rows(200, 300, 100).len, 0);
@@ -419,8 +438,10 @@ TEST(MhaPrefillTiles, TileOrderIsABijectionLongestFirst) {
         ASSERT_LT(c.m_block, m_blocks);
         ASSERT_TRUE(seen.insert({c.head, c.m_block}).second);
         if (c.head == prev_head) {
-          if (causal) ASSERT_LT(c.m_block, prev_mb);  // the block with the most keys first
-          else ASSERT_GT(c.m_block, prev_mb);
+          if (causal)
+            ASSERT_LT(c.m_block, prev_mb);  // the block with the most keys first
+          else
+            ASSERT_GT(c.m_block, prev_mb);
         } else {
           ASSERT_EQ(c.head, prev_head + 1);  // heads in order: heads of one kv head are neighbours
         }

@@ -57,13 +57,13 @@ struct Traits {
 // arrival; one slot suffices: the producer writes the next tile's only after both consumer warpgroups released the
 // current Q, long after they read this).
 struct TileInfo {
-  int valid;     // 0: no tile left (the consumers exit)
-  int q_begin;   // first row of the sequence in q / out / lse
-  int s_q;       // its query rows
-  int s_k;       // its keys
-  int head;      // query head
-  int m_block;   // query block: rows [128 m_block, 128 m_block + 128) of the sequence
-  int n_end;     // key blocks [0, n_end) are visited, last first; 0: no valid row sees a key
+  int valid;    // 0: no tile left (the consumers exit)
+  int q_begin;  // first row of the sequence in q / out / lse
+  int s_q;      // its query rows
+  int s_k;      // its keys
+  int head;     // query head
+  int m_block;  // query block: rows [128 m_block, 128 m_block + 128) of the sequence
+  int n_end;    // key blocks [0, n_end) are visited, last first; 0: no valid row sees a key
   int pad;
 };
 
@@ -79,9 +79,9 @@ inline constexpr int kWarpsPerWarpgroup = 4;
 template <int kDQK, bool kFp16>
 struct alignas(1024) SharedStorage {
   using T = Traits<kDQK, kFp16>;
-  alignas(1024) uint8_t q[T::kQKTiles][T::kTileBytes];                 // Q tile: 128 rows x d_qk, 128B-swizzled
-  alignas(1024) uint8_t k[T::kStages][T::kQKTiles][T::kTileBytes];     // K blocks: 128 keys x d_qk
-  alignas(1024) uint8_t v[T::kStages][T::kVTiles][T::kTileBytes];      // V blocks: 128 keys x 128
+  alignas(1024) uint8_t q[T::kQKTiles][T::kTileBytes];              // Q tile: 128 rows x d_qk, 128B-swizzled
+  alignas(1024) uint8_t k[T::kStages][T::kQKTiles][T::kTileBytes];  // K blocks: 128 keys x d_qk
+  alignas(1024) uint8_t v[T::kStages][T::kVTiles][T::kTileBytes];   // V blocks: 128 keys x 128
   TileInfo tile;
   uint64_t q_full;
   uint64_t q_free;

@@ -210,7 +210,8 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, 
 template <class T>
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8][4], const uint8_t* v_block) {
 #pragma unroll
-  for (int kk = 0; kk < T::kBlockN / 16; ++kk) mma_pv<T::kIsFp16>(o, pa[kk], desc_v<T>(v_block + kk * 16 * T::kRowBytes));
+  for (int kk = 0; kk < T::kBlockN / 16; ++kk)
+    mma_pv<T::kIsFp16>(o, pa[kk], desc_v<T>(v_block + kk * 16 * T::kRowBytes));
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -218,21 +219,21 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8]
 // ---------------------------------------------------------------------------------------------------
 // 32 consecutive sequences, one per lane: this lane's query rows (tile_math.h, next_query_end), its tile count and
 // the inclusive prefix sum of the counts over the lanes. A CTA's tile numbers only grow, so the window only moves
-// forward: the whole call reads cu_seqlens_q once per CTA.
+// forward: the whole call reads cu_seqlens_qo once per CTA.
 struct SeqWindow {
   int base;          // first sequence of the window (lane 0's)
   int tiles_before;  // tiles of the sequences before it
   int carry_end;     // end of the query rows of sequence base - 1 (e(base - 1))
   int q_begin;       // query rows [q_begin, q_end) of sequence base + lane (empty past the batch)
   int q_end;
-  int count;         // its tiles
-  int incl;          // tiles of sequences base .. base + lane
+  int count;  // its tiles
+  int incl;   // tiles of sequences base .. base + lane
 };
 
 __device__ __forceinline__ void load_window(const MhaPrefillParams& p, SeqWindow& w, int lane) {
   const int b = w.base + lane;
   // e(b) = min(max(cu[base + 1 .. b + 1], e(base - 1)), total): a max-scan over the lanes.
-  int e = b < p.batch ? __ldg(p.cu_seqlens_q + b + 1) : w.carry_end;
+  int e = b < p.batch ? __ldg(p.cu_seqlens_qo + b + 1) : w.carry_end;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
     const int x = __shfl_up_sync(0xffffffffu, e, off);
@@ -272,7 +273,7 @@ __device__ __forceinline__ bool find_tile(const MhaPrefillParams& p, int t, SeqW
   const int seq = w.base + src;
   const int q_begin = __shfl_sync(0xffffffffu, w.q_begin, src);
   const int s_q = __shfl_sync(0xffffffffu, w.q_end, src) - q_begin;
-  const RowRange rk = clamp_rows(__ldg(p.cu_seqlens_k + seq), __ldg(p.cu_seqlens_k + seq + 1), p.total_k);
+  const RowRange rk = clamp_rows(__ldg(p.cu_seqlens_kv + seq), __ldg(p.cu_seqlens_kv + seq + 1), p.total_k);
   const TileCoord c = tile_coord(t - first, num_m_blocks(s_q), p.causal);
   info.valid = 1;
   info.q_begin = q_begin;
@@ -311,7 +312,7 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
   const uint64_t q_policy = make_l2_evict_first_policy();
   const uint64_t kv_policy = ptx::make_l2_evict_last_policy();
   SeqWindow win{};
-  win.carry_end = first_query_end(__ldg(p.cu_seqlens_q), p.total_q);
+  win.carry_end = first_query_end(__ldg(p.cu_seqlens_qo), p.total_q);
   load_window(p, win, lane);
   uint32_t k_iter = 0, v_iter = 0;  // blocks loaded into each ring so far (stage = iter % kStages)
   uint32_t tile_iter = 0;
@@ -366,8 +367,8 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
           const int s = v_iter % T::kStages;
           producer_wait(&smem.v_free[s], ((v_iter / T::kStages) & 1) ^ 1);
           ptx::mbarrier_arrive_expect_tx(&smem.v_full[s], T::kVBytes);
-          load_rows<T>(smem.v[s], T::kVTiles, v_map, &smem.v_full[s], kv_head, k_begin, info.s_k,
-                       (nb - i) * T::kBlockN, kv_policy);
+          load_rows<T>(smem.v[s], T::kVTiles, v_map, &smem.v_full[s], kv_head, k_begin, info.s_k, (nb - i) * T::kBlockN,
+                       kv_policy);
           ++v_iter;
         }
       }
@@ -467,7 +468,8 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       release(&smem.k_free[ks]);
       ++k_iter;
       if (n == 0) release(&smem.q_free);
-      if (block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.causal)) mask_block(s, limit, n * T::kBlockN, frag.col);
+      if (block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.causal))
+        mask_block(s, limit, n * T::kBlockN, frag.col);
       softmax_step(s, p.scale_log2, m, l, a);  // O is still 0: no rescale
       to_a_fragments<kFp16>(s, pa);
     }
@@ -489,7 +491,8 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       release(&smem.k_free[ks]);
       ++k_iter;
       if (n == 0) release(&smem.q_free);
-      if (block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.causal)) mask_block(s, limit, n * T::kBlockN, frag.col);
+      if (block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.causal))
+        mask_block(s, limit, n * T::kBlockN, frag.col);
       softmax_step(s, p.scale_log2, m, l, a);
       ptx::wgmma_wait<0>();
       ptx::fence_registers(o);

@@ -15,8 +15,8 @@ Status launch_mha_prefill_typed(const MhaPrefillParams& p, cudaStream_t stream) 
                                                        "dense MHA prefill q"));
   OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map({p.k, kDQK, p.h_kv, p.k_stride_t, p.k_stride_h, kFp16}, &k_map,
                                                        "dense MHA prefill k"));
-  OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map(
-      {p.v, T::kHeadDimV, p.h_kv, p.v_stride_t, p.v_stride_h, kFp16}, &v_map, "dense MHA prefill v"));
+  OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map({p.v, T::kHeadDimV, p.h_kv, p.v_stride_t, p.v_stride_h, kFp16},
+                                                       &v_map, "dense MHA prefill v"));
   auto kernel = mha_prefill::mha_prefill_kernel<kDQK, kFp16>;
   constexpr int smem_bytes = mha_prefill::kSmemBytes<kDQK, kFp16>;
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),

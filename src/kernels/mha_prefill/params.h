@@ -21,8 +21,8 @@ struct MhaPrefillParams {
   int total_k;       // rows of k, v (<= 2^30)
   float scale_log2;  // softmax scale * log2(e) (> 0)
 
-  const int32_t* cu_seqlens_q;  // (batch + 1,) int32; clamped to [0, total_q] in the kernel
-  const int32_t* cu_seqlens_k;  // (batch + 1,) int32; clamped to [0, total_k]
+  const int32_t* cu_seqlens_qo;  // (batch + 1,) int32; clamped to [0, total_q] in the kernel
+  const int32_t* cu_seqlens_kv;  // (batch + 1,) int32; clamped to [0, total_k]
 
   // Loaded by TMA (the launcher builds the maps): element strides, multiples of 8, of the token and head dimensions.
   const void* q;  // (total_q, h_q, d_qk)

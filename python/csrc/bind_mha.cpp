@@ -1,0 +1,92 @@
+// Binding of the dense MHA prefill section of include/openmla/prefill.h.
+//
+// Thin on purpose: arrays become TensorRefs, the problem's fields come as keyword arguments, the C++ API does every
+// check, and its Status becomes the matching Python exception with the message unchanged. The flash_mla-compatible
+// layer is python/openmla/mha.py.
+#include <string>
+
+#include "bind_common.h"
+#include "openmla/prefill.h"
+
+namespace openmla::py {
+
+namespace {
+
+// problem.dtype by its name ("bfloat16", "float16", ...: dtype_name's spelling).
+DType dtype_from_name(const std::string& name) {
+  for (DType d : {DType::kBFloat16, DType::kFloat16, DType::kFloat32, DType::kInt32, DType::kInt64, DType::kUInt8,
+                  DType::kInt8, DType::kFloat8E4M3})
+    if (name == dtype_name(d)) return d;
+  throw nb::value_error(
+      ("argument 'dtype': unknown dtype name '" + name + "'; expected 'bfloat16' or 'float16'").c_str());
+}
+
+MhaPrefillProblem make_problem(int64_t batch, int64_t h_q, int64_t h_kv, int64_t d_qk, int64_t d_v,
+                               const std::string& dtype, bool causal, int64_t max_seqlen_qo, int num_sms) {
+  return MhaPrefillProblem{.batch = batch,
+                           .h_q = h_q,
+                           .h_kv = h_kv,
+                           .d_qk = d_qk,
+                           .d_v = d_v,
+                           .dtype = dtype_from_name(dtype),
+                           .causal = causal,
+                           .max_seqlen_qo = max_seqlen_qo,
+                           .num_sms = num_sms};
+}
+
+size_t workspace_size(int64_t batch, int64_t h_q, int64_t h_kv, int64_t d_qk, int64_t d_v, const std::string& dtype,
+                      bool causal, int64_t max_seqlen_qo, int num_sms) {
+  MhaPrefillWorkspaceSizes sizes;
+  throw_if_error(get_mha_prefill_workspace_size(
+      make_problem(batch, h_q, h_kv, d_qk, d_v, dtype, causal, max_seqlen_qo, num_sms), &sizes));
+  return sizes.workspace_bytes;
+}
+
+void forward(const Array& q, const Array& k, const Array& v, const Array& cu_seqlens_qo, const Array& cu_seqlens_kv,
+             const Array& workspace, const Array& out, const Array& lse, int64_t batch, int64_t h_q, int64_t h_kv,
+             int64_t d_qk, int64_t d_v, const std::string& dtype, bool causal, int64_t max_seqlen_qo,
+             float softmax_scale, int num_sms, uintptr_t stream) {
+  const MhaPrefillProblem problem = make_problem(batch, h_q, h_kv, d_qk, d_v, dtype, causal, max_seqlen_qo, num_sms);
+  MhaPrefillArgs args;
+  args.q = to_tensor_ref(q, "q");
+  args.k = to_tensor_ref(k, "k");
+  args.v = to_tensor_ref(v, "v");
+  args.cu_seqlens_qo = to_tensor_ref(cu_seqlens_qo, "cu_seqlens_qo");
+  args.cu_seqlens_kv = to_tensor_ref(cu_seqlens_kv, "cu_seqlens_kv");
+  args.softmax_scale = softmax_scale;
+  args.workspace = to_tensor_ref(workspace, "workspace");
+  args.out = to_tensor_ref(out, "out");
+  args.lse = to_tensor_ref(lse, "lse");
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = mha_prefill(problem, args, to_stream(stream));
+  }
+  throw_if_error(status);
+}
+
+}  // namespace
+
+void bind_mha(nb::module_& m) {
+  m.def("get_mha_prefill_workspace_size", &workspace_size, nb::kw_only(), nb::arg("batch"), nb::arg("h_q"),
+        nb::arg("h_kv"), nb::arg("d_qk"), nb::arg("d_v"), nb::arg("dtype"), nb::arg("causal") = false,
+        nb::arg("max_seqlen_qo") = 0, nb::arg("num_sms") = 0,
+        "get_mha_prefill_workspace_size(*, batch, h_q, h_kv, d_qk, d_v, dtype, causal=False, max_seqlen_qo=0, "
+        "num_sms=0) -> int\n\n"
+        "Bytes of the caller-owned workspace of mha_prefill for this problem. Host-only: launches nothing.");
+  m.def(
+      "mha_prefill", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_seqlens_qo"),
+      nb::arg("cu_seqlens_kv"), nb::arg("workspace"), nb::arg("out"), nb::arg("lse"), nb::kw_only(), nb::arg("batch"),
+      nb::arg("h_q"), nb::arg("h_kv"), nb::arg("d_qk"), nb::arg("d_v"), nb::arg("dtype"), nb::arg("causal") = false,
+      nb::arg("max_seqlen_qo") = 0, nb::arg("softmax_scale") = 0.f, nb::arg("num_sms") = 0, nb::arg("stream") = 0,
+      "mha_prefill(q, k, v, cu_seqlens_qo, cu_seqlens_kv, workspace, out, lse, *, batch, h_q, h_kv, d_qk, d_v, dtype, "
+      "causal=False, max_seqlen_qo=0, softmax_scale=0.0, num_sms=0, stream=0)\n\n"
+      "Dense varlen MHA prefill forward on `stream` (a cudaStream_t as int). q: (total_q, h_q, d_qk); k: (total_k, "
+      "h_kv, d_qk); v: (total_k, h_kv, d_v), dtype 'bfloat16' or 'float16', (d_qk, d_v) = (192, 128) or (128, 128); "
+      "cu_seqlens_qo/k: (batch + 1,) int32; workspace: >= get_mha_prefill_workspace_size bytes; out: (total_q, h_q, "
+      "d_v), written; lse: (total_q, h_q) float32, written (natural log; +inf for a row without keys). "
+      "softmax_scale 0 means d_qk ** -0.5. Not yet verified on a GPU: refused (NotImplementedError) unless "
+      "OPENMLA_EXPERIMENTAL_MHA=1.");
+}
+
+}  // namespace openmla::py
