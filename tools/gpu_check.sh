@@ -143,7 +143,7 @@ PY
 sass_note=""
 serial_total=0
 if (( build_ok )) && command -v cuobjdump >/dev/null; then
-  for obj in "$build_dir"/CMakeFiles/openmla.dir/src/kernels/{dense_decode,sparse_decode,sparse_prefill}/instantiations/*.cu.o; do
+  for obj in "$build_dir"/CMakeFiles/openmla.dir/src/kernels/{dense_decode,sparse_decode,sparse_prefill,mha_prefill}/instantiations/*.cu.o; do
     [[ -f $obj ]] || continue
     echo -e "\n# SASS summary (tools/sass_summary.py) of $obj" >>"$logs/ptxas.txt"
     cuobjdump -sass "$obj" 2>/dev/null | "$py" tools/sass_summary.py >>"$logs/ptxas.txt"
