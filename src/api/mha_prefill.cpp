@@ -265,12 +265,12 @@ Status get_mha_prefill_workspace_size(const MhaPrefillProblem& problem, MhaPrefi
 }
 
 Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args, cudaStream_t stream) {
-  // Checks first, so that argument errors are reported whether or not the family is enabled.
+  // Checks first, so that argument errors are reported whether or not the family is built and enabled.
   kernels::MhaPrefillParams params;
   OPENMLA_RETURN_IF_ERROR(detail::validate_mha_prefill(problem, args, &params));
+#if defined(OPENMLA_HAS_MHA_PREFILL)
   if (!detail::mha_prefill_enabled())
     return Status::unsupported(std::string("dense MHA prefill: ") + detail::kMhaPrefillGateReason);
-#if defined(OPENMLA_HAS_MHA_PREFILL)
   OPENMLA_RETURN_IF_ERROR(detail::check_current_device(args.q.device_id, "q"));
   if (problem.num_sms == 0) {
     int num_sms = 0;
