@@ -2,7 +2,8 @@
 // racecheck, synccheck): small calls through the public C++ API covering both head dimensions and both dtypes, MHA and
 // GQA, causal and not, s_q < s_k (chunked prefill) and s_q > s_k (rows without keys), empty sequences, tiles that
 // straddle a sequence end and the tensor end, a grid smaller than the tile count (the persistent loop and the
-// dynamic tile counter), q/k/v as views of one packed qkv tensor, and rows past the last sequence poisoned with NaN.
+// dynamic tile counter), q/k/v as views of one packed qkv tensor, rows past the last sequence poisoned with NaN, and
+// cumulative lengths out of order and out of range (memory safety only).
 // Buffers are cudaMalloc'ed to the exact size of the views, so an out-of-bounds access is a memcheck error; results of
 // the rows inside sequences are compared with the CPU reference, and rows past the last sequence must stay unwritten.
 //
@@ -192,6 +193,42 @@ bool run_case(const Case& c) {
   return bad == 0;
 }
 
+// Cumulative lengths out of order, negative and past the tensors (a caller error): the kernel clamps them
+// (include/openmla/prefill.h), so the call must touch no memory outside the views. Only memory safety is checked
+// here (memcheck); the values follow the clamping rule, which tests/cpp/test_mha_prefill_api.cpp checks on the host.
+bool run_garbage_lengths_case() {
+  const int total_q = 300, total_k = 200, h = 2, d_qk = 192, d_v = 128;
+  const std::vector<int32_t> cu_q = {0, 50, 30, 5000, -7, 290, 2147483647};
+  const std::vector<int32_t> cu_k = {-100, 120, 110, 100000, 60, 199, -2147483647 - 1};
+  const int batch = static_cast<int>(cu_q.size()) - 1;
+  DeviceBuffer dq(static_cast<size_t>(total_q) * h * d_qk * 2), dk(static_cast<size_t>(total_k) * h * d_qk * 2),
+      dv(static_cast<size_t>(total_k) * h * d_v * 2), dcq(cu_q.size() * 4), dck(cu_k.size() * 4), dws(16),
+      dout(static_cast<size_t>(total_q) * h * d_v * 2), dlse(static_cast<size_t>(total_q) * h * 4);
+  if (!dq.ptr || !dk.ptr || !dv.ptr || !dcq.ptr || !dck.ptr || !dws.ptr || !dout.ptr || !dlse.ptr) return false;
+  cudaMemset(dq.ptr, 0, static_cast<size_t>(total_q) * h * d_qk * 2);
+  cudaMemset(dk.ptr, 0, static_cast<size_t>(total_k) * h * d_qk * 2);
+  cudaMemset(dv.ptr, 0, static_cast<size_t>(total_k) * h * d_v * 2);
+  cudaMemcpy(dcq.ptr, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dck.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice);
+  openmla::MhaPrefillProblem pr{.batch = batch, .h_q = h, .h_kv = h, .d_qk = d_qk, .d_v = d_v,
+                                .dtype = DType::kBFloat16, .causal = true, .max_seqlen_qo = 0, .num_sms = 3};
+  openmla::MhaPrefillArgs a;
+  a.q = make_tensor(dq.ptr, DType::kBFloat16, {total_q, h, d_qk});
+  a.k = make_tensor(dk.ptr, DType::kBFloat16, {total_k, h, d_qk});
+  a.v = make_tensor(dv.ptr, DType::kBFloat16, {total_k, h, d_v});
+  a.cu_seqlens_qo = make_tensor(dcq.ptr, DType::kInt32, {batch + 1});
+  a.cu_seqlens_kv = make_tensor(dck.ptr, DType::kInt32, {batch + 1});
+  a.workspace = make_tensor(dws.ptr, DType::kUInt8, {16});
+  a.out = make_tensor(dout.ptr, DType::kBFloat16, {total_q, h, d_v});
+  a.lse = make_tensor(dlse.ptr, DType::kFloat32, {total_q, h});
+  const openmla::Status st = openmla::mha_prefill(pr, a, nullptr);
+  if (!st.is_ok()) {
+    std::printf("  mha_prefill: %s\n", st.message().c_str());
+    return false;
+  }
+  return cudaDeviceSynchronize() == cudaSuccess;
+}
+
 }  // namespace
 
 int run_mha_prefill_sanitize_cases() {
@@ -227,6 +264,10 @@ int run_mha_prefill_sanitize_cases() {
       {"packed qkv d128, one CTA", 128, false, 3, 3, false, {33, 1, 140}, {33, 1, 140}, 0, 0, true, 1},
   };
   int failed = 0;
+  if (!run_garbage_lengths_case()) {
+    ++failed;
+    std::printf("  FAILED: dense MHA prefill with out-of-order and out-of-range cu_seqlens\n");
+  }
   for (const Case& c : cases) {
     if (!run_case(c)) {
       ++failed;

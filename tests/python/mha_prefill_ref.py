@@ -5,8 +5,8 @@ The contract is include/openmla/prefill.h (docs/contracts.md section 7): sequenc
 when not causal, or when j <= t + s_k - s_q (bottom-right); head h reads kv head h // (h_q // h_kv). out = softmax(z) v
 with z = scale q.k; lse = logsumexp(z) (natural log); a row that sees no key gets out = 0 and lse = +inf.
 
-Deliberately plain: per sequence and chunks of heads and rows, full fp32 matmuls (TF32 off, set by the tests), no
-online softmax. Runs on whatever device its inputs live on.
+Deliberately plain: per sequence and chunk of rows, all heads at once (the kv heads expanded), full fp32 matmuls
+(TF32 off, set by the tests), no online softmax. Runs on whatever device its inputs live on.
 """
 from __future__ import annotations
 
@@ -32,13 +32,13 @@ def mha_prefill_ref(q, k, v, cu_q, cu_k, softmax_scale, causal, rows=None):
     """Reference of ``flash_attn_varlen_func`` for rows inside sequences.
 
     q (total_q, h_q, d_qk), k (total_k, h_kv, d_qk), v (total_k, h_kv, d_v); cu_q, cu_k: sequences of ints (host).
-    ``rows``: optional sorted list of query rows (of q) to compute; default every row inside a sequence. Rows outside
-    every sequence are skipped. Returns (rows, out (n, h_q, d_v) float32, lse (n, h_q) float32) where `rows` is the
-    list of query rows computed (the kernel's bf16 out is compared with the unrounded fp32 values).
+    ``rows``: optional list of query rows (of q) to compute; default every row inside a sequence. Rows outside every
+    sequence are skipped. Returns (rows, out (n, h_q, d_v) float32, lse (n, h_q) float32) where `rows` is the list of
+    query rows computed, in sequence order (the kernel's bf16 out is compared with the unrounded fp32 values).
     """
     h_q, h_kv = q.shape[1], k.shape[1]
-    group = h_q // h_kv
     d_v = v.shape[2]
+    kv_head = torch.arange(h_q, device=q.device) // (h_q // h_kv)  # head h reads kv head h // (h_q // h_kv)
     wanted = None if rows is None else set(int(r) for r in rows)
     out_rows, outs, lses = [], [], []
     for i in range(len(cu_q) - 1):
@@ -51,26 +51,22 @@ def mha_prefill_ref(q, k, v, cu_q, cu_k, softmax_scale, causal, rows=None):
         out = torch.zeros((len(local), h_q, d_v), dtype=torch.float32, device=q.device)
         lse = torch.full((len(local), h_q), math.inf, dtype=torch.float32, device=q.device)
         if s_k > 0:
-            kk = k[k0:k1].float()  # (s_k, h_kv, d_qk)
-            vv = v[k0:k1].float()
+            kk = k[k0:k1].float()[:, kv_head, :]  # (s_k, h_q, d_qk)
+            vv = v[k0:k1].float()[:, kv_head, :]  # (s_k, h_q, d_v)
             key = torch.arange(s_k, device=q.device)
-            row_chunk = max(1, _CHUNK_ELEMS // max(1, s_k))
+            row_chunk = max(1, _CHUNK_ELEMS // max(1, s_k * h_q))
             for r0 in range(0, len(local), row_chunk):
                 ridx = idx[r0:r0 + row_chunk]
-                qq = q[q0 + ridx].float()  # (n, h_q, d_qk)
-                visible = None
+                z = torch.einsum("nhd,shd->hns", q[q0 + ridx].float(), kk) * softmax_scale  # (h_q, n, s_k)
                 if causal:
                     visible = key[None, :] <= (ridx[:, None] + s_k - s_q)  # (n, s_k)
-                for h in range(h_q):
-                    g = h // group
-                    z = (qq[:, h, :] @ kk[:, g, :].t()) * softmax_scale  # (n, s_k)
-                    if visible is not None:
-                        z = z.masked_fill(~visible, -math.inf)
-                    row_lse = torch.logsumexp(z, dim=-1)
-                    empty = torch.isneginf(row_lse)
-                    p = torch.exp(z - row_lse[:, None]).masked_fill(empty[:, None], 0.0)
-                    out[r0:r0 + row_chunk, h] = torch.where(empty[:, None], 0.0, p @ vv[:, g, :])
-                    lse[r0:r0 + row_chunk, h] = row_lse.masked_fill(empty, math.inf)
+                    z = z.masked_fill(~visible[None], -math.inf)
+                row_lse = torch.logsumexp(z, dim=-1)  # (h_q, n)
+                empty = torch.isneginf(row_lse)
+                p = torch.exp(z - row_lse[..., None]).masked_fill(empty[..., None], 0.0)
+                o = torch.einsum("hns,shd->nhd", p, vv)
+                out[r0:r0 + row_chunk] = torch.where(empty.t()[..., None], 0.0, o)
+                lse[r0:r0 + row_chunk] = row_lse.t().masked_fill(empty.t(), math.inf)
         out_rows += [q0 + t for t in local]
         outs.append(out)
         lses.append(lse)
