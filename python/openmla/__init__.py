@@ -8,9 +8,9 @@ can switch by changing one import:
     out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512,
                                                 sched_meta, causal=True)
 
-Besides the decode functions, the package exports sparse prefill (``flash_mla_sparse_fwd``), dense MHA prefill
-(``flash_attn_varlen_func`` and its packed variants; implemented, not yet verified on a GPU: enabled by
-OPENMLA_EXPERIMENTAL_MHA=1), the FP8 KV-cache codec (``quantize_kv_cache``,
+Besides the decode functions, the package exports sparse prefill (``flash_mla_sparse_fwd``), dense MHA
+prefill (``flash_attn_varlen_func`` and its packed variants; implemented, not yet verified on a GPU: they
+run only with OPENMLA_EXPERIMENTAL_MHA=1), the FP8 KV-cache codec (``quantize_kv_cache``,
 ``dequantize_kv_cache``, ``append_kv_cache``), ``query_capability``, ``version`` and ``build_commit``,
 and the CPU reference implementations as ``openmla.reference``. Where torch is importable, importing the
 package also registers the torch custom ops ``torch.ops.openmla.*`` (python/openmla/_torch_ops.py).
