@@ -204,7 +204,7 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
       OPENMLA_PREFILL_STAMP(2, pair_count, 0);
       const int idx = idx_next;
       // The next pair's indices are requested now; its rows go to L2 at the end of this pair, once the index load
-      // has landed. (Two pairs ahead measured 7-33 % slower on the rows that miss L2: docs/sparse-prefill.md.)
+      // has landed. (Two pairs ahead measured up to 32 % slower on the rows that miss L2: docs/sparse-prefill.md.)
       idx_next = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);
       ahead = next_pair(p, ahead);
       const uint32_t valid = __ballot_sync(0xffffffffu, idx >= 0);
@@ -391,7 +391,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     // ---------------------------------------------------------------- main loop over block pairs
     // WG0 issues the next pair's Q K0^T over the V_L tiles (refilled first, after its own P0 V0_L) right behind
     // P1 V1_L, before waiting for it: the tensor pipe stays fed while the V_R and RoPE tiles, refilled only after
-    // WG1's last P V of the pair, are still in flight (docs/sparse-prefill.md, decision sprefill-v2).
+    // WG1's last P V of the pair, are still in flight (docs/sparse-prefill.md, decision sparse-prefill-v2).
     float s[32];
     bool qk_head_issued = false;
     for (int blk0 = 0; blk0 < w.num_blocks; blk0 += 2) {
