@@ -2,6 +2,7 @@
 // Validate -> build the scheduler's params -> launch; every check runs before the first CUDA call.
 #include <cstdint>
 
+#include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
 #include "api/validate.h"
@@ -152,6 +153,9 @@ Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seq
       detail::scheduler_params(problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
   params.cache_seqlens = static_cast<const int32_t*>(cache_seqlens.data);
   params.max_seqlen = static_cast<int32_t>(problem.max_blocks_per_seq * kernels::kDecodeBlockTokens);
+  if (detail::checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(kernels::CheckedEntry::kPlanDecode,
+                                                     detail::plan_decode_checks(problem, cache_seqlens), stream));
   return kernels::launch_decode_scheduler(params, stream);
 }
 
@@ -170,6 +174,12 @@ Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_len
   params.extra_topk = static_cast<int>(problem.extra_topk);
   params.extra_topk_length =
       extra_topk_length.defined() ? static_cast<const int32_t*>(extra_topk_length.data) : nullptr;
+  if (detail::checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(
+        detail::run_input_checks(kernels::CheckedEntry::kPlanDecode,
+                                 detail::plan_decode_checks(problem, detail::canonical(topk_length),
+                                                            detail::canonical(extra_topk_length)),
+                                 stream));
   return kernels::launch_decode_scheduler(params, stream);
 }
 

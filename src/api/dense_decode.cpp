@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
 #include "api/validate.h"
@@ -226,6 +227,9 @@ Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs
   OPENMLA_RETURN_IF_ERROR(validate_dense_decode(problem, args, &num_sm_parts));
   OPENMLA_RETURN_IF_ERROR(check_decode_launch(args.q.device_id, stream, "dense_decode"));
   const DenseDecodeCall call = prepare_dense_decode(problem, args, num_sm_parts, options);
+  if (checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(run_input_checks(kernels::CheckedEntry::kDenseDecode,
+                                             dense_decode_checks(problem, canonical_args(args), num_sm_parts), stream));
   OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(call.params, stream));
   return kernels::launch_combine(call.combine, call.combine_slices, stream);
 }

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "api/checked.h"
 #include "api/validate.h"
 #include "kernels/kv_cache/launch.h"
 
@@ -263,6 +264,9 @@ Status append_kv_cache(const TensorRef& new_kv_in, const TensorRef& slots_in, co
       .num_blocks = cache.shape[0],
       .page_size = cache.shape[1],
   };
+  if (detail::checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(kernels::CheckedEntry::kAppendKVCache,
+                                                     detail::append_kv_cache_checks(slots, cache), stream));
   return kvk::launch_append(params, layout, stream);
 }
 

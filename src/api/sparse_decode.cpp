@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
 #include "api/validate.h"
@@ -260,6 +261,12 @@ Status sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs&
   OPENMLA_RETURN_IF_ERROR(detail::validate_sparse_decode(problem, args, &num_sm_parts));
   OPENMLA_RETURN_IF_ERROR(detail::check_decode_launch(args.q.device_id, stream, "sparse_decode"));
   const detail::SparseDecodeCall call = detail::prepare_sparse_decode(problem, args, num_sm_parts);
+  if (detail::checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(
+        kernels::CheckedEntry::kSparseDecode,
+        detail::sparse_decode_checks(problem, detail::canonical_args(args), num_sm_parts,
+                                     /*schedule_read=*/call.params.uniform_blocks == 0),
+        stream));
   OPENMLA_RETURN_IF_ERROR(kernels::launch_sparse_decode(call.params, stream));
   return kernels::launch_combine(call.combine, call.combine_slices, stream);
 }

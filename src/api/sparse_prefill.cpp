@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "api/checked.h"
 #include "api/sparse_prefill_internal.h"
 #include "api/validate.h"
 #include "kernels/sparse_prefill/params.h"
@@ -198,6 +199,10 @@ Status sparse_prefill(const SparsePrefillArgs& args, cudaStream_t stream) {
                                  "sparse prefill: querying the SM count");
   params.grid = static_cast<int>(std::min<int64_t>(params.num_tiles, num_sms));
 #if defined(OPENMLA_HAS_SPARSE_PREFILL)
+  if (detail::checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(kernels::CheckedEntry::kSparsePrefill,
+                                                     detail::sparse_prefill_checks(detail::canonical_args(args)),
+                                                     stream));
   return kernels::launch_sparse_prefill(params, stream);
 #else
   (void)stream;
