@@ -146,13 +146,16 @@ class StreamOrder {
     // A stream under CUDA-graph capture cannot wait for an event recorded outside it (torch.cuda.graph
     // synchronises the device before capturing anyway); neither can an event be recorded into a capture from here.
     cudaStreamCaptureStatus now = cudaStreamCaptureStatusNone, before = cudaStreamCaptureStatusNone;
-    const bool ok = cudaStreamIsCapturing(stream, &now) == cudaSuccess &&
-                    cudaStreamIsCapturing(last_, &before) == cudaSuccess &&
-                    now == cudaStreamCaptureStatusNone && before == cudaStreamCaptureStatusNone &&
-                    (event_ != nullptr || cudaEventCreateWithFlags(&event_, cudaEventDisableTiming) == cudaSuccess) &&
-                    cudaEventRecord(event_, last_) == cudaSuccess && cudaStreamWaitEvent(stream, event_, 0) == cudaSuccess;
-    // A failed query (a stream destroyed since) must not be reported later as the launch's error.
-    if (!ok) cudaGetLastError();
+    cudaError_t err = cudaStreamIsCapturing(stream, &now);
+    if (err == cudaSuccess) err = cudaStreamIsCapturing(last_, &before);
+    if (err == cudaSuccess && now == cudaStreamCaptureStatusNone && before == cudaStreamCaptureStatusNone) {
+      if (event_ == nullptr) err = cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
+      if (err == cudaSuccess) err = cudaEventRecord(event_, last_);
+      if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, event_, 0);
+    }
+    // A failed call of ours (a stream destroyed since) must not be reported later as the launch's error, nor as
+    // someone else's; an error pending from someone else is left alone (src/common/cuda_check.h, "Attribution").
+    if (err != cudaSuccess && cudaPeekAtLastError() == err) cudaGetLastError();
   }
 
   std::mutex mutex_;
