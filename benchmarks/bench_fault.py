@@ -9,8 +9,8 @@ times the step with one kind of garbage; `valid_time_us` is the same step with v
   H100 before, 25,368 us with one length of 2^31 - 1): one length 2^31 - 1 (clamped to the block table by the
   scheduler and the kernel), one length -5, one request's block-table entries all out of range / negative (read as
   zeros through the TMA bounds), NaN in every unused page (the cache is built with NaN pages between the used ones);
-  sparse decode (V3.2 FP8, b = 64 x 8K tokens, s_q = 2, h_q = 128, topk 2048, sink, topk_length = topk): 10% of the slots INT_MIN /
-  INT_MAX / past the cache / -1, topk_length 2^31 - 1 (clamped to topk) and negative (every row empty);
+  sparse decode (V3.2 FP8, b = 64 x 8K tokens, s_q = 2, h_q = 128, topk 2048, sink, topk_length = topk): 10% of the
+  slots INT_MIN / INT_MAX / past the cache / -1, topk_length 2^31 - 1 (clamped to topk) and negative (rows empty);
   append (64K new tokens into a 1M-token V3.2 cache): half the slots past the cache.
   checked mode: `fault_checked_dense_on` is the valid dense step with checked mode ON (the check kernel included in
   the span) beside the same step with it off (valid_time_us); off, an entry reads one flag and launches exactly

@@ -73,8 +73,8 @@ struct SparseDecodeProblem {
 
 // Compatibility form (the single problem struct of earlier versions): `sparse` selects the family, and the
 // fields of the other family are ignored (dense: topk, extra_topk, extra_page_block_size; sparse: causal,
-// max_blocks_per_seq, and h_kv must be 1). Every function below takes it too and behaves as before; new code should use the family
-// structs, to which it converts with as_dense() / as_sparse().
+// max_blocks_per_seq, and h_kv must be 1). Every function below takes it too and behaves as before; new code
+// should use the family structs, to which it converts with as_dense() / as_sparse().
 struct DecodeProblem {
   int64_t batch = 0;
   int64_t s_q = 1;

@@ -11,8 +11,9 @@ can switch by changing one import:
 Besides the decode functions, the package exports the FP8 KV-cache codec (``quantize_kv_cache``,
 ``dequantize_kv_cache``, ``append_kv_cache``), ``query_capability``, ``version`` and ``build_commit``,
 checked mode (``set_checked_mode``, ``checked_mode``, ``check_status``; the environment variable
-``OPENMLA_CHECK=1`` turns it on), and the CPU reference implementations as ``openmla.reference``. Where torch is importable, importing the
-package also registers the torch custom ops ``torch.ops.openmla.*`` (python/openmla/_torch_ops.py).
+``OPENMLA_CHECK=1`` turns it on), and the CPU reference implementations as ``openmla.reference``. Where torch is
+importable, importing the package also registers the torch custom ops ``torch.ops.openmla.*``
+(python/openmla/_torch_ops.py).
 
 Importing the package needs neither torch nor a GPU. Torch is used at run time, where present, to
 allocate outputs and find the current stream.

@@ -26,34 +26,43 @@ using kernels::InputCheckParams;
 std::atomic<int> g_checked_mode{-1};
 std::atomic<uint64_t> g_epoch{0};
 
-const int32_t* int_data(const TensorRef& t) {
-  return t.defined() ? static_cast<const int32_t*>(t.data) : nullptr;
-}
+const int32_t* int_data(const TensorRef& t) { return t.defined() ? static_cast<const int32_t*>(t.data) : nullptr; }
 
 void add(InputCheckParams& p, const InputCheck& c) {
   if (p.num_checks < kernels::kMaxInputChecks) p.checks[p.num_checks++] = c;
 }
 
 InputCheck lengths_check(CheckedArgument argument, const TensorRef& t, int64_t max_value) {
-  return InputCheck{.kind = CheckKind::kLengths, .argument = argument, .data = t.data, .rows = t.shape[0],
-                    .bound = max_value};
+  return InputCheck{
+      .kind = CheckKind::kLengths, .argument = argument, .data = t.data, .rows = t.shape[0], .bound = max_value};
 }
 
 // (rows, cols, depth) index rows; `lengths` (rows,) or undefined; valid values: -1 or [0, capacity).
 InputCheck indices_check(CheckedArgument argument, const TensorRef& idx, const TensorRef& lengths, int64_t capacity) {
-  return InputCheck{.kind = CheckKind::kIndices, .argument = argument, .data = idx.data, .rows = idx.shape[0],
-                    .cols = idx.shape[1], .depth = idx.shape[2], .row_stride = idx.stride[0],
-                    .col_stride = idx.stride[1], .bound = capacity, .lengths = int_data(lengths)};
+  return InputCheck{.kind = CheckKind::kIndices,
+                    .argument = argument,
+                    .data = idx.data,
+                    .rows = idx.shape[0],
+                    .cols = idx.shape[1],
+                    .depth = idx.shape[2],
+                    .row_stride = idx.stride[0],
+                    .col_stride = idx.stride[1],
+                    .bound = capacity,
+                    .lengths = int_data(lengths)};
 }
 
 InputCheck sink_check(const TensorRef& sink) {
-  return InputCheck{.kind = CheckKind::kNotNaN, .argument = CheckedArgument::kAttnSink, .data = sink.data,
-                    .rows = sink.shape[0]};
+  return InputCheck{
+      .kind = CheckKind::kNotNaN, .argument = CheckedArgument::kAttnSink, .data = sink.data, .rows = sink.shape[0]};
 }
 
 InputCheck schedule_check(const DecodeSchedule& schedule, int64_t batch, int num_sm_parts) {
-  return InputCheck{.kind = CheckKind::kSchedule, .argument = CheckedArgument::kSchedule,
-                    .data = schedule.metadata.data, .rows = num_sm_parts, .cols = batch, .bound = batch + num_sm_parts,
+  return InputCheck{.kind = CheckKind::kSchedule,
+                    .argument = CheckedArgument::kSchedule,
+                    .data = schedule.metadata.data,
+                    .rows = num_sm_parts,
+                    .cols = batch,
+                    .bound = batch + num_sm_parts,
                     .num_splits = int_data(schedule.num_splits)};
 }
 
@@ -103,8 +112,8 @@ bool checked_mode_enabled() {
 
 InputCheckParams plan_decode_checks(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens) {
   InputCheckParams p{};
-  const int64_t cap = problem.max_blocks_per_seq > 0 ? problem.max_blocks_per_seq * kernels::kDecodeBlockTokens
-                                                     : kInt32Max;
+  const int64_t cap =
+      problem.max_blocks_per_seq > 0 ? problem.max_blocks_per_seq * kernels::kDecodeBlockTokens : kInt32Max;
   add(p, lengths_check(CheckedArgument::kCacheSeqlens, cache_seqlens, cap));
   return p;
 }
@@ -122,9 +131,15 @@ InputCheckParams dense_decode_checks(const DenseDecodeProblem& problem, const De
   InputCheckParams p{};
   const TensorRef& bt = a.block_table;
   const int64_t capacity = bt.shape[1] * kernels::kDecodeBlockTokens;
-  add(p, InputCheck{.kind = CheckKind::kBlockTable, .argument = CheckedArgument::kBlockTable, .data = bt.data,
-                    .rows = bt.shape[0], .cols = bt.shape[1], .row_stride = bt.stride[0],
-                    .bound = a.k_cache.shape[0], .lengths = int_data(a.cache_seqlens), .lengths_cap = capacity});
+  add(p, InputCheck{.kind = CheckKind::kBlockTable,
+                    .argument = CheckedArgument::kBlockTable,
+                    .data = bt.data,
+                    .rows = bt.shape[0],
+                    .cols = bt.shape[1],
+                    .row_stride = bt.stride[0],
+                    .bound = a.k_cache.shape[0],
+                    .lengths = int_data(a.cache_seqlens),
+                    .lengths_cap = capacity});
   add(p, lengths_check(CheckedArgument::kCacheSeqlens, a.cache_seqlens, capacity));
   InputCheck s = schedule_check(a.schedule, problem.batch, num_sm_parts);
   s.lengths = int_data(a.cache_seqlens);
@@ -160,8 +175,11 @@ InputCheckParams sparse_decode_checks(const SparseDecodeProblem& problem, const 
 
 InputCheckParams append_kv_cache_checks(const TensorRef& slots, const TensorRef& cache) {
   InputCheckParams p{};
-  add(p, InputCheck{.kind = CheckKind::kSlots, .argument = CheckedArgument::kSlots, .data = slots.data,
-                    .rows = slots.shape[0], .bound = cache.shape[0] * cache.shape[1],
+  add(p, InputCheck{.kind = CheckKind::kSlots,
+                    .argument = CheckedArgument::kSlots,
+                    .data = slots.data,
+                    .rows = slots.shape[0],
+                    .bound = cache.shape[0] * cache.shape[1],
                     .wide = slots.dtype == DType::kInt64});
   return p;
 }
@@ -169,8 +187,7 @@ InputCheckParams append_kv_cache_checks(const TensorRef& slots, const TensorRef&
 InputCheckParams sparse_prefill_checks(const SparsePrefillArgs& a) {
   InputCheckParams p{};
   add(p, indices_check(CheckedArgument::kIndices, a.indices, a.topk_length, a.kv.shape[0]));
-  if (a.topk_length.defined())
-    add(p, lengths_check(CheckedArgument::kTopkLength, a.topk_length, a.indices.shape[2]));
+  if (a.topk_length.defined()) add(p, lengths_check(CheckedArgument::kTopkLength, a.topk_length, a.indices.shape[2]));
   if (a.attn_sink.defined()) add(p, sink_check(a.attn_sink));
   return p;
 }
@@ -194,14 +211,14 @@ std::string describe_violation(const kernels::InputCheckRecord& r) {
         os << ", past the block table's capacity max_blocks_per_seq * 64 = " << r.bound
            << " (the kernel clamps it to that)";
       } else {
-        os << ", outside [0, " << (r.argument == CheckedArgument::kExtraTopkLength ? "extra_topk" : "topk")
-           << " = " << r.bound << "] (the kernels clamp it)";
+        os << ", outside [0, " << (r.argument == CheckedArgument::kExtraTopkLength ? "extra_topk" : "topk") << " = "
+           << r.bound << "] (the kernels clamp it)";
       }
       os << (prefill ? "; query token " : "; request ") << r.coords[0];
       break;
     case CheckKind::kBlockTable:
-      os << "[" << r.coords[0] << ", " << r.coords[1] << "] is " << r.value << ", outside [0, num_blocks = "
-         << r.bound << "): request " << r.coords[0] << " reads page " << r.coords[1]
+      os << "[" << r.coords[0] << ", " << r.coords[1] << "] is " << r.value << ", outside [0, num_blocks = " << r.bound
+         << "): request " << r.coords[0] << " reads page " << r.coords[1]
          << " of its cache_seqlens (the kernel reads zeros for it)";
       break;
     case CheckKind::kIndices:

@@ -172,7 +172,8 @@ kernels::CombineParams combine_params(const DecodeGeometry& g, bool is_fp16, con
       .lse_stride_s = lse.stride[2],
   };
   if (host_num_splits != nullptr)
-    for (int64_t i = 0; i <= g.batch && i <= kernels::kHostScheduleMaxBatch; ++i) p.host_num_splits[i] = host_num_splits[i];
+    for (int64_t i = 0; i <= g.batch && i <= kernels::kHostScheduleMaxBatch; ++i)
+      p.host_num_splits[i] = host_num_splits[i];
   return p;
 }
 

@@ -273,7 +273,9 @@ Status check_disjoint(NamedTensors written, NamedTensors read) {
     r_name[nr] = name;
     r[nr++] = byte_span(*t);
   }
-  auto overlap = [](const ByteSpan& a, const ByteSpan& b) { return !a.empty() && !b.empty() && a.lo < b.hi && b.lo < a.hi; };
+  auto overlap = [](const ByteSpan& a, const ByteSpan& b) {
+    return !a.empty() && !b.empty() && a.lo < b.hi && b.lo < a.hi;
+  };
   for (int i = 0; i < nw; ++i) {
     for (int j = i + 1; j < nw; ++j)
       if (overlap(w[i], w[j])) return overlap_error(w_name[i], w_name[j]);

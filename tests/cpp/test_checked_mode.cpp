@@ -37,7 +37,7 @@ constexpr int32_t kIntMin = std::numeric_limits<int32_t>::min();
 
 TensorRef host_tensor(void* data, DType dtype, std::initializer_list<int64_t> shape) {
   return make_tensor(data, dtype, shape, DeviceType::kCUDA, 0);  // host memory posing as device memory: the rules
-}                                                                  // are run on the host here
+}  // are run on the host here
 
 // The record the check kernel keeps for one call: the host run of the same rules.
 struct Found {
@@ -92,8 +92,8 @@ struct DenseCall {
       blocks.push_back(heuristics::dense_request_blocks(L, 3 * 64));
       empty.push_back(heuristics::dense_request_empty(L, 3 * 64));
     }
-    schedule = heuristics::walk_decode_schedule(blocks, empty, parts,
-                                                heuristics::decode_payload(heuristics::decode_total_work(blocks), parts));
+    schedule = heuristics::walk_decode_schedule(
+        blocks, empty, parts, heuristics::decode_payload(heuristics::decode_total_work(blocks), parts));
   }
   InputCheckParams checks() {
     args.block_table = host_tensor(block_table.data(), DType::kInt32, {4, 3});
@@ -197,12 +197,19 @@ TEST(CheckedMode, PlanDecodeLengths) {
 // ---- A sparse call: b = 2, s_q = 2, topk 4, 3 pages of 5 tokens, topk_length, sink, extra cache ------------------
 
 struct SparseCall {
-  SparseDecodeProblem problem{.batch = 2, .s_q = 2, .h_q = 64, .d_qk = 576, .page_block_size = 5,
-                              .topk = 4, .extra_topk = 2, .extra_page_block_size = 4, .num_sms = 8};
-  std::vector<int32_t> indices = {0, 14, -1, kIntMax,    // request 0, query 0: length 3 -> slot 3 unread
-                                  3, -1, 2, kIntMin,     // request 0, query 1
-                                  1, 2, 99, -99,         // request 1: length 2 -> slots 2, 3 unread
-                                  5, 6, kIntMin, 15};
+  SparseDecodeProblem problem{.batch = 2,
+                              .s_q = 2,
+                              .h_q = 64,
+                              .d_qk = 576,
+                              .page_block_size = 5,
+                              .topk = 4,
+                              .extra_topk = 2,
+                              .extra_page_block_size = 4,
+                              .num_sms = 8};
+  std::vector<int32_t> indices = {0, 14, -1,      kIntMax,  // request 0, query 0: length 3 -> slot 3 unread
+                                  3, -1, 2,       kIntMin,  // request 0, query 1
+                                  1, 2,  99,      -99,      // request 1: length 2 -> slots 2, 3 unread
+                                  5, 6,  kIntMin, 15};
   std::vector<int32_t> topk_length = {3, 2};
   std::vector<float> sink = std::vector<float>(64, 0.5f);
   std::vector<int32_t> extra = {0, 7, -1, -1, 3, 1, 2, 2};  // extra cache: 2 pages x 4 tokens = 8
@@ -330,8 +337,8 @@ TEST(CheckedMode, SwitchAndEnvironment) {
   set_checked_mode(before);
   const char* old = std::getenv("OPENMLA_CHECK");
   const std::string saved = old != nullptr ? old : "";
-  for (const auto& [value, on] : std::vector<std::pair<const char*, bool>>{{"1", true}, {"yes", true}, {"0", false},
-                                                                          {"", false}}) {
+  for (const auto& [value, on] :
+       std::vector<std::pair<const char*, bool>>{{"1", true}, {"yes", true}, {"0", false}, {"", false}}) {
     setenv("OPENMLA_CHECK", value, 1);
     EXPECT_EQ(detail::checked_mode_from_environment(), on) << "OPENMLA_CHECK=" << value;
   }
@@ -373,9 +380,15 @@ TEST_F(CheckedModeGpu, KernelRecordsWhatTheHostRulesFind) {
   std::vector<int32_t> lens(b, static_cast<int32_t>(topk));
   InputCheckParams p;
   p.num_checks = 1;
-  p.checks[0] = kernels::InputCheck{.kind = CheckKind::kIndices, .argument = CheckedArgument::kIndices,
-                                    .data = idx.data(), .rows = b, .cols = s_q, .depth = topk,
-                                    .row_stride = s_q * topk, .col_stride = topk, .bound = capacity,
+  p.checks[0] = kernels::InputCheck{.kind = CheckKind::kIndices,
+                                    .argument = CheckedArgument::kIndices,
+                                    .data = idx.data(),
+                                    .rows = b,
+                                    .cols = s_q,
+                                    .depth = topk,
+                                    .row_stride = s_q * topk,
+                                    .col_stride = topk,
+                                    .bound = capacity,
                                     .lengths = lens.data()};
   const Found host = run_rules(CheckedEntry::kSparseDecode, p);
   ASSERT_TRUE(host.found);
@@ -392,8 +405,11 @@ TEST_F(CheckedModeGpu, TheEarliestCallWins) {
   std::vector<int32_t> first = {0, -4, 0}, second = {-9, 0, 0};
   InputCheckParams p;
   p.num_checks = 1;
-  p.checks[0] = kernels::InputCheck{.kind = CheckKind::kLengths, .argument = CheckedArgument::kCacheSeqlens,
-                                    .data = upload(first), .rows = 3, .bound = kIntMax};
+  p.checks[0] = kernels::InputCheck{.kind = CheckKind::kLengths,
+                                    .argument = CheckedArgument::kCacheSeqlens,
+                                    .data = upload(first),
+                                    .rows = 3,
+                                    .bound = kIntMax};
   ASSERT_TRUE(detail::run_input_checks(CheckedEntry::kPlanDecode, p, nullptr).is_ok());
   p.checks[0].data = upload(second);
   ASSERT_TRUE(detail::run_input_checks(CheckedEntry::kDenseDecode, p, nullptr).is_ok());

@@ -68,8 +68,14 @@ DenseDecodeArgs dense_args(const DenseDecodeProblem& p, int64_t num_blocks = 10,
 
 SparseDecodeProblem sparse_problem(int64_t b = 2, int64_t s_q = 2, int64_t h_q = 128, int64_t topk = 2048,
                                    int64_t page = 64, KVCacheFormat format = KVCacheFormat::kFp8V32) {
-  return SparseDecodeProblem{.batch = b, .s_q = s_q, .h_q = h_q, .d_qk = kv_cache_fp8_head_dim(format),
-                             .page_block_size = page, .cache_format = format, .topk = topk, .num_sms = kSms};
+  return SparseDecodeProblem{.batch = b,
+                             .s_q = s_q,
+                             .h_q = h_q,
+                             .d_qk = kv_cache_fp8_head_dim(format),
+                             .page_block_size = page,
+                             .cache_format = format,
+                             .topk = topk,
+                             .num_sms = kSms};
 }
 
 SparseDecodeArgs sparse_args(const SparseDecodeProblem& p, int64_t num_blocks = 10) {
@@ -213,8 +219,8 @@ TEST(Faults, DenseSize1StridesOfEveryArgumentGiveTheSameCall) {
 
 TEST(Faults, SparseSize1StridesOfEveryArgumentGiveTheSameCall) {
   // One page of an odd MODEL1 page size: its page stride (never used) need not be a multiple of 16 bytes.
-  SparseDecodeProblem p = sparse_problem(/*b=*/1, /*s_q=*/1, /*h_q=*/64, /*topk=*/1, /*page=*/61,
-                                         KVCacheFormat::kFp8Model1);
+  SparseDecodeProblem p =
+      sparse_problem(/*b=*/1, /*s_q=*/1, /*h_q=*/64, /*topk=*/1, /*page=*/61, KVCacheFormat::kFp8Model1);
   p.extra_topk = 1;
   p.extra_page_block_size = 1;
   SparseDecodeArgs ref_args = sparse_args(p, /*num_blocks=*/1);
@@ -426,9 +432,10 @@ TEST(Faults, ScheduleFromAnotherPlanNeverWritesPastTheSplitBuffers) {
   // The device schedule plan_decode writes for topk_length = [16384, 0].
   const std::vector<int32_t> planned_lengths = {16384, 0};
   std::vector<int32_t> blocks;
-  for (const int32_t& len : planned_lengths) blocks.push_back(heuristics::sparse_request_blocks(p.topk, &len, 0, nullptr));
-  const heuristics::DecodeScheduleHost device =
-      heuristics::walk_decode_schedule(blocks, {}, parts, heuristics::decode_payload(heuristics::decode_total_work(blocks), parts));
+  for (const int32_t& len : planned_lengths)
+    blocks.push_back(heuristics::sparse_request_blocks(p.topk, &len, 0, nullptr));
+  const heuristics::DecodeScheduleHost device = heuristics::walk_decode_schedule(
+      blocks, {}, parts, heuristics::decode_payload(heuristics::decode_total_work(blocks), parts));
   ASSERT_TRUE(device.all_assigned);
 
   // The call, without topk_length: host records. Its "device" num_splits points at the plan's (never dereferenced by
@@ -447,7 +454,8 @@ TEST(Faults, ScheduleFromAnotherPlanNeverWritesPastTheSplitBuffers) {
     const kernels::DecodeScheduleRecord rec = kernels::unpack_partition_record(call.params.uniform_records[part]);
     if (rec.begin_req >= p.batch) continue;
     for (int req = rec.begin_req; req <= rec.end_req; ++req) {
-      const bool split = (req == rec.begin_req && rec.is_first_req_split) || (req == rec.end_req && rec.is_last_req_split);
+      const bool split =
+          (req == rec.begin_req && rec.is_first_req_split) || (req == rec.end_req && rec.is_last_req_split);
       if (!split) continue;
       const int32_t ordinal = req == rec.begin_req ? rec.begin_split : 0;
       max_slot = std::max(max_slot, kernels::sparse_split_base(call.params, req) + ordinal);

@@ -90,20 +90,20 @@ void expect_checked(const std::string& name, const std::string& needle) {
 // ---- Dense decode: b = 3, s_q = 2, h_q = 16, h_kv = 1, 8 pages of 64, 4 block-table columns ----------------------
 struct DenseSetup {
   std::vector<int32_t> seqlens = {0, 70, 200};
-  std::vector<int32_t> plan_lens;  // empty: the call's
+  std::vector<int32_t> plan_lens;                                                      // empty: the call's
   std::vector<int32_t> block_table = {2147480000, 2147480000, 2147480000, 2147480000,  // request 0: empty
-                                      5, 2, 2147480000, 2147480000, 7, 0, 3, 6};
-  int garbage_req = 2;             // whose results are not checked
-  bool check_outputs = true;       // false: a schedule from other lengths leaves the results undefined
-  bool capacity = true;            // problem.max_blocks_per_seq given
+                                      5,          2,          2147480000, 2147480000, 7, 0, 3, 6};
+  int garbage_req = 2;        // whose results are not checked
+  bool check_outputs = true;  // false: a schedule from other lengths leaves the results undefined
+  bool capacity = true;       // problem.max_blocks_per_seq given
   bool checked = false;
   std::string checked_needle;
 };
 
 void run_dense(const std::string& name, const DenseSetup& s) {
   constexpr int64_t kB = 3, kSq = 2, kHq = 16, kD = 576, kDv = 512, kPage = 64, kCols = 4, kBlocks = 8;
-  const openmla::DenseDecodeProblem problem{.batch = kB, .s_q = kSq, .h_q = kHq, .causal = true,
-                                            .max_blocks_per_seq = s.capacity ? kCols : 0};
+  const openmla::DenseDecodeProblem problem{
+      .batch = kB, .s_q = kSq, .h_q = kHq, .causal = true, .max_blocks_per_seq = s.capacity ? kCols : 0};
   openmla::DecodeWorkspaceSizes ws;
   if (!ok_status(name, "workspace sizes", openmla::get_decode_workspace_sizes(problem, &ws))) return;
   std::vector<uint16_t> q(kB * kSq * kHq * kD), k(kBlocks * kPage * kD);
@@ -122,10 +122,10 @@ void run_dense(const std::string& name, const DenseSetup& s) {
   a.schedule.num_splits = make_tensor(bsplits.put(std::vector<int32_t>(kB + 1)), DType::kInt32, {kB + 1});
   a.schedule.merge_counters =
       make_tensor(bcount.put(std::vector<int32_t>(ws.merge_counter_ints)), DType::kInt32, {ws.merge_counter_ints});
-  a.split.partial_o = make_tensor(bpo.put(std::vector<float>(ws.partial_rows * kDv, kNaN)), DType::kFloat32,
-                                  {ws.partial_rows, kDv});
-  a.split.partial_lse = make_tensor(bpl.put(std::vector<float>(ws.partial_rows, kNaN)), DType::kFloat32,
-                                    {ws.partial_rows});
+  a.split.partial_o =
+      make_tensor(bpo.put(std::vector<float>(ws.partial_rows * kDv, kNaN)), DType::kFloat32, {ws.partial_rows, kDv});
+  a.split.partial_lse =
+      make_tensor(bpl.put(std::vector<float>(ws.partial_rows, kNaN)), DType::kFloat32, {ws.partial_rows});
   a.out = make_tensor(bout.put(std::vector<uint16_t>(kB * kSq * kHq * kDv)), DType::kBFloat16, {kB, kSq, kHq, kDv});
   a.lse = make_tensor(blse.put(std::vector<float>(kB * kHq * kSq)), DType::kFloat32, {kB, kHq, kSq});
   openmla::set_checked_mode(s.checked);
@@ -161,8 +161,8 @@ void run_dense_one_page(const std::string& name) {
   a.schedule.metadata = make_tensor(bmeta.put(std::vector<int32_t>(ws.metadata_ints)), DType::kInt32,
                                     {ws.num_sm_parts, openmla::kDecodeScheduleRecordInts});
   a.schedule.num_splits = make_tensor(bsplits.put(std::vector<int32_t>(2)), DType::kInt32, {2});
-  a.split.partial_o = make_tensor(bpo.put(std::vector<float>(ws.partial_rows * kDv)), DType::kFloat32,
-                                  {ws.partial_rows, kDv});
+  a.split.partial_o =
+      make_tensor(bpo.put(std::vector<float>(ws.partial_rows * kDv)), DType::kFloat32, {ws.partial_rows, kDv});
   a.split.partial_lse = make_tensor(bpl.put(std::vector<float>(ws.partial_rows)), DType::kFloat32, {ws.partial_rows});
   a.out = make_tensor(bout.put(std::vector<uint16_t>(kHq * kDv)), DType::kBFloat16, {1, 1, kHq, kDv}, {1, 1, kDv, 1});
   a.lse = make_tensor(blse.put(std::vector<float>(kHq)), DType::kFloat32, {1, kHq, 1}, {5, 1, 0});
@@ -191,8 +191,7 @@ struct SparseSetup {
 void run_sparse(const std::string& name, const SparseSetup& s) {
   constexpr int64_t kPage = 64, kBpt = 656, kD = 576, kDv = 512;
   const int64_t b = s.b, h_q = s.h_q, topk = s.topk, capacity = s.pages * kPage;
-  const openmla::SparseDecodeProblem problem{.batch = b, .s_q = 1, .h_q = h_q, .page_block_size = kPage,
-                                             .topk = topk};
+  const openmla::SparseDecodeProblem problem{.batch = b, .s_q = 1, .h_q = h_q, .page_block_size = kPage, .topk = topk};
   openmla::DecodeWorkspaceSizes ws;
   if (!ok_status(name, "workspace sizes", openmla::get_decode_workspace_sizes(problem, &ws))) return;
   std::vector<uint16_t> kv(capacity * kD), q(b * h_q * kD);
@@ -218,10 +217,10 @@ void run_sparse(const std::string& name, const SparseSetup& s) {
   a.schedule.metadata = make_tensor(bmeta.put(std::vector<int32_t>(ws.metadata_ints)), DType::kInt32,
                                     {ws.num_sm_parts, openmla::kDecodeScheduleRecordInts});
   a.schedule.num_splits = make_tensor(bsplits.put(std::vector<int32_t>(b + 1)), DType::kInt32, {b + 1});
-  a.split.partial_o = make_tensor(bpo.put(std::vector<float>(ws.partial_rows * kDv, kNaN)), DType::kFloat32,
-                                  {ws.partial_rows, kDv});
-  a.split.partial_lse = make_tensor(bpl.put(std::vector<float>(ws.partial_rows, kNaN)), DType::kFloat32,
-                                    {ws.partial_rows});
+  a.split.partial_o =
+      make_tensor(bpo.put(std::vector<float>(ws.partial_rows * kDv, kNaN)), DType::kFloat32, {ws.partial_rows, kDv});
+  a.split.partial_lse =
+      make_tensor(bpl.put(std::vector<float>(ws.partial_rows, kNaN)), DType::kFloat32, {ws.partial_rows});
   a.out = make_tensor(bout.put(std::vector<uint16_t>(b * h_q * kDv)), DType::kBFloat16, {b, 1, h_q, kDv});
   a.lse = make_tensor(blse.put(std::vector<float>(b * h_q)), DType::kFloat32, {b, h_q, 1});
   openmla::TensorRef plan_len = s.plan_without_lengths ? openmla::TensorRef{} : a.topk_length;
@@ -245,8 +244,8 @@ void run_append(const std::string& name, bool wide, bool checked) {
   const openmla::TensorRef new_kv = make_tensor(brows.put(rows), DType::kBFloat16, {5, kD});
   openmla::TensorRef slots;
   if (wide) {
-    slots = make_tensor(bslots.put(std::vector<int64_t>{0, kPages * kPage, int64_t{1} << 40, -1, 7}), DType::kInt64,
-                        {5});
+    slots =
+        make_tensor(bslots.put(std::vector<int64_t>{0, kPages * kPage, int64_t{1} << 40, -1, 7}), DType::kInt64, {5});
   } else {
     slots = make_tensor(bslots.put(std::vector<int32_t>{0, kPages * kPage, kIntMax, kIntMin, 7}), DType::kInt32, {5});
   }

@@ -20,9 +20,9 @@ Status launch_input_checks(const InputCheckParams& params, cudaStream_t stream) 
   if (params.num_checks > kMaxInputChecks) return Status::internal("input checks: too many checks in one call");
   int64_t most = 1;
   for (int i = 0; i < params.num_checks; ++i) most = std::max(most, check_element_count(params.checks[i]));
-  const int64_t ctas = std::clamp<int64_t>((most + input_check::kThreads * kElementsPerThread - 1) /
-                                               (input_check::kThreads * kElementsPerThread),
-                                           1, kMaxCtasPerCheck);
+  const int64_t ctas = std::clamp<int64_t>(
+      (most + input_check::kThreads * kElementsPerThread - 1) / (input_check::kThreads * kElementsPerThread), 1,
+      kMaxCtasPerCheck);
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(params.num_checks));
   input_check::input_check_kernel<<<grid, input_check::kThreads, 0, stream>>>(params);
   return detail::last_cuda_error("checked mode: input check kernel launch");

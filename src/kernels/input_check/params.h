@@ -58,18 +58,18 @@ struct InputCheck {
   CheckKind kind = CheckKind::kLengths;
   CheckedArgument argument = CheckedArgument::kNone;
   const void* data = nullptr;
-  int64_t rows = 0, cols = 0, depth = 0;       // extents (see CheckKind)
-  int64_t row_stride = 0, col_stride = 0;      // elements
-  int64_t bound = 0;                           // see CheckKind
-  const int32_t* lengths = nullptr;            // kBlockTable: cache_seqlens; kIndices: per-row lengths (may be null)
-  int64_t lengths_cap = 0;                     // kBlockTable: the block table's capacity in tokens
-  bool wide = false;                           // kSlots: int64 values
+  int64_t rows = 0, cols = 0, depth = 0;   // extents (see CheckKind)
+  int64_t row_stride = 0, col_stride = 0;  // elements
+  int64_t bound = 0;                       // see CheckKind
+  const int32_t* lengths = nullptr;        // kBlockTable: cache_seqlens; kIndices: per-row lengths (may be null)
+  int64_t lengths_cap = 0;                 // kBlockTable: the block table's capacity in tokens
+  bool wide = false;                       // kSlots: int64 values
   // kSchedule: the call's work model (schedule_record.h: dense_request_blocks_signed, sparse_request_blocks_of).
   const int32_t* num_splits = nullptr;
   bool sparse = false;
-  int32_t max_seqlen = 0;                      // dense: lengths in `lengths`, clamped to max_seqlen (0: no limit)
-  int64_t topk = 0, extra_topk = 0;            // sparse
-  const int32_t* topk_length = nullptr;        // sparse, may be null
+  int32_t max_seqlen = 0;                // dense: lengths in `lengths`, clamped to max_seqlen (0: no limit)
+  int64_t topk = 0, extra_topk = 0;      // sparse
+  const int32_t* topk_length = nullptr;  // sparse, may be null
   const int32_t* extra_topk_length = nullptr;
 };
 
@@ -92,21 +92,21 @@ struct InputCheckRecord {
   CheckedEntry entry;
   CheckedArgument argument;
   CheckKind kind;
-  int32_t check;     // index of the check in its call
-  int64_t element;   // element number inside the check
+  int32_t check;      // index of the check in its call
+  int64_t element;    // element number inside the check
   int64_t coords[3];  // the element's coordinates (kSchedule: partition or -1, request, what; see detail)
-  int64_t value;     // the offending value (kNotNaN: the float's bits)
-  int64_t bound;     // the limit it broke
-  int32_t detail;    // kSchedule: which rule (ScheduleRule)
+  int64_t value;      // the offending value (kNotNaN: the float's bits)
+  int64_t bound;      // the limit it broke
+  int32_t detail;     // kSchedule: which rule (ScheduleRule)
   int32_t pad;
 };
 
 // The rules of a schedule check (InputCheckRecord::detail).
 enum class ScheduleRule : int32_t {
-  kRecordRange = 0,   // a record's requests outside [0, batch) or begin > end
-  kEndBlock = 1,      // a record ends its last request elsewhere than the request's length ends
-  kBeginBlock = 2,    // a record starts a request past its length
-  kSplitCount = 3,    // num_splits not increasing by >= 1 per request, or past the split buffers
+  kRecordRange = 0,  // a record's requests outside [0, batch) or begin > end
+  kEndBlock = 1,     // a record ends its last request elsewhere than the request's length ends
+  kBeginBlock = 2,   // a record starts a request past its length
+  kSplitCount = 3,   // num_splits not increasing by >= 1 per request, or past the split buffers
 };
 
 // Elements of one check: what its grid-stride loop walks.

@@ -42,14 +42,15 @@ OPENMLA_HOST_DEVICE bool record_violates(const InputCheck& c, int64_t part, Viol
   const int64_t batch = c.cols;
   if (r.begin_req == batch) return false;  // idle
   if (r.begin_req < 0 || r.begin_req > batch || r.end_req < r.begin_req || r.end_req >= batch)
-    return set(v, part, r.begin_req, r.end_req, r.begin_req < 0 || r.begin_req > batch ? r.begin_req : r.end_req, batch);
+    return set(v, part, r.begin_req, r.end_req, r.begin_req < 0 || r.begin_req > batch ? r.begin_req : r.end_req,
+               batch);
   const int32_t begin_n = request_blocks(c, r.begin_req);
   if (r.begin_block < 0 || (r.begin_block > 0 && r.begin_block >= (begin_n < 0 ? -begin_n : begin_n)))
     return set(v, part, r.begin_req, 0, r.begin_block, begin_n < 0 ? -begin_n : begin_n, ScheduleRule::kBeginBlock);
   const int32_t n = request_blocks(c, r.end_req);
   const int32_t blocks = n < 0 ? -n : n, end = n < 0 ? 0 : n;  // an empty request's record ends at block 0
-  const bool split = r.begin_req == r.end_req ? (r.is_first_req_split != 0 || r.is_last_req_split != 0)
-                                               : r.is_last_req_split != 0;
+  const bool split =
+      r.begin_req == r.end_req ? (r.is_first_req_split != 0 || r.is_last_req_split != 0) : r.is_last_req_split != 0;
   const bool partial_end = r.begin_req == r.end_req ? split && r.end_block < end : split;
   const bool ok = partial_end ? (r.end_block > (r.begin_req == r.end_req ? r.begin_block : 0) && r.end_block < blocks)
                               : r.end_block == end;
