@@ -311,6 +311,16 @@ Status check_current_device(int device_id, const char* tensor_name) {
 
 Status check_stream_device(cudaStream_t stream, int device_id, const char* tensor_name) {
 #if CUDART_VERSION >= 12080
+  // A stream under capture answers only capture-safe queries: cudaStreamGetDevice on it would be rejected and would
+  // invalidate the capture. So the check is made outside capture only (cudaStreamIsCapturing is capture-safe; it
+  // fails on the legacy stream while a blocking stream captures: the check is skipped then too).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t query = cudaStreamIsCapturing(stream, &capture);
+  if (query != cudaSuccess) {
+    if (cudaPeekAtLastError() == query) (void)cudaGetLastError();  // ours, and not an error of the call
+    return Status::ok();
+  }
+  if (capture != cudaStreamCaptureStatusNone) return Status::ok();
   int stream_device = -1;
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(stream, &stream_device), "cudaStreamGetDevice (argument 'stream')");
   if (stream_device != device_id) {

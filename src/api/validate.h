@@ -132,7 +132,7 @@ Status device_sm_count(int device_id, int* num_sms, const char* why);
 Status check_current_device(int device_id, const char* tensor_name);
 // The stream belongs to device `device_id` (cudaStreamGetDevice, CUDA runtime >= 12.8; with an older runtime the
 // check is skipped: there is no runtime query for it). The legacy and per-thread default streams belong to the
-// current device.
+// current device. Skipped for a stream under CUDA-graph capture (the query is not capture-safe).
 Status check_stream_device(cudaStream_t stream, int device_id, const char* tensor_name);
 // Everything an entry checks right before its first launch: no CUDA error left by an earlier operation is pending
 // (check_no_pending_cuda_error, with `entry` in its message), and the current device and the stream's device are
