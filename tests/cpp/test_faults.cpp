@@ -421,16 +421,20 @@ TEST(Faults, BlockTableCapacityIsChecked) {
 // ---- A schedule planned for another call (sparse host records) ----------------------------------------------------
 
 // Sparse decode with b <= 16 and no topk_length takes the partition records the host computes, but used to take the
-// split-slot prefix sums from the device schedule. Planned with topk_length [16384, 0] (plan_decode's schedule,
+// split-slot prefix sums from the device schedule. Planned with topk_length [topk, 0] (plan_decode's schedule,
 // replayed here on the host walk the GPU scheduler runs), then called without: the main kernel wrote a partial row
-// at slot 83 of a split buffer of 68 slots (b + num_sm_parts).
-TEST(Faults, ScheduleFromAnotherPlanNeverWritesPastTheSplitBuffers) {
-  const SparseDecodeProblem p = sparse_problem(/*b=*/2, /*s_q=*/1, /*h_q=*/128, /*topk=*/16384);
-  const int parts = heuristics::decode_num_sm_parts(p, kSms);
-  ASSERT_EQ(parts, 66);
+// past the split buffers (b + num_sm_parts slots): the call (h_q = 128, topk = 16384, 132 SMs) at slot 83 of
+// 68, and the smaller one of the sanitizer program (tests/gpu/sanitize_faults.cpp: h_q = 64, topk = 4096, 8 SMs) at
+// slot 11 of 10.
+void expect_no_write_past_the_split_buffers(int64_t h_q, int64_t topk, int num_sms, int parts_expected,
+                                            int32_t slot_before) {
+  SparseDecodeProblem p = sparse_problem(/*b=*/2, /*s_q=*/1, h_q, topk);
+  p.num_sms = num_sms;
+  const int parts = heuristics::decode_num_sm_parts(p, num_sms);
+  ASSERT_EQ(parts, parts_expected);
   const int64_t slots = p.batch + parts;  // the split buffers hold (b + num_sm_parts) * s_q * h_q rows
-  // The device schedule plan_decode writes for topk_length = [16384, 0].
-  const std::vector<int32_t> planned_lengths = {16384, 0};
+  // The device schedule plan_decode writes for topk_length = [topk, 0].
+  const std::vector<int32_t> planned_lengths = {static_cast<int32_t>(topk), 0};
   std::vector<int32_t> blocks;
   for (const int32_t& len : planned_lengths)
     blocks.push_back(heuristics::sparse_request_blocks(p.topk, &len, 0, nullptr));
@@ -443,7 +447,6 @@ TEST(Faults, ScheduleFromAnotherPlanNeverWritesPastTheSplitBuffers) {
   SparseDecodeArgs a = sparse_args(p);
   a.schedule.num_splits.data = const_cast<int32_t*>(device.num_splits.data());
   int checked_parts = 0;
-  ASSERT_TRUE(validate(p, a).is_ok());
   ASSERT_TRUE(detail::validate_sparse_decode(p, a, &checked_parts).is_ok());
   const detail::SparseDecodeCall call = detail::prepare_sparse_decode(p, a, checked_parts);
   ASSERT_GT(call.params.uniform_blocks, 0) << "small batch without lengths: host records";
@@ -463,8 +466,9 @@ TEST(Faults, ScheduleFromAnotherPlanNeverWritesPastTheSplitBuffers) {
     }
   }
   EXPECT_LT(max_slot, slots) << "a partial row past the split buffers";
-  EXPECT_GE(max_slot_before, slots) << "the reproduction: the device prefix sums put slot " << max_slot_before;
-  EXPECT_EQ(max_slot_before, 83);  // the figure: slot 83 of 68
+  EXPECT_EQ(max_slot_before, slot_before)
+      << "the reproduction: the device prefix sums put slot " << max_slot_before << " of " << slots;
+  EXPECT_GE(max_slot_before, slots);
   // The combine reads the same prefix sums: every request's chunks inside the buffers, as many as the kernel wrote.
   ASSERT_TRUE(call.combine.use_host_num_splits);
   for (int req = 0; req < p.batch; ++req) {
@@ -483,6 +487,12 @@ TEST(Faults, ScheduleFromAnotherPlanNeverWritesPastTheSplitBuffers) {
   const detail::SparseDecodeCall with_lengths = detail::prepare_sparse_decode(p, a, checked_parts);
   EXPECT_EQ(with_lengths.params.uniform_blocks, 0);
   EXPECT_FALSE(with_lengths.combine.use_host_num_splits);
+}
+
+TEST(Faults, ScheduleFromAnotherPlanNeverWritesPastTheSplitBuffers) {
+  expect_no_write_past_the_split_buffers(/*h_q=*/128, /*topk=*/16384, /*num_sms=*/132, /*parts=*/66,
+                                         /*slot_before=*/83);
+  expect_no_write_past_the_split_buffers(/*h_q=*/64, /*topk=*/4096, /*num_sms=*/8, /*parts=*/8, /*slot_before=*/11);
 }
 
 // ---- On a GPU: the launch context ------------------------------------------------------------------------------
