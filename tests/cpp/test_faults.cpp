@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -271,6 +272,30 @@ TEST(Faults, PlanAndPrefillSize1Strides) {
     ASSERT_TRUE(st.is_ok()) << v << ": " << st.message();
     EXPECT_EQ(params.kv_stride_s, 576) << v;
     EXPECT_EQ(params.indices_stride_s, 1) << v;
+  }
+}
+
+// The codec's entries validate inside the call: with fake pointers they get past validation to the launch context,
+// which fails without a GPU (skipped where one exists: the fake pointers would be launched on; FaultsGpu runs the
+// same shapes on real memory).
+TEST(Faults, CodecSize1StridesPassValidation) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) GTEST_SKIP() << "a GPU is present: fake pointers would fault";
+  (void)cudaGetLastError();
+  for (const int64_t v : kSize1Strides) {
+    // One page of one token: every dimension but the last has size 1.
+    const TensorRef dst = make_tensor(fake_ptr(2), DType::kUInt8, {1, 1, 1, 584}, {v, v, v, 1});
+    const TensorRef src512 = make_tensor(fake_ptr(1), DType::kBFloat16, {1, 1, 1, 512}, {v, v, v, 1});
+    Status st = quantize_kv_cache(src512, dst, KVCacheFormat::kFp8Model1, nullptr);
+    EXPECT_NE(st.code(), StatusCode::kInvalidArgument) << v << ": " << st.message();
+    st = dequantize_kv_cache(dst, src512, KVCacheFormat::kFp8Model1, nullptr);
+    EXPECT_NE(st.code(), StatusCode::kInvalidArgument) << v << ": " << st.message();
+    const TensorRef cache = make_tensor(fake_ptr(3), DType::kUInt8, {1, 61, 1, 656}, {v, 656, v, 1});
+    const TensorRef rows = make_tensor(fake_ptr(4), DType::kBFloat16, {1, 1, 576}, {v, v, 1});
+    const TensorRef slots = make_tensor(fake_ptr(5), DType::kInt64, {1}, {v});
+    st = append_kv_cache(rows, slots, cache, KVCacheFormat::kFp8V32, nullptr);
+    EXPECT_NE(st.code(), StatusCode::kInvalidArgument) << v << ": " << st.message();
+    (void)cudaGetLastError();
   }
 }
 
@@ -539,6 +564,32 @@ TEST_F(FaultsGpu, AnErrorLeftPendingByAnotherCallIsAttributedAndKept) {
   const Status again = quantize();
   EXPECT_TRUE(again.is_ok()) << again.message();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// One page, one token, size-1 strides 0, 1, 7, -3, 2^40, INT64_MAX: the same bytes as the packed call.
+TEST_F(FaultsGpu, CodecSize1StridesGiveTheSameBytes) {
+  void* one_src = nullptr;
+  void* one_dst = nullptr;
+  ASSERT_EQ(cudaMalloc(&one_src, 576 * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&one_dst, 2 * 656), cudaSuccess);
+  std::vector<uint16_t> values(576);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint16_t>(0x3c00 + (i * 37) % 512);  // bf16
+  ASSERT_EQ(cudaMemcpy(one_src, values.data(), 576 * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  auto* dst_bytes = static_cast<uint8_t*>(one_dst);
+  ASSERT_TRUE(quantize_kv_cache(make_tensor(one_src, DType::kBFloat16, {1, 1, 1, 576}),
+                                make_tensor(dst_bytes, DType::kUInt8, {1, 1, 1, 656}), KVCacheFormat::kFp8V32, nullptr)
+                  .is_ok());
+  for (const int64_t v : kSize1Strides) {
+    const Status st = quantize_kv_cache(make_tensor(one_src, DType::kBFloat16, {1, 1, 1, 576}, {v, v, v, 1}),
+                                        make_tensor(dst_bytes + 656, DType::kUInt8, {1, 1, 1, 656}, {v, v, v, 1}),
+                                        KVCacheFormat::kFp8V32, nullptr);
+    ASSERT_TRUE(st.is_ok()) << v << ": " << st.message();
+    std::vector<uint8_t> got(2 * 656);
+    ASSERT_EQ(cudaMemcpy(got.data(), one_dst, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + 656, got.begin() + 656)) << v;
+  }
+  cudaFree(one_src);
+  cudaFree(one_dst);
 }
 
 // The codec entries check the current device against the tensors' (and the stream's device).
