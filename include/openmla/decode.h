@@ -46,7 +46,15 @@ struct DenseDecodeProblem {
   KVCacheFormat cache_format = KVCacheFormat::kBFloat16;  // kBFloat16 or kFloat16 (the dtype of q and the cache)
   bool causal = false;           // bottom-right aligned; ignored when s_q == 1
   int num_sms = 0;               // SMs to schedule over; 0: the current device's count
+  // The block table's column count (its capacity is max_blocks_per_seq * 64 tokens), or 0: not given. Given,
+  // plan_decode clamps each length to that capacity as the kernel does, so a garbage length costs no more than a
+  // valid one (not given, the schedule budgets the raw length: one length of 2^31 - 1 then serialises the step),
+  // and dense_decode requires block_table.shape(1) == max_blocks_per_seq. At most kMaxBlocksPerSeq.
+  int64_t max_blocks_per_seq = 0;
 };
+
+// The largest block table a dense call takes: max_blocks_per_seq * 64 tokens must fit in int32.
+inline constexpr int64_t kMaxBlocksPerSeq = (int64_t{1} << 25) - 1;
 
 // Sparse top-k decode over an FP8 paged cache (one latent KV head, no causal mask: the indices select).
 struct SparseDecodeProblem {
@@ -64,9 +72,9 @@ struct SparseDecodeProblem {
 };
 
 // Compatibility form (the single problem struct of earlier versions): `sparse` selects the family, and the
-// fields of the other family are ignored (dense: topk, extra_topk, extra_page_block_size; sparse: causal, and
-// h_kv must be 1). Every function below takes it too and behaves as before; new code should use the family
-// structs, to which it converts with as_dense() / as_sparse().
+// fields of the other family are ignored (dense: topk, extra_topk, extra_page_block_size; sparse: causal,
+// max_blocks_per_seq, and h_kv must be 1). Every function below takes it too and behaves as before; new code
+// should use the family structs, to which it converts with as_dense() / as_sparse().
 struct DecodeProblem {
   int64_t batch = 0;
   int64_t s_q = 1;
@@ -82,11 +90,12 @@ struct DecodeProblem {
   int64_t extra_topk = 0;
   int64_t extra_page_block_size = 0;
   int num_sms = 0;
+  int64_t max_blocks_per_seq = 0;  // dense only: DenseDecodeProblem::max_blocks_per_seq
 
   DenseDecodeProblem as_dense() const {
     return DenseDecodeProblem{.batch = batch, .s_q = s_q, .h_q = h_q, .h_kv = h_kv, .d_qk = d_qk, .d_v = d_v,
                               .page_block_size = page_block_size, .cache_format = cache_format, .causal = causal,
-                              .num_sms = num_sms};
+                              .num_sms = num_sms, .max_blocks_per_seq = max_blocks_per_seq};
   }
   SparseDecodeProblem as_sparse() const {
     return SparseDecodeProblem{.batch = batch, .s_q = s_q, .h_q = h_q, .d_qk = d_qk, .d_v = d_v,
@@ -139,8 +148,11 @@ struct DecodeSplitBuffers {
 
 // Fills `schedule` on the GPU, on `stream`, without host synchronisation (graph-capturable). The schedule stays
 // valid for every call with the same problem and the same length VALUES (reuse it across layers of one step).
+// A call with other length values than the plan's reads and writes only inside its own buffers (its results are
+// then undefined); checked mode (openmla/checked.h) names the request whose length does not match.
 // With problem.num_sms > 0 every check runs before any CUDA call; 0 queries the tensors' device.
-//   Dense: `cache_seqlens` (b,) int32 (negative lengths count as 0).
+//   Dense: `cache_seqlens` (b,) int32 (negative lengths count as 0; with problem.max_blocks_per_seq > 0 lengths
+//   above max_blocks_per_seq * 64 count as that, as in the kernel).
 //   Sparse: `topk_length` and `extra_topk_length` (b,) int32 may be absent (undefined TensorRef); given values
 //   are clamped to [0, topk] / [0, extra_topk]; extra_topk_length only with problem.extra_topk > 0.
 Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens, const DecodeSchedule& schedule,
@@ -155,8 +167,10 @@ struct DenseDecodeArgs {
   TensorRef q;              // (b, s_q, h_q, d_qk) bf16/fp16; last dim contiguous, byte strides % 16 == 0
   TensorRef k_cache;        // (num_blocks, 64, h_kv, d_qk), q's dtype; last dim contiguous, strides % 8 == 0
                             // (page_block_size must be 64 for now)
-  TensorRef block_table;    // (b, max_blocks_per_seq) int32; last dim contiguous. Entries past
-                            // ceil(L/64) are never read; max_blocks_per_seq * 64 >= L is the caller's duty
+  TensorRef block_table;    // (b, max_blocks_per_seq) int32; last dim contiguous; max_blocks_per_seq <=
+                            // kMaxBlocksPerSeq. Entries past ceil(L/64) are never read; an entry outside
+                            // [0, num_blocks) reads zeros (TMA bounds), never another address; a length above
+                            // max_blocks_per_seq * 64 is clamped to it
   TensorRef cache_seqlens;  // (b,) int32, contiguous; 0 allowed
   float softmax_scale = 0.f;  // 0: d_qk ** -0.5
   DecodeSchedule schedule;    // from plan_decode() with the same problem and cache_seqlens

@@ -34,7 +34,7 @@ std::atomic<bool> g_test_merge_publish_always{false};
 // The DecodeProblem fields accepted as keyword arguments, in the order the header declares them.
 constexpr const char* kProblemFields =
     "batch, s_q, h_q, h_kv, d_qk, d_v, page_block_size, cache_format, causal, sparse, topk, extra_topk, "
-    "extra_page_block_size, num_sms";
+    "extra_page_block_size, num_sms, max_blocks_per_seq";
 
 KVCacheFormat cache_format_from_name(const std::string& name) {
   if (name == "bf16" || name == "bfloat16") return KVCacheFormat::kBFloat16;
@@ -94,6 +94,8 @@ DecodeProblem problem_from_kwargs(const nb::kwargs& kwargs) {
       p.extra_page_block_size = int_field(v, key);
     else if (key == "num_sms")
       p.num_sms = static_cast<int>(int_field(v, key));
+    else if (key == "max_blocks_per_seq")
+      p.max_blocks_per_seq = int_field(v, key);
     else
       throw nb::type_error(
           ("unknown keyword argument '" + key + "'; the decode problem fields are: " + kProblemFields).c_str());

@@ -146,13 +146,16 @@ class StreamOrder {
     // A stream under CUDA-graph capture cannot wait for an event recorded outside it (torch.cuda.graph
     // synchronises the device before capturing anyway); neither can an event be recorded into a capture from here.
     cudaStreamCaptureStatus now = cudaStreamCaptureStatusNone, before = cudaStreamCaptureStatusNone;
-    const bool ok = cudaStreamIsCapturing(stream, &now) == cudaSuccess &&
-                    cudaStreamIsCapturing(last_, &before) == cudaSuccess &&
-                    now == cudaStreamCaptureStatusNone && before == cudaStreamCaptureStatusNone &&
-                    (event_ != nullptr || cudaEventCreateWithFlags(&event_, cudaEventDisableTiming) == cudaSuccess) &&
-                    cudaEventRecord(event_, last_) == cudaSuccess && cudaStreamWaitEvent(stream, event_, 0) == cudaSuccess;
-    // A failed query (a stream destroyed since) must not be reported later as the launch's error.
-    if (!ok) cudaGetLastError();
+    cudaError_t err = cudaStreamIsCapturing(stream, &now);
+    if (err == cudaSuccess) err = cudaStreamIsCapturing(last_, &before);
+    if (err == cudaSuccess && now == cudaStreamCaptureStatusNone && before == cudaStreamCaptureStatusNone) {
+      if (event_ == nullptr) err = cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
+      if (err == cudaSuccess) err = cudaEventRecord(event_, last_);
+      if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, event_, 0);
+    }
+    // A failed call of ours (a stream destroyed since) must not be reported later as the launch's error, nor as
+    // someone else's; an error pending from someone else is left alone (src/common/cuda_check.h, "Attribution").
+    if (err != cudaSuccess && cudaPeekAtLastError() == err) cudaGetLastError();
   }
 
   std::mutex mutex_;
@@ -176,12 +179,15 @@ class DecodeStep {
              nb::handle partial_lse, int device_id, bool sparse, int64_t batch, int64_t s_q, int64_t h_q, int64_t h_kv,
              int64_t d_qk, int64_t d_v, int64_t page_block_size, const std::string& cache_format, bool causal,
              int64_t topk, int64_t extra_topk, int64_t extra_page_block_size, int num_sms, bool topk_length_given,
-             bool extra_topk_length_given)
+             bool extra_topk_length_given, int64_t max_blocks_per_seq)
       : device_id_(device_id), topk_length_given_(topk_length_given), extra_topk_length_given_(extra_topk_length_given) {
+    // max_blocks_per_seq (dense): the block table's width at the first call, so the plan clamps lengths as the kernel
+    // does; later calls must pass a block table of that width (the C++ API names it otherwise).
     problem_ = DecodeProblem{.batch = batch, .s_q = s_q, .h_q = h_q, .h_kv = h_kv, .d_qk = d_qk, .d_v = d_v,
                              .page_block_size = page_block_size, .cache_format = format_from_name(cache_format),
                              .causal = causal, .sparse = sparse, .topk = topk, .extra_topk = extra_topk,
-                             .extra_page_block_size = extra_page_block_size, .num_sms = num_sms};
+                             .extra_page_block_size = extra_page_block_size, .num_sms = num_sms,
+                             .max_blocks_per_seq = sparse ? 0 : max_blocks_per_seq};
     TensorReader reader;
     schedule_.metadata = reader.read(metadata, "tile_scheduler_metadata");
     schedule_.num_splits = reader.read(num_splits, "num_splits");
@@ -523,13 +529,13 @@ void bind_decode_step(nb::module_& m) {
                          "once; each call passes only its own tensors. Built by python/openmla/decode.py.")
       .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, int, bool, int64_t, int64_t, int64_t,
                     int64_t, int64_t, int64_t, int64_t, const std::string&, bool, int64_t, int64_t, int64_t, int, bool,
-                    bool>(),
+                    bool, int64_t>(),
            nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"), nb::arg("merge_counters"), nb::arg("partial_o"),
            nb::arg("partial_lse"), nb::kw_only(), nb::arg("device_id"), nb::arg("sparse"), nb::arg("batch"),
            nb::arg("s_q"), nb::arg("h_q"), nb::arg("h_kv"), nb::arg("d_qk"), nb::arg("d_v"),
            nb::arg("page_block_size"), nb::arg("cache_format"), nb::arg("causal"), nb::arg("topk"),
            nb::arg("extra_topk"), nb::arg("extra_page_block_size"), nb::arg("num_sms"), nb::arg("topk_length_given"),
-           nb::arg("extra_topk_length_given"))
+           nb::arg("extra_topk_length_given"), nb::arg("max_blocks_per_seq") = 0)
       .def("plan", &DecodeStep::plan, nb::arg("cache_seqlens").none(), nb::arg("topk_length").none(),
            nb::arg("extra_topk_length").none(), nb::arg("stream").none() = nb::none(),
            "Plans the schedule on the stream (default: the framework's current stream of the schedule's device).")

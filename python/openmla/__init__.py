@@ -12,8 +12,10 @@ Besides the decode functions, the package exports sparse prefill (``flash_mla_sp
 prefill (``flash_attn_varlen_func`` and its packed variants; implemented, not yet verified on a GPU: they
 run only with OPENMLA_EXPERIMENTAL_MHA=1), the FP8 KV-cache codec (``quantize_kv_cache``,
 ``dequantize_kv_cache``, ``append_kv_cache``), ``query_capability``, ``version`` and ``build_commit``,
-and the CPU reference implementations as ``openmla.reference``. Where torch is importable, importing the
-package also registers the torch custom ops ``torch.ops.openmla.*`` (python/openmla/_torch_ops.py).
+checked mode (``set_checked_mode``, ``checked_mode``, ``check_status``; the environment variable
+``OPENMLA_CHECK=1`` turns it on), and the CPU reference implementations as ``openmla.reference``. Where torch is
+importable, importing the package also registers the torch custom ops ``torch.ops.openmla.*``
+(python/openmla/_torch_ops.py).
 
 Importing the package needs neither torch nor a GPU. Torch is used at run time, where present, to
 allocate outputs and find the current stream.
@@ -61,6 +63,32 @@ def query_capability(feature: str, device=0) -> tuple[bool, str]:
     return tuple(_openmla.query_capability(feature, _device_index(device)))
 
 
+def set_checked_mode(enabled: bool) -> None:
+    """Turns checked mode on or off for the whole process (overrides the ``OPENMLA_CHECK`` environment variable).
+
+    In checked mode every call also checks, on the GPU, the inputs it cannot see from the host (block-table entries,
+    cache_seqlens, sparse indices and top-k lengths, append slots, the attention sink, whether the schedule matches
+    the call's lengths) and records the first violation; :func:`check_status` reports it. No host synchronisation
+    and no allocation, so checked calls can be captured in CUDA graphs. Off by default; free when off.
+    """
+    _openmla.set_checked_mode(bool(enabled))
+
+
+def checked_mode() -> bool:
+    """Whether checked mode is on (``OPENMLA_CHECK`` set to anything but "" or "0", or :func:`set_checked_mode`)."""
+    return bool(_openmla.checked_mode())
+
+
+def check_status(device=None) -> None:
+    """Raises ValueError naming the first input violation checked mode found since the last call (the call, the
+    argument, the request / row / slot and the value), then clears it; returns None when there was none.
+
+    ``device``: a CUDA device index, ``torch.device`` or ``"cuda[:N]"``; None: the current device. Synchronises that
+    device (waits for every call already launched); not for use inside CUDA-graph capture.
+    """
+    _openmla.checked_mode_status(-1 if device is None else _device_index(device))
+
+
 def _device_index(device) -> int:
     if isinstance(device, int):
         return device
@@ -86,7 +114,8 @@ _EXPORTS = {
 }
 _MISSING: dict[str, str] = {}  # public name -> why it is unavailable
 
-__all__ = ["FEATURES", "version", "build_commit", "query_capability"]
+__all__ = ["FEATURES", "version", "build_commit", "query_capability", "set_checked_mode", "checked_mode",
+           "check_status"]
 
 for _module_name, _names in _EXPORTS.items():
     if importlib.util.find_spec(f"{__name__}.{_module_name}") is None:

@@ -323,7 +323,7 @@ def _general_call(q, k_cache, block_table, cache_seqlens, head_dim_v, sched, num
             step = sched._step
             if step is None:
                 step = _plan_step(torch, sched, config, cache_format, cache_seqlens, topk_length, extra_topk_length,
-                                  stream)
+                                  stream, block_table)
                 planned_now = True
                 try:
                     result = _launch(step, q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal,
@@ -363,8 +363,11 @@ def _launch(step, q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_sc
 
 
 def _plan_step(torch, sched: FlashMLASchedMeta, config: _Config, cache_format: str, cache_seqlens, topk_length,
-               extra_topk_length, stream):
-    """First use: size (this also validates the problem), allocate on q's device, plan on the current stream."""
+               extra_topk_length, stream, block_table=None):
+    """First use: size (this also validates the problem), allocate on q's device, plan on the current stream.
+
+    Dense: the block table's width goes into the plan (max_blocks_per_seq), so lengths past it are clamped as the
+    kernel clamps them and one garbage length costs no more than a valid one; later calls use the same width."""
     dev = config.device
     sparse = config.is_fp8_kvcache
     problem = dict(batch=config.b, s_q=config.s_q, h_q=config.h_q, h_kv=config.h_k, d_qk=config.d_qk, d_v=config.d_v,
@@ -372,6 +375,8 @@ def _plan_step(torch, sched: FlashMLASchedMeta, config: _Config, cache_format: s
                    sparse=sparse, topk=config.topk or 0, extra_topk=config.extra_topk or 0,
                    extra_page_block_size=config.extra_page_block_size or 0,
                    num_sms=_C.device_sm_count(_device_index(dev)))
+    if not sparse and block_table is not None and getattr(block_table, "ndim", 0) == 2:
+        problem["max_blocks_per_seq"] = int(block_table.shape[1])
     sizes = _C.get_decode_workspace_sizes(**problem)
     metadata = torch.empty((sizes["num_sm_parts"], _C.DECODE_SCHEDULE_RECORD_INTS), dtype=torch.int32, device=dev)
     splits = torch.empty((sizes["num_splits_ints"],), dtype=torch.int32, device=dev)

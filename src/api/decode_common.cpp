@@ -109,6 +109,16 @@ Status check_partition_sizes(const DecodeGeometry& g, int num_sm_parts, const De
   return Status::ok();
 }
 
+DecodeSchedule canonical(const DecodeSchedule& schedule) {
+  return DecodeSchedule{.metadata = canonical(schedule.metadata),
+                        .num_splits = canonical(schedule.num_splits),
+                        .merge_counters = canonical(schedule.merge_counters)};
+}
+
+DecodeSplitBuffers canonical(const DecodeSplitBuffers& split) {
+  return DecodeSplitBuffers{.partial_o = canonical(split.partial_o), .partial_lse = canonical(split.partial_lse)};
+}
+
 Status check_decode_outputs(const DecodeGeometry& g, const TensorRef& out, const TensorRef& lse, DType dtype) {
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(out, "out", {dtype}, 4));
   OPENMLA_RETURN_IF_ERROR(check_dim(out, "out", 0, g.batch, "batch"));
@@ -123,7 +133,9 @@ Status check_decode_outputs(const DecodeGeometry& g, const TensorRef& out, const
   OPENMLA_RETURN_IF_ERROR(check_dim(lse, "lse", 0, g.batch, "batch"));
   OPENMLA_RETURN_IF_ERROR(check_dim(lse, "lse", 1, g.h_q, "h_q"));
   OPENMLA_RETURN_IF_ERROR(check_dim(lse, "lse", 2, g.s_q, "s_q"));
-  return check_fits_int32(lse, "lse");
+  OPENMLA_RETURN_IF_ERROR(check_fits_int32(lse, "lse"));
+  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(out, "out"));
+  return check_no_self_overlap(lse, "lse");
 }
 
 SoftmaxScale softmax_scale_of(float softmax_scale, int64_t d_qk) {
@@ -135,8 +147,8 @@ SoftmaxScale softmax_scale_of(float softmax_scale, int64_t d_qk) {
 
 kernels::CombineParams combine_params(const DecodeGeometry& g, bool is_fp16, const DecodeSchedule& schedule,
                                       const DecodeSplitBuffers& split, const TensorRef& out, const TensorRef& lse,
-                                      const float* attn_sink, int merged_in_kernel) {
-  return kernels::CombineParams{
+                                      const float* attn_sink, int merged_in_kernel, const int32_t* host_num_splits) {
+  kernels::CombineParams p{
       .batch = static_cast<int>(g.batch),
       .s_q = static_cast<int>(g.s_q),
       .h_q = static_cast<int>(g.h_q),
@@ -146,6 +158,8 @@ kernels::CombineParams combine_params(const DecodeGeometry& g, bool is_fp16, con
       .partial_o = static_cast<const float*>(split.partial_o.data),
       .partial_lse = static_cast<const float*>(split.partial_lse.data),
       .num_splits = static_cast<const int32_t*>(schedule.num_splits.data),
+      .use_host_num_splits = host_num_splits != nullptr,
+      .host_num_splits = {},
       .attn_sink = attn_sink,
       .merged_in_kernel = merged_in_kernel,
       .out = out.data,
@@ -157,6 +171,10 @@ kernels::CombineParams combine_params(const DecodeGeometry& g, bool is_fp16, con
       .lse_stride_h = lse.stride[1],
       .lse_stride_s = lse.stride[2],
   };
+  if (host_num_splits != nullptr)
+    for (int64_t i = 0; i <= g.batch && i <= kernels::kHostScheduleMaxBatch; ++i)
+      p.host_num_splits[i] = host_num_splits[i];
+  return p;
 }
 
 }  // namespace openmla::detail

@@ -62,9 +62,21 @@ struct SoftmaxScale {
 };
 SoftmaxScale softmax_scale_of(float softmax_scale, int64_t d_qk);
 
-// The combine kernel's parameters for a decode call's outputs and split buffers.
+// The combine kernel's parameters for a decode call's outputs and split buffers. `host_num_splits`: the prefix sums
+// of a schedule known on the host (batch + 1 values, batch <= kernels::kHostScheduleMaxBatch), used instead of the
+// schedule's num_splits; null: read the schedule.
 kernels::CombineParams combine_params(const DecodeGeometry& g, bool is_fp16, const DecodeSchedule& schedule,
                                       const DecodeSplitBuffers& split, const TensorRef& out, const TensorRef& lse,
-                                      const float* attn_sink, int merged_in_kernel);
+                                      const float* attn_sink, int merged_in_kernel,
+                                      const int32_t* host_num_splits = nullptr);
+
+// Every tensor of the schedule / the split buffers with the strides of its size-1 dimensions replaced (canonical()).
+DecodeSchedule canonical(const DecodeSchedule& schedule);
+DecodeSplitBuffers canonical(const DecodeSplitBuffers& split);
+
+// Launch context of a decode entry (check_launch_context) for the tensors' device.
+inline Status check_decode_launch(int device_id, cudaStream_t stream, const char* entry) {
+  return check_launch_context(device_id, "q", stream, entry);
+}
 
 }  // namespace openmla::detail

@@ -4,7 +4,11 @@
 // device pointers on machines without a GPU). Only src/api and tests/ include this header.
 #pragma once
 
+#include "kernels/combine/params.h"
+#include "kernels/dense_decode/params.h"
+#include "kernels/sparse_decode/params.h"
 #include "openmla/decode.h"
+#include "openmla/test_hooks.h"
 
 namespace openmla::detail {
 
@@ -22,6 +26,25 @@ Status validate_plan_decode(const SparseDecodeProblem& problem, const TensorRef&
 // Every check of dense_decode / sparse_decode; on success *num_sm_parts is the partition count of the schedule.
 Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args, int* num_sm_parts);
 Status validate_sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args, int* num_sm_parts);
+
+// What a validated decode call launches: the main kernel's params, the combine's, and the combine's column slices.
+// Built on the host from the problem and the arguments alone (no CUDA call), so the tests can check what a kernel
+// would be given (e.g. the strides its TMA descriptors are built from, the split slots it writes).
+struct DenseDecodeCall {
+  kernels::DenseDecodeParams params;
+  kernels::CombineParams combine;
+  int combine_slices;
+};
+struct SparseDecodeCall {
+  kernels::SparseDecodeParams params;
+  kernels::CombineParams combine;
+  int combine_slices;
+};
+// `args` must have passed validate_dense_decode / validate_sparse_decode (which gave num_sm_parts).
+DenseDecodeCall prepare_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args, int num_sm_parts,
+                                     const test_hooks::DenseDecodeOptions& options = {});
+SparseDecodeCall prepare_sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args,
+                                       int num_sm_parts);
 
 // The compatibility form (DecodeProblem) as a family's problem, with the checks of the fields the family struct
 // does not have: `sparse` must select the family; a sparse problem needs h_kv = 1 and causal = false.

@@ -2,6 +2,7 @@
 // Validate -> build the scheduler's params -> launch; every check runs before the first CUDA call.
 #include <cstdint>
 
+#include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
 #include "api/validate.h"
@@ -48,6 +49,7 @@ kernels::DecodeSchedulerParams scheduler_params(int64_t batch, int num_sm_parts,
       .num_sm_parts = num_sm_parts,
       .sparse = false,
       .cache_seqlens = nullptr,
+      .max_seqlen = 0,
       .topk = 0,
       .topk_length = nullptr,
       .extra_topk = 0,
@@ -60,9 +62,24 @@ kernels::DecodeSchedulerParams scheduler_params(int64_t batch, int num_sm_parts,
   };
 }
 
+// The schedule's tensors (written by plan_decode) share no memory with each other or with the lengths it reads.
+Status check_schedule_disjoint(const DecodeSchedule& schedule, NamedTensors read) {
+  return check_disjoint({{&schedule.metadata, "schedule.metadata"},
+                         {&schedule.num_splits, "schedule.num_splits"},
+                         {&schedule.merge_counters, "schedule.merge_counters"}},
+                        read);
+}
+
 }  // namespace
 
-Status validate_schedule_problem(const DenseDecodeProblem& p) { return check_decode_geometry(geometry_of(p)); }
+Status validate_schedule_problem(const DenseDecodeProblem& p) {
+  OPENMLA_RETURN_IF_ERROR(check_decode_geometry(geometry_of(p)));
+  if (p.max_blocks_per_seq < 0 || p.max_blocks_per_seq > kMaxBlocksPerSeq)
+    return invalid_field("max_blocks_per_seq", p.max_blocks_per_seq,
+                         "expected 0 (not given) or the block table's column count, at most 2^25 - 1 "
+                         "(max_blocks_per_seq * 64 tokens must fit in int32)");
+  return Status::ok();
+}
 
 Status validate_schedule_problem(const SparseDecodeProblem& p) {
   OPENMLA_RETURN_IF_ERROR(check_decode_geometry(geometry_of(p)));
@@ -75,8 +92,10 @@ Status validate_schedule_problem(const SparseDecodeProblem& p) {
   return Status::ok();
 }
 
-Status validate_plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens,
-                            const DecodeSchedule& schedule, int* num_sm_parts) {
+Status validate_plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens_in,
+                            const DecodeSchedule& schedule_in, int* num_sm_parts) {
+  const TensorRef cache_seqlens = canonical(cache_seqlens_in);
+  const DecodeSchedule schedule = canonical(schedule_in);
   OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
   OPENMLA_RETURN_IF_ERROR(check_lengths(cache_seqlens, "cache_seqlens", problem.batch));
   OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(schedule, problem.batch));
@@ -84,12 +103,16 @@ Status validate_plan_decode(const DenseDecodeProblem& problem, const TensorRef& 
       check_same_device(schedule.metadata, "schedule.metadata", schedule.num_splits, "schedule.num_splits"));
   OPENMLA_RETURN_IF_ERROR(check_merge_counters(schedule, heuristics::decode_merge_counter_count(problem)));
   OPENMLA_RETURN_IF_ERROR(check_same_device(schedule.metadata, "schedule.metadata", cache_seqlens, "cache_seqlens"));
+  OPENMLA_RETURN_IF_ERROR(check_schedule_disjoint(schedule, {{&cache_seqlens, "cache_seqlens"}}));
   OPENMLA_RETURN_IF_ERROR(resolve_num_sm_parts(problem, schedule.metadata.device_id, num_sm_parts));
   return check_schedule_parts(schedule, *num_sm_parts);
 }
 
-Status validate_plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_length,
-                            const TensorRef& extra_topk_length, const DecodeSchedule& schedule, int* num_sm_parts) {
+Status validate_plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_length_in,
+                            const TensorRef& extra_topk_length_in, const DecodeSchedule& schedule_in,
+                            int* num_sm_parts) {
+  const TensorRef topk_length = canonical(topk_length_in), extra_topk_length = canonical(extra_topk_length_in);
+  const DecodeSchedule schedule = canonical(schedule_in);
   OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
   if (topk_length.defined()) OPENMLA_RETURN_IF_ERROR(check_lengths(topk_length, "topk_length", problem.batch));
   if (extra_topk_length.defined()) {
@@ -104,6 +127,8 @@ Status validate_plan_decode(const SparseDecodeProblem& problem, const TensorRef&
   OPENMLA_RETURN_IF_ERROR(
       check_same_device_all(schedule.metadata, "schedule.metadata",
                             {{&topk_length, "topk_length"}, {&extra_topk_length, "extra_topk_length"}}));
+  OPENMLA_RETURN_IF_ERROR(check_schedule_disjoint(
+      schedule, {{&topk_length, "topk_length"}, {&extra_topk_length, "extra_topk_length"}}));
   OPENMLA_RETURN_IF_ERROR(resolve_num_sm_parts(problem, schedule.metadata.device_id, num_sm_parts));
   return check_schedule_parts(schedule, *num_sm_parts);
 }
@@ -122,10 +147,15 @@ Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seq
                    cudaStream_t stream) {
   int num_sm_parts = 0;
   OPENMLA_RETURN_IF_ERROR(detail::validate_plan_decode(problem, cache_seqlens, schedule, &num_sm_parts));
-  OPENMLA_RETURN_IF_ERROR(detail::check_current_device(schedule.metadata.device_id, "schedule.metadata"));
+  OPENMLA_RETURN_IF_ERROR(
+      detail::check_launch_context(schedule.metadata.device_id, "schedule.metadata", stream, "plan_decode"));
   kernels::DecodeSchedulerParams params =
       detail::scheduler_params(problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
   params.cache_seqlens = static_cast<const int32_t*>(cache_seqlens.data);
+  params.max_seqlen = static_cast<int32_t>(problem.max_blocks_per_seq * kernels::kDecodeBlockTokens);
+  if (detail::checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(kernels::CheckedEntry::kPlanDecode,
+                                                     detail::plan_decode_checks(problem, cache_seqlens), stream));
   return kernels::launch_decode_scheduler(params, stream);
 }
 
@@ -134,7 +164,8 @@ Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_len
   int num_sm_parts = 0;
   OPENMLA_RETURN_IF_ERROR(
       detail::validate_plan_decode(problem, topk_length, extra_topk_length, schedule, &num_sm_parts));
-  OPENMLA_RETURN_IF_ERROR(detail::check_current_device(schedule.metadata.device_id, "schedule.metadata"));
+  OPENMLA_RETURN_IF_ERROR(
+      detail::check_launch_context(schedule.metadata.device_id, "schedule.metadata", stream, "plan_decode"));
   kernels::DecodeSchedulerParams params =
       detail::scheduler_params(problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
   params.sparse = true;
@@ -143,6 +174,12 @@ Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_len
   params.extra_topk = static_cast<int>(problem.extra_topk);
   params.extra_topk_length =
       extra_topk_length.defined() ? static_cast<const int32_t*>(extra_topk_length.data) : nullptr;
+  if (detail::checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(
+        detail::run_input_checks(kernels::CheckedEntry::kPlanDecode,
+                                 detail::plan_decode_checks(problem, detail::canonical(topk_length),
+                                                            detail::canonical(extra_topk_length)),
+                                 stream));
   return kernels::launch_decode_scheduler(params, stream);
 }
 

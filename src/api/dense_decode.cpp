@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
 #include "api/validate.h"
@@ -20,9 +21,39 @@ namespace detail {
 namespace {
 constexpr int64_t kDenseHeadDimQK = 576;
 constexpr int64_t kDensePageSize = 64;
+constexpr int64_t kTmaMaxStrideBytes = int64_t{1} << 40;  // cuTensorMapEncodeTiled: global strides below 2^40 bytes
+
+// Every tensor argument with the strides of its size-1 dimensions replaced (api/validate.h, canonical()): the k_cache
+// TMA descriptor then never sees a stride that a framework exported for a size-1 dimension (k_cache.unsqueeze(-2)
+// with stride 1 on the head dimension; one page).
+DenseDecodeArgs canonical_args(const DenseDecodeArgs& args) {
+  DenseDecodeArgs a = args;
+  for (TensorRef* t : {&a.q, &a.k_cache, &a.block_table, &a.cache_seqlens, &a.out, &a.lse}) *t = canonical(*t);
+  a.schedule = canonical(args.schedule);
+  a.split = canonical(args.split);
+  return a;
+}
+
+// The cache as the kernel's TMA descriptor reads it: page, row and head strides positive, whole 16-byte units (the
+// multiple-of-8 check) and below the descriptor's 2^40-byte limit.
+Status check_cache_tma_strides(const TensorRef& k) {
+  for (int d = 0; d < 3; ++d) {
+    const int64_t bytes = k.stride[d] * static_cast<int64_t>(k.element_size());
+    if (k.stride[d] <= 0 || bytes >= kTmaMaxStrideBytes) {
+      MessageStream os;
+      os << "argument 'k_cache' has stride " << k.stride[d] << " in dimension " << d
+         << "; the kernel reads the cache through a TMA descriptor, which needs positive strides below 2^40 bytes; "
+            "strides "
+         << stride_string(k);
+      return invalid(os.str());
+    }
+  }
+  return Status::ok();
+}
 }  // namespace
 
-Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args, int* num_sm_parts) {
+Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args_in, int* num_sm_parts) {
+  const DenseDecodeArgs args = canonical_args(args_in);
   // ---- The problem ---------------------------------------------------------------------------------
   OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
   if (problem.d_qk != kDenseHeadDimQK)
@@ -62,6 +93,7 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
   OPENMLA_RETURN_IF_ERROR(check_dim(k, "k_cache", 3, kDenseHeadDimQK, "d_qk"));
   OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(k, "k_cache"));
   OPENMLA_RETURN_IF_ERROR(check_strides_multiple(k, "k_cache", 8, "TMA needs 16-byte strides"));
+  OPENMLA_RETURN_IF_ERROR(check_cache_tma_strides(k));
   OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(k, "k_cache", 16));
 
   // ---- block_table, cache_seqlens ----------------------------------------------------------------------
@@ -69,6 +101,18 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(bt, "block_table", {DType::kInt32}, 2));
   OPENMLA_RETURN_IF_ERROR(check_dim(bt, "block_table", 0, b, "batch"));
   if (bt.shape[1] < 1) return invalid("argument 'block_table' has no columns; shape " + shape_string(bt));
+  if (bt.shape[1] > kMaxBlocksPerSeq) {
+    MessageStream os;
+    os << "argument 'block_table' has " << bt.shape[1] << " columns; at most " << kMaxBlocksPerSeq
+       << " are supported (max_blocks_per_seq * 64 tokens must fit in int32)";
+    return invalid(os.str());
+  }
+  if (problem.max_blocks_per_seq > 0 && bt.shape[1] != problem.max_blocks_per_seq) {
+    MessageStream os;
+    os << "argument 'block_table' has " << bt.shape[1] << " columns but problem.max_blocks_per_seq is "
+       << problem.max_blocks_per_seq << "; the schedule clamps lengths to the capacity it was planned with";
+    return invalid(os.str());
+  }
   OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(bt, "block_table"));
   OPENMLA_RETURN_IF_ERROR(check_fits_int32(bt, "block_table"));
   OPENMLA_RETURN_IF_ERROR(check_lengths(args.cache_seqlens, "cache_seqlens", b));
@@ -93,19 +137,27 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
 
   OPENMLA_RETURN_IF_ERROR(check_softmax_scale(args.softmax_scale));
 
+  // ---- no tensor the call writes shares memory with another argument ---------------------------------------
+  OPENMLA_RETURN_IF_ERROR(check_disjoint({{&args.out, "out"},
+                                          {&args.lse, "lse"},
+                                          {&args.split.partial_o, "split.partial_o"},
+                                          {&args.split.partial_lse, "split.partial_lse"},
+                                          {&args.schedule.merge_counters, "schedule.merge_counters"}},
+                                         {{&q, "q"},
+                                          {&k, "k_cache"},
+                                          {&bt, "block_table"},
+                                          {&args.cache_seqlens, "cache_seqlens"},
+                                          {&args.schedule.metadata, "schedule.metadata"},
+                                          {&args.schedule.num_splits, "schedule.num_splits"}}));
+
   // ---- sizes depending on num_sm_parts (the only check that may query the device) ----------------------------
   OPENMLA_RETURN_IF_ERROR(resolve_num_sm_parts(problem, q.device_id, num_sm_parts));
   return check_partition_sizes(g, *num_sm_parts, args.schedule, args.split);
 }
 
-namespace {
-
-Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args,
-                        const test_hooks::DenseDecodeOptions& options, cudaStream_t stream) {
-  int num_sm_parts = 0;
-  OPENMLA_RETURN_IF_ERROR(validate_dense_decode(problem, args, &num_sm_parts));
-  OPENMLA_RETURN_IF_ERROR(check_current_device(args.q.device_id, "q"));
-
+DenseDecodeCall prepare_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args_in,
+                                     int num_sm_parts, const test_hooks::DenseDecodeOptions& options) {
+  const DenseDecodeArgs args = canonical_args(args_in);
   const heuristics::DenseDecodeLaunchPlan plan = heuristics::plan_dense_decode_launch(problem, args.q);
   const int b = static_cast<int>(problem.batch), s_q = static_cast<int>(problem.s_q);
   const int h_q = static_cast<int>(problem.h_q), h_kv = static_cast<int>(problem.h_kv);
@@ -115,7 +167,8 @@ Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs
   const bool is_fp16 = args.q.dtype == DType::kFloat16;
   const bool merge_counters = args.schedule.merge_counters.defined();
 
-  const kernels::DenseDecodeParams params{
+  DenseDecodeCall call;
+  call.params = kernels::DenseDecodeParams{
       .batch = b,
       .s_q = s_q,
       .h_q = h_q,
@@ -157,15 +210,28 @@ Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs
       .merge_publish_always = options.merge_publish_always,
       .q_tma = plan.q_tma,
   };
-  OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(params, stream));
-
   // Always launched: which requests were split is only known on the device (num_splits), and a fixed
   // launch sequence keeps the call graph-capturable. Unsplit requests exit in the prologue. With merge counters
   // the main kernel already merged the requests of two chunks.
-  const kernels::CombineParams combine =
-      combine_params(geometry_of(problem), is_fp16, args.schedule, args.split, args.out, args.lse,
-                     /*attn_sink=*/nullptr, merge_counters ? kernels::kMaxMergeChunks : 1);
-  return kernels::launch_combine(combine, plan.combine_slices, stream);
+  call.combine = combine_params(geometry_of(problem), is_fp16, args.schedule, args.split, args.out, args.lse,
+                                /*attn_sink=*/nullptr, merge_counters ? kernels::kMaxMergeChunks : 1);
+  call.combine_slices = plan.combine_slices;
+  return call;
+}
+
+namespace {
+
+Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args,
+                        const test_hooks::DenseDecodeOptions& options, cudaStream_t stream) {
+  int num_sm_parts = 0;
+  OPENMLA_RETURN_IF_ERROR(validate_dense_decode(problem, args, &num_sm_parts));
+  OPENMLA_RETURN_IF_ERROR(check_decode_launch(args.q.device_id, stream, "dense_decode"));
+  const DenseDecodeCall call = prepare_dense_decode(problem, args, num_sm_parts, options);
+  if (checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(run_input_checks(kernels::CheckedEntry::kDenseDecode,
+                                             dense_decode_checks(problem, canonical_args(args), num_sm_parts), stream));
+  OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(call.params, stream));
+  return kernels::launch_combine(call.combine, call.combine_slices, stream);
 }
 
 }  // namespace

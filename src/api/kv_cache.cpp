@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "api/checked.h"
 #include "api/validate.h"
 #include "kernels/kv_cache/launch.h"
 
@@ -81,6 +82,7 @@ Status check_bf16_pages(const TensorRef& t, const char* name, int64_t head_dim) 
   OPENMLA_RETURN_IF_ERROR(check_present(t, name));
   OPENMLA_RETURN_IF_ERROR(check_dtype(t, name, {DType::kBFloat16}));
   OPENMLA_RETURN_IF_ERROR(check_ndim(t, name, 4));
+  OPENMLA_RETURN_IF_ERROR(detail::check_strides_sane(t, name));
   OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 2, 1, "KV heads; MLA caches have one"));
   OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 3, head_dim, "d_qk of the format"));
   OPENMLA_RETURN_IF_ERROR(detail::check_last_dim_contiguous(t, name));
@@ -95,6 +97,7 @@ Status check_fp8_pages(const TensorRef& t, const char* name, KVCacheFormat forma
   OPENMLA_RETURN_IF_ERROR(check_present(t, name));
   OPENMLA_RETURN_IF_ERROR(check_dtype(t, name, {DType::kUInt8, DType::kInt8, DType::kFloat8E4M3}));
   OPENMLA_RETURN_IF_ERROR(check_ndim(t, name, 4));
+  OPENMLA_RETURN_IF_ERROR(detail::check_strides_sane(t, name));
   OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 2, 1, "KV heads; MLA caches have one"));
   std::string bytes_what = std::string("bytes per token of ") + kv_cache_format_name(format);
   OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 3, bpt, bytes_what.c_str()));
@@ -156,15 +159,18 @@ Status check_devices(const TensorRef& a, const char* a_name, const TensorRef& b,
 
 }  // namespace
 
-Status quantize_kv_cache(const TensorRef& src, const TensorRef& dst, KVCacheFormat format, cudaStream_t stream) {
+Status quantize_kv_cache(const TensorRef& src_in, const TensorRef& dst_in, KVCacheFormat format, cudaStream_t stream) {
+  const TensorRef src = detail::canonical(src_in), dst = detail::canonical(dst_in);
   kvk::Fp8Layout layout;
   OPENMLA_RETURN_IF_ERROR(fp8_layout_of(format, &layout));
   OPENMLA_RETURN_IF_ERROR(check_bf16_pages(src, "src", kv_cache_fp8_head_dim(format)));
   OPENMLA_RETURN_IF_ERROR(check_fp8_pages(dst, "dst", format));
   OPENMLA_RETURN_IF_ERROR(check_same_pages(src, "src", dst, "dst"));
   OPENMLA_RETURN_IF_ERROR(check_token_count(dst, "dst"));
+  OPENMLA_RETURN_IF_ERROR(detail::check_no_overlap(dst, "dst", src, "src"));
   if (src.numel() == 0) return Status::ok();  // empty tensors may carry null pointers; nothing to launch
   OPENMLA_RETURN_IF_ERROR(check_devices(src, "src", dst, "dst"));
+  OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(src.device_id, "src", stream, "quantize_kv_cache"));
   const kvk::QuantizeParams params{
       .src = src.data,
       .src_page_stride = src.stride[0],
@@ -177,15 +183,19 @@ Status quantize_kv_cache(const TensorRef& src, const TensorRef& dst, KVCacheForm
   return kvk::launch_quantize(params, layout, stream);
 }
 
-Status dequantize_kv_cache(const TensorRef& src, const TensorRef& dst, KVCacheFormat format, cudaStream_t stream) {
+Status dequantize_kv_cache(const TensorRef& src_in, const TensorRef& dst_in, KVCacheFormat format,
+                           cudaStream_t stream) {
+  const TensorRef src = detail::canonical(src_in), dst = detail::canonical(dst_in);
   kvk::Fp8Layout layout;
   OPENMLA_RETURN_IF_ERROR(fp8_layout_of(format, &layout));
   OPENMLA_RETURN_IF_ERROR(check_fp8_pages(src, "src", format));
   OPENMLA_RETURN_IF_ERROR(check_bf16_pages(dst, "dst", kv_cache_fp8_head_dim(format)));
   OPENMLA_RETURN_IF_ERROR(check_same_pages(src, "src", dst, "dst"));
   OPENMLA_RETURN_IF_ERROR(check_token_count(src, "src"));
+  OPENMLA_RETURN_IF_ERROR(detail::check_no_overlap(dst, "dst", src, "src"));
   if (src.numel() == 0) return Status::ok();  // empty tensors may carry null pointers; nothing to launch
   OPENMLA_RETURN_IF_ERROR(check_devices(src, "src", dst, "dst"));
+  OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(src.device_id, "src", stream, "dequantize_kv_cache"));
   const kvk::DequantizeParams params{
       .src = src.data,
       .src_page_stride = src.stride[0],
@@ -198,8 +208,10 @@ Status dequantize_kv_cache(const TensorRef& src, const TensorRef& dst, KVCacheFo
   return kvk::launch_dequantize(params, layout, stream);
 }
 
-Status append_kv_cache(const TensorRef& new_kv, const TensorRef& slots, const TensorRef& cache, KVCacheFormat format,
-                       cudaStream_t stream) {
+Status append_kv_cache(const TensorRef& new_kv_in, const TensorRef& slots_in, const TensorRef& cache_in,
+                       KVCacheFormat format, cudaStream_t stream) {
+  const TensorRef new_kv = detail::canonical(new_kv_in), slots = detail::canonical(slots_in),
+                  cache = detail::canonical(cache_in);
   kvk::Fp8Layout layout;
   OPENMLA_RETURN_IF_ERROR(fp8_layout_of(format, &layout));
   const int64_t head_dim = kv_cache_fp8_head_dim(format);
@@ -211,6 +223,7 @@ Status append_kv_cache(const TensorRef& new_kv, const TensorRef& slots, const Te
     return Status::invalid_argument("argument 'new_kv' must have shape (n, d_qk) or (n, 1, d_qk), got shape " +
                                     shape_string(new_kv));
   }
+  OPENMLA_RETURN_IF_ERROR(detail::check_strides_sane(new_kv, "new_kv"));
   if (new_kv.ndim == 3) OPENMLA_RETURN_IF_ERROR(check_dim(new_kv, "new_kv", 1, 1, "KV heads; MLA caches have one"));
   OPENMLA_RETURN_IF_ERROR(check_dim(new_kv, "new_kv", -1, head_dim, "d_qk of the format"));
   OPENMLA_RETURN_IF_ERROR(detail::check_last_dim_contiguous(new_kv, "new_kv"));
@@ -224,18 +237,21 @@ Status append_kv_cache(const TensorRef& new_kv, const TensorRef& slots, const Te
   OPENMLA_RETURN_IF_ERROR(check_present(slots, "slots"));
   OPENMLA_RETURN_IF_ERROR(check_dtype(slots, "slots", {DType::kInt32, DType::kInt64}));
   OPENMLA_RETURN_IF_ERROR(check_ndim(slots, "slots", 1));
+  OPENMLA_RETURN_IF_ERROR(detail::check_strides_sane(slots, "slots"));
   OPENMLA_RETURN_IF_ERROR(check_dim(slots, "slots", 0, num_new, "one slot per row of new_kv"));
   OPENMLA_RETURN_IF_ERROR(detail::check_contiguous(slots, "slots"));
   OPENMLA_RETURN_IF_ERROR(detail::check_pointer_aligned(slots, "slots", static_cast<int64_t>(slots.element_size())));
 
   OPENMLA_RETURN_IF_ERROR(check_fp8_pages(cache, "cache", format));
   OPENMLA_RETURN_IF_ERROR(check_token_count(cache, "cache"));
+  OPENMLA_RETURN_IF_ERROR(detail::check_disjoint({{&cache, "cache"}}, {{&new_kv, "new_kv"}, {&slots, "slots"}}));
 
   // Zero-size tensors may carry null pointers: nothing to launch, and nothing to check on the device.
   if (num_new == 0) return Status::ok();
   OPENMLA_RETURN_IF_ERROR(detail::check_pointer_aligned(new_kv, "new_kv", kVectorBytes));
   OPENMLA_RETURN_IF_ERROR(check_devices(new_kv, "new_kv", slots, "slots"));
   OPENMLA_RETURN_IF_ERROR(check_devices(new_kv, "new_kv", cache, "cache"));
+  OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(new_kv.device_id, "new_kv", stream, "append_kv_cache"));
 
   const kvk::AppendParams params{
       .new_kv = new_kv.data,
@@ -248,6 +264,9 @@ Status append_kv_cache(const TensorRef& new_kv, const TensorRef& slots, const Te
       .num_blocks = cache.shape[0],
       .page_size = cache.shape[1],
   };
+  if (detail::checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(kernels::CheckedEntry::kAppendKVCache,
+                                                     detail::append_kv_cache_checks(slots, cache), stream));
   return kvk::launch_append(params, layout, stream);
 }
 

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
 #include "api/validate.h"
@@ -18,8 +19,20 @@ namespace detail {
 
 namespace {
 
+// Every tensor argument with the strides of its size-1 dimensions replaced (api/validate.h, canonical()).
+SparseDecodeArgs canonical_args(const SparseDecodeArgs& args) {
+  SparseDecodeArgs a = args;
+  for (TensorRef* t : {&a.q, &a.k_cache, &a.indices, &a.topk_length, &a.attn_sink, &a.extra_k_cache, &a.extra_indices,
+                       &a.extra_topk_length, &a.out, &a.lse})
+    *t = canonical(*t);
+  a.schedule = canonical(args.schedule);
+  a.split = canonical(args.split);
+  return a;
+}
+
 // One FP8 paged cache of the sparse path: (num_blocks, page_block_size, 1, bytes_per_token) bytes, each page
-// internally contiguous (stride(1) == bytes_per_token), pages 16-byte aligned.
+// internally contiguous (stride(1) == bytes_per_token), pages 16-byte aligned (the page stride of a one-page cache
+// is never used).
 Status check_fp8_cache(const TensorRef& k, const char* name, int64_t page_size, const char* page_field,
                        int64_t bytes_per_token) {
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(k, name, {DType::kUInt8, DType::kInt8, DType::kFloat8E4M3}, 4));
@@ -35,7 +48,7 @@ Status check_fp8_cache(const TensorRef& k, const char* name, int64_t page_size, 
        << ", stride(3) == 1); only the page stride stride(0) is free";
     return invalid(os.str());
   }
-  if (k.stride[0] % 16 != 0 || k.stride[0] < page_size * bytes_per_token) {
+  if (k.shape[0] > 1 && (k.stride[0] % 16 != 0 || k.stride[0] < page_size * bytes_per_token)) {
     MessageStream os;
     os << "argument '" << name << "' has page stride " << k.stride[0] << " bytes; expected a multiple of 16 that is at "
        << "least page_block_size * " << bytes_per_token << " = " << page_size * bytes_per_token;
@@ -74,7 +87,8 @@ kernels::SparseCacheView cache_view(const TensorRef& cache, const TensorRef& ind
 
 }  // namespace
 
-Status validate_sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args, int* num_sm_parts) {
+Status validate_sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args_in, int* num_sm_parts) {
+  const SparseDecodeArgs args = canonical_args(args_in);
   // ---- The problem ---------------------------------------------------------------------------------
   OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
   int64_t d_qk = 0, bytes_per_token = 0;
@@ -162,23 +176,38 @@ Status validate_sparse_decode(const SparseDecodeProblem& problem, const SparseDe
 
   OPENMLA_RETURN_IF_ERROR(check_softmax_scale(args.softmax_scale));
 
+  // ---- no tensor the call writes shares memory with another argument ---------------------------------------
+  OPENMLA_RETURN_IF_ERROR(check_disjoint({{&args.out, "out"},
+                                          {&args.lse, "lse"},
+                                          {&args.split.partial_o, "split.partial_o"},
+                                          {&args.split.partial_lse, "split.partial_lse"},
+                                          {&args.schedule.merge_counters, "schedule.merge_counters"}},
+                                         {{&q, "q"},
+                                          {&args.k_cache, "k_cache"},
+                                          {&args.indices, "indices"},
+                                          {&args.topk_length, "topk_length"},
+                                          {&args.attn_sink, "attn_sink"},
+                                          {&args.extra_k_cache, "extra_k_cache"},
+                                          {&args.extra_indices, "extra_indices"},
+                                          {&args.extra_topk_length, "extra_topk_length"},
+                                          {&args.schedule.metadata, "schedule.metadata"},
+                                          {&args.schedule.num_splits, "schedule.num_splits"}}));
+
   // ---- sizes depending on num_sm_parts (the only check that may query the device) ----------------------------
   OPENMLA_RETURN_IF_ERROR(resolve_num_sm_parts(problem, q.device_id, num_sm_parts));
   return check_partition_sizes(g, *num_sm_parts, args.schedule, args.split);
 }
 
-}  // namespace detail
-
-Status sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args, cudaStream_t stream) {
-  int num_sm_parts = 0;
-  OPENMLA_RETURN_IF_ERROR(detail::validate_sparse_decode(problem, args, &num_sm_parts));
-  OPENMLA_RETURN_IF_ERROR(detail::check_current_device(args.q.device_id, "q"));
-
+SparseDecodeCall prepare_sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args_in,
+                                       int num_sm_parts) {
+  const SparseDecodeArgs args = canonical_args(args_in);
   const bool has_extra = args.extra_k_cache.defined();
   const heuristics::SparseDecodeLaunchPlan plan = heuristics::plan_sparse_decode_launch(
       problem, num_sm_parts, args.topk_length.defined(), has_extra && args.extra_topk_length.defined());
-  const detail::SoftmaxScale scale = detail::softmax_scale_of(args.softmax_scale, problem.d_qk);
-  kernels::SparseDecodeParams params{
+  const SoftmaxScale scale = softmax_scale_of(args.softmax_scale, problem.d_qk);
+  SparseDecodeCall call;
+  kernels::SparseDecodeParams& params = call.params;
+  params = kernels::SparseDecodeParams{
       .batch = static_cast<int>(problem.batch),
       .s_q = static_cast<int>(problem.s_q),
       .h_q = static_cast<int>(problem.h_q),
@@ -192,11 +221,11 @@ Status sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs&
       .q_stride_b = args.q.stride[0],
       .q_stride_s = args.q.stride[1],
       .q_stride_h = args.q.stride[2],
-      .main = detail::cache_view(args.k_cache, args.indices, args.topk_length, problem.topk),
+      .main = cache_view(args.k_cache, args.indices, args.topk_length, problem.topk),
       .has_extra = has_extra,
-      .extra = has_extra ? detail::cache_view(args.extra_k_cache, args.extra_indices, args.extra_topk_length,
-                                              problem.extra_topk)
-                         : kernels::SparseCacheView{},
+      .extra = has_extra
+                   ? cache_view(args.extra_k_cache, args.extra_indices, args.extra_topk_length, problem.extra_topk)
+                   : kernels::SparseCacheView{},
       .attn_sink = args.attn_sink.defined() ? static_cast<const float*>(args.attn_sink.data) : nullptr,
       .out = args.out.data,
       .out_stride_b = args.out.stride[0],
@@ -212,15 +241,34 @@ Status sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs&
       .num_splits = static_cast<const int32_t*>(args.schedule.num_splits.data),
       .uniform_blocks = plan.uniform_blocks,
       .uniform_records = {},
+      .uniform_num_splits = {},
   };
   for (int part = 0; part < kMaxDecodeSmParts; ++part) params.uniform_records[part] = plan.uniform_records[part];
-  OPENMLA_RETURN_IF_ERROR(kernels::launch_sparse_decode(params, stream));
+  for (int i = 0; i <= kernels::kHostScheduleMaxBatch; ++i) params.uniform_num_splits[i] = plan.uniform_num_splits[i];
+  // The sparse main kernel writes every split chunk's partial: the combine merges every split request. With host
+  // records the combine takes their prefix sums too: the call then never reads the device schedule.
+  call.combine = combine_params(geometry_of(problem), /*is_fp16=*/false, args.schedule, args.split, args.out, args.lse,
+                                params.attn_sink, /*merged_in_kernel=*/1,
+                                plan.uniform_blocks > 0 ? plan.uniform_num_splits : nullptr);
+  call.combine_slices = plan.combine_slices;
+  return call;
+}
 
-  // The sparse main kernel writes every split chunk's partial: the combine merges every split request.
-  const kernels::CombineParams combine =
-      detail::combine_params(detail::geometry_of(problem), /*is_fp16=*/false, args.schedule, args.split, args.out,
-                             args.lse, params.attn_sink, /*merged_in_kernel=*/1);
-  return kernels::launch_combine(combine, plan.combine_slices, stream);
+}  // namespace detail
+
+Status sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args, cudaStream_t stream) {
+  int num_sm_parts = 0;
+  OPENMLA_RETURN_IF_ERROR(detail::validate_sparse_decode(problem, args, &num_sm_parts));
+  OPENMLA_RETURN_IF_ERROR(detail::check_decode_launch(args.q.device_id, stream, "sparse_decode"));
+  const detail::SparseDecodeCall call = detail::prepare_sparse_decode(problem, args, num_sm_parts);
+  if (detail::checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(
+        kernels::CheckedEntry::kSparseDecode,
+        detail::sparse_decode_checks(problem, detail::canonical_args(args), num_sm_parts,
+                                     /*schedule_read=*/call.params.uniform_blocks == 0),
+        stream));
+  OPENMLA_RETURN_IF_ERROR(kernels::launch_sparse_decode(call.params, stream));
+  return kernels::launch_combine(call.combine, call.combine_slices, stream);
 }
 
 }  // namespace openmla

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "api/checked.h"
 #include "api/sparse_prefill_internal.h"
 #include "api/validate.h"
 #include "kernels/sparse_prefill/params.h"
@@ -44,35 +45,18 @@ Status check_row_stats(const TensorRef& t, const char* name, int64_t s_q, int64_
   return check_pointer_aligned(t, name, 4);
 }
 
-// Address range [lo, hi) a strided view can touch (element strides; size-1 dims contribute nothing).
-void byte_span(const TensorRef& t, uintptr_t* lo, uintptr_t* hi) {
-  const auto base = reinterpret_cast<uintptr_t>(t.data);
-  int64_t min_off = 0, max_off = 0;
-  for (int i = 0; i < t.ndim; ++i) {
-    if (t.shape[i] <= 1) continue;
-    const int64_t ext = (t.shape[i] - 1) * t.stride[i];
-    if (ext < 0) min_off += ext; else max_off += ext;
-  }
-  const int64_t es = static_cast<int64_t>(t.element_size());
-  *lo = base + static_cast<uintptr_t>(min_off * es);
-  *hi = base + static_cast<uintptr_t>((max_off + 1) * es);
-}
-
-// Outputs must not overlap the inputs the kernel still reads (the result would depend on the schedule).
-Status check_no_overlap(const TensorRef& out, const char* out_name, const TensorRef& in, const char* in_name) {
-  if (!out.defined() || !in.defined() || out.numel() == 0 || in.numel() == 0) return Status::ok();
-  uintptr_t a0, a1, b0, b1;
-  byte_span(out, &a0, &a1);
-  byte_span(in, &b0, &b1);
-  if (a0 < b1 && b0 < a1)
-    return invalid(std::string("argument '") + out_name + "' overlaps argument '" + in_name +
-                   "' in memory; outputs must not alias the inputs");
-  return Status::ok();
-}
-
 }  // namespace
 
-Status validate_sparse_prefill(const SparsePrefillArgs& a, kernels::SparsePrefillParams* params) {
+// Every tensor argument with the strides of its size-1 dimensions replaced (api/validate.h, canonical()).
+SparsePrefillArgs canonical_args(const SparsePrefillArgs& args) {
+  SparsePrefillArgs a = args;
+  for (TensorRef* t : {&a.q, &a.kv, &a.indices, &a.topk_length, &a.attn_sink, &a.out, &a.max_logits, &a.lse})
+    *t = canonical(*t);
+  return a;
+}
+
+Status validate_sparse_prefill(const SparsePrefillArgs& args, kernels::SparsePrefillParams* params) {
+  const SparsePrefillArgs a = canonical_args(args);
   // ---- q, kv, indices: shapes and layouts
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.q, "q", {DType::kBFloat16}, 3));
   const int64_t s_q = a.q.shape[0], h_q = a.q.shape[1], d_qk = a.q.shape[2];
@@ -157,15 +141,15 @@ Status validate_sparse_prefill(const SparsePrefillArgs& a, kernels::SparsePrefil
   OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.max_logits, "max_logits"));
   OPENMLA_RETURN_IF_ERROR(check_row_stats(a.lse, "lse", s_q, h_q));
   OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.lse, "lse"));
-  const struct { const TensorRef* t; const char* name; } outputs[] = {
-      {&a.out, "out"}, {&a.max_logits, "max_logits"}, {&a.lse, "lse"}};
-  const struct { const TensorRef* t; const char* name; } inputs[] = {
-      {&a.q, "q"}, {&a.kv, "kv"}, {&a.indices, "indices"}, {&a.topk_length, "topk_length"}, {&a.attn_sink, "attn_sink"}};
-  for (const auto& o : outputs)
-    for (const auto& i : inputs) OPENMLA_RETURN_IF_ERROR(check_no_overlap(*o.t, o.name, *i.t, i.name));
-  for (int x = 0; x < 3; ++x)
-    for (int y = x + 1; y < 3; ++y)
-      OPENMLA_RETURN_IF_ERROR(check_no_overlap(*outputs[x].t, outputs[x].name, *outputs[y].t, outputs[y].name));
+  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.out, "out"));
+  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.max_logits, "max_logits"));
+  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.lse, "lse"));
+  OPENMLA_RETURN_IF_ERROR(check_disjoint({{&a.out, "out"}, {&a.max_logits, "max_logits"}, {&a.lse, "lse"}},
+                                         {{&a.q, "q"},
+                                          {&a.kv, "kv"},
+                                          {&a.indices, "indices"},
+                                          {&a.topk_length, "topk_length"},
+                                          {&a.attn_sink, "attn_sink"}}));
   if (a.num_sms < 0) return invalid("argument 'num_sms' must be >= 0 (0: the current device's SM count)");
 
   if (params != nullptr) {
@@ -207,20 +191,18 @@ Status validate_sparse_prefill(const SparsePrefillArgs& a, kernels::SparsePrefil
 Status sparse_prefill(const SparsePrefillArgs& args, cudaStream_t stream) {
   kernels::SparsePrefillParams params;
   OPENMLA_RETURN_IF_ERROR(detail::validate_sparse_prefill(args, &params));
-  int current = -1;
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current), "sparse prefill: cudaGetDevice");
-  if (current != args.q.device_id) {
-    detail::MessageStream os;
-    os << "argument 'q' is on cuda:" << args.q.device_id << " but the current device is cuda:" << current
-       << "; call cudaSetDevice(" << args.q.device_id << ") first (the stream must belong to that device)";
-    return Status::invalid_argument(os.str());
-  }
+  const int device = args.q.device_id;
+  OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(device, "q", stream, "sparse_prefill"));
   int num_sms = args.num_sms;
   if (num_sms == 0)
-    OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, current),
+    OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device),
                                  "sparse prefill: querying the SM count");
   params.grid = static_cast<int>(std::min<int64_t>(params.num_tiles, num_sms));
 #if defined(OPENMLA_HAS_SPARSE_PREFILL)
+  if (detail::checked_mode_enabled())
+    OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(kernels::CheckedEntry::kSparsePrefill,
+                                                     detail::sparse_prefill_checks(detail::canonical_args(args)),
+                                                     stream));
   return kernels::launch_sparse_prefill(params, stream);
 #else
   (void)stream;

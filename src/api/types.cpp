@@ -44,12 +44,14 @@ size_t dtype_size(DType dtype) {
 }
 
 int64_t TensorRef::numel() const {
+  if (!valid_ndim()) return 0;
   int64_t n = 1;
   for (int i = 0; i < ndim; ++i) n *= shape[i];
   return n;
 }
 
 bool TensorRef::is_contiguous() const {
+  if (!valid_ndim()) return false;
   int64_t expected = 1;
   for (int i = ndim - 1; i >= 0; --i) {
     if (shape[i] != 1 && stride[i] != expected) return false;
@@ -59,12 +61,18 @@ bool TensorRef::is_contiguous() const {
 }
 
 namespace {
+// A view of `shape`, or of no valid rank (ndim = kInvalidNdim, shape and strides left zero) when the shape has more
+// dimensions than a TensorRef holds: nothing is ever written past its arrays (include/openmla/types.h).
 TensorRef make_base(void* data, DType dtype, std::initializer_list<int64_t> shape, DeviceType device, int device_id) {
   TensorRef t;
   t.data = data;
   t.dtype = dtype;
   t.device = device;
   t.device_id = device_id;
+  if (shape.size() > static_cast<size_t>(TensorRef::kMaxDims)) {
+    t.ndim = TensorRef::kInvalidNdim;
+    return t;
+  }
   t.ndim = static_cast<int>(shape.size());
   int i = 0;
   for (int64_t s : shape) t.shape[i++] = s;
@@ -86,6 +94,11 @@ TensorRef make_tensor(void* data, DType dtype, std::initializer_list<int64_t> sh
 TensorRef make_tensor(void* data, DType dtype, std::initializer_list<int64_t> shape,
                       std::initializer_list<int64_t> stride, DeviceType device, int device_id) {
   TensorRef t = make_base(data, dtype, shape, device, device_id);
+  if (!t.valid_ndim() || stride.size() != shape.size()) {
+    t = make_base(data, dtype, {}, device, device_id);
+    t.ndim = TensorRef::kInvalidNdim;
+    return t;
+  }
   int i = 0;
   for (int64_t s : stride) t.stride[i++] = s;
   return t;

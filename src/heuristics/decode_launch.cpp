@@ -62,6 +62,7 @@ SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& prob
   if (!host.all_assigned) plan.uniform_blocks = 0;
   for (int part = 0; plan.uniform_blocks > 0 && part < num_sm_parts; ++part)
     if (!kernels::pack_partition_record(host.records[part], plan.uniform_records[part])) plan.uniform_blocks = 0;
+  for (size_t i = 0; plan.uniform_blocks > 0 && i <= batch; ++i) plan.uniform_num_splits[i] = host.num_splits[i];
   return plan;
 }
 

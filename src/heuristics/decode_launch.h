@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "kernels/decode_scheduler/schedule_record.h"
 #include "openmla/decode.h"
 #include "openmla/types.h"
 
@@ -37,8 +38,10 @@ DenseDecodeLaunchPlan plan_dense_decode_launch(const DenseDecodeProblem& problem
 // ---- Sparse decode --------------------------------------------------------------------------------------------
 // Up to this batch (a packed record holds request numbers below 32) the records of a uniform schedule are
 // computed on the host and passed in the kernel parameters, so the kernel's head skips the schedule load
-// (docs/sparse-decode.md, decision sparse-v20).
-inline constexpr int kSparseHostRecordsMaxBatch = 16;
+// (docs/sparse-decode.md, decision sparse-v20). Its split-slot prefix sums go with them (to the main kernel and the
+// combine): such a call never reads the device schedule, so a schedule planned for another call (e.g. with
+// topk_length when this call has none) cannot make it write past the split buffers.
+inline constexpr int kSparseHostRecordsMaxBatch = kernels::kHostScheduleMaxBatch;
 
 // Crossover pairs (2-CTA clusters that share each block's dequantisation) need an even number of 64-head tiles.
 // Crossover also adds a cluster handshake to the head and to every block, so with at most kSparsePlainMaxBlocks
@@ -56,6 +59,8 @@ struct SparseDecodeLaunchPlan {
   // (heuristics::walk_decode_schedule), byte-identical to what plan_decode writes. 0: the kernel reads the schedule.
   int uniform_blocks = 0;
   uint64_t uniform_records[kMaxDecodeSmParts] = {};
+  // With uniform_blocks > 0: the schedule's num_splits (batch + 1 exclusive prefix sums), from the same walk.
+  int32_t uniform_num_splits[kSparseHostRecordsMaxBatch + 1] = {};
   int combine_slices = 1;  // see combine_slices()
 };
 

@@ -44,20 +44,18 @@ int64_t decode_merge_counter_count(const SparseDecodeProblem& problem) {
   return problem.batch * problem.s_q * ceil_div(problem.h_q, kTileRows);
 }
 
-int32_t dense_request_blocks(int32_t seqlen) {
-  if (seqlen <= 0) return 1;
-  return static_cast<int32_t>(ceil_div(seqlen, kDecodeBlockTokens));
+int32_t dense_request_blocks(int32_t seqlen, int32_t max_seqlen) {
+  const int32_t n = kernels::dense_request_blocks_signed(seqlen, max_seqlen);
+  return n < 0 ? -n : n;
+}
+
+bool dense_request_empty(int32_t seqlen, int32_t max_seqlen) {
+  return kernels::dense_request_blocks_signed(seqlen, max_seqlen) < 0;
 }
 
 int32_t sparse_request_blocks(int64_t topk, const int32_t* topk_length, int64_t extra_topk,
                               const int32_t* extra_topk_length) {
-  int64_t t = topk_length ? std::clamp<int64_t>(*topk_length, 0, topk) : topk;
-  t = std::max<int64_t>(t, 1);
-  if (extra_topk > 0) {
-    const int64_t extra = extra_topk_length ? std::clamp<int64_t>(*extra_topk_length, 0, extra_topk) : extra_topk;
-    t = ceil_div(t, kDecodeBlockTokens) * kDecodeBlockTokens + extra;
-  }
-  return static_cast<int32_t>(ceil_div(t, kDecodeBlockTokens));
+  return kernels::sparse_request_blocks_of(topk, topk_length, extra_topk, extra_topk_length);
 }
 
 int64_t decode_total_work(const std::vector<int32_t>& blocks) {

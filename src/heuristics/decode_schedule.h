@@ -34,16 +34,19 @@ int decode_num_sm_parts(const SparseDecodeProblem& problem, int num_sms);
 int64_t decode_merge_counter_count(const DenseDecodeProblem& problem);
 int64_t decode_merge_counter_count(const SparseDecodeProblem& problem);
 
-// Work of one dense request of `seqlen` cached tokens, in 64-token blocks: max(ceil(L / 64), 1). An empty
-// request (L <= 0; negative lengths are treated as 0) still costs one block; it gets an empty range.
-int32_t dense_request_blocks(int32_t seqlen);
-// Dense requests with L <= 0 are "empty": their record end_block is 0.
-inline bool dense_request_empty(int32_t seqlen) { return seqlen <= 0; }
+// Work of one dense request of `seqlen` cached tokens, in 64-token blocks: max(ceil(L / 64), 1) with L the length
+// clamped as the kernel clamps it, to [0, max_seqlen] (the block table's capacity; max_seqlen <= 0: no upper
+// limit). An empty request (L = 0) still costs one block; it gets an empty range. The GPU scheduler runs the same
+// code (kernels::dense_request_blocks_signed).
+int32_t dense_request_blocks(int32_t seqlen, int32_t max_seqlen = 0);
+// Dense requests whose clamped length is 0 are "empty": their record end_block is 0.
+bool dense_request_empty(int32_t seqlen, int32_t max_seqlen = 0);
 
 // Work of one sparse request, in 64-slot blocks. t = topk_length if given (clamped to [0, topk]) else topk,
 // raised to 1 so the main loop is never empty. With an extra cache (extra_topk > 0) the main part is rounded
 // up to whole blocks and the extra slots follow: roundup(t, 64) + e, e = extra_topk_length if given
-// (clamped to [0, extra_topk]) else extra_topk. Sparse requests are never "empty" (end_block = blocks).
+// (clamped to [0, extra_topk]) else extra_topk. Sparse requests are never "empty" (end_block = blocks). The GPU
+// scheduler and the sparse kernel run the same code (kernels::sparse_request_blocks_of).
 int32_t sparse_request_blocks(int64_t topk, const int32_t* topk_length, int64_t extra_topk,
                               const int32_t* extra_topk_length);
 

@@ -80,12 +80,16 @@ heuristics::DecodeScheduleHost build_decode_schedule(const std::vector<int32_t>&
 }
 
 heuristics::DecodeScheduleHost build_dense_decode_schedule(const std::vector<int32_t>& cache_seqlens,
-                                                           int num_sm_parts) {
+                                                           int num_sm_parts, int32_t max_seqlen) {
+  // Written here from docs/decode-schedule.md, not with the production helpers: the length as the kernel sees it
+  // (negative -> 0, above the block table's capacity -> the capacity), ceil(L / 64) blocks, at least one.
   std::vector<int32_t> blocks(cache_seqlens.size());
   std::vector<bool> empty(cache_seqlens.size());
   for (size_t i = 0; i < cache_seqlens.size(); ++i) {
-    blocks[i] = heuristics::dense_request_blocks(cache_seqlens[i]);
-    empty[i] = heuristics::dense_request_empty(cache_seqlens[i]);
+    int64_t len = std::max<int64_t>(cache_seqlens[i], 0);
+    if (max_seqlen > 0) len = std::min<int64_t>(len, max_seqlen);
+    blocks[i] = static_cast<int32_t>(std::max<int64_t>((len + 63) / 64, 1));
+    empty[i] = len == 0;
   }
   return build_decode_schedule(blocks, empty, num_sm_parts);
 }

@@ -18,8 +18,10 @@ namespace openmla::oracle {
 heuristics::DecodeScheduleHost build_decode_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
                                                      int num_sm_parts, int64_t payload_override = 0);
 
-// The block counts computed exactly as the GPU scheduler does, then the pass.
-heuristics::DecodeScheduleHost build_dense_decode_schedule(const std::vector<int32_t>& cache_seqlens, int num_sm_parts);
+// The block counts computed as the GPU scheduler must compute them (written independently here), then the pass.
+// `max_seqlen` > 0: the block table's capacity, to which the kernel clamps every length.
+heuristics::DecodeScheduleHost build_dense_decode_schedule(const std::vector<int32_t>& cache_seqlens, int num_sm_parts,
+                                                           int32_t max_seqlen = 0);
 // `topk_length` / `extra_topk_length` may be empty (not given); otherwise one entry per request.
 heuristics::DecodeScheduleHost build_sparse_decode_schedule(int64_t batch, int64_t topk,
                                                             const std::vector<int32_t>& topk_length, int64_t extra_topk,

@@ -17,7 +17,8 @@
 namespace openmla {
 namespace {
 
-void* fake_ptr(int i) { return reinterpret_cast<void*>(uintptr_t{0x10000000} + uintptr_t(i) * 0x1000000); }
+// Fake device pointers 64 GiB apart: no two arguments of a test call overlap (the API rejects outputs that do).
+void* fake_ptr(int i) { return reinterpret_cast<void*>(uintptr_t{0x10000000} + (uintptr_t(i) << 36)); }
 
 constexpr int kSms = 132;
 
@@ -66,7 +67,7 @@ DenseDecodeArgs dense_args(const DecodeProblem& p) {
   a.schedule.metadata = make_tensor(fake_ptr(5), DType::kInt32, {parts, kDecodeScheduleRecordInts});
   a.schedule.num_splits = make_tensor(fake_ptr(6), DType::kInt32, {p.batch + 1});
   // One counter per (request, kv head, m-block): s_q * h_q / h_kv = 32 rows -> 1 m-block.
-  a.schedule.merge_counters = make_tensor(fake_ptr(11), DType::kInt32, {p.batch * p.h_kv});
+  a.schedule.merge_counters = make_tensor(fake_ptr(16), DType::kInt32, {p.batch * p.h_kv});
   a.split.partial_o = make_tensor(fake_ptr(7), DType::kFloat32, {rows, 512});
   a.split.partial_lse = make_tensor(fake_ptr(8), DType::kFloat32, {rows});
   a.out = make_tensor(fake_ptr(9), DType::kBFloat16, {p.batch, p.s_q, p.h_q, 512});
@@ -164,8 +165,10 @@ TEST(DecodeApi, ValidDenseCallPassesValidation) {
   a.q.stride[0] = 4 * 16 * 576;
   a.k_cache.stride[0] = 64 * 576 + 8;
   a.out.stride[1] = 16 * 512 + 64;
+  a.out.stride[0] = 2 * a.out.stride[1];  // rows of different requests must not overlap (checked since)
   a.lse = make_tensor(fake_ptr(10), DType::kFloat32, {2, 16, 2}, {32, 1, 16});  // (b, s_q, h_q) storage
-  EXPECT_TRUE(validate_dense(p, a, &parts).is_ok());
+  const Status strided = validate_dense(p, a, &parts);
+  EXPECT_TRUE(strided.is_ok()) << strided.message();
 }
 
 struct Mutation {
@@ -401,7 +404,7 @@ SparseDecodeArgs sparse_args(const DecodeProblem& p) {
   a.schedule.metadata = make_tensor(fake_ptr(5), DType::kInt32, {parts, kDecodeScheduleRecordInts});
   a.schedule.num_splits = make_tensor(fake_ptr(6), DType::kInt32, {p.batch + 1});
   // One counter per (request, query position, 64-head tile).
-  a.schedule.merge_counters = make_tensor(fake_ptr(11), DType::kInt32, {p.batch * p.s_q * ((p.h_q + 63) / 64)});
+  a.schedule.merge_counters = make_tensor(fake_ptr(16), DType::kInt32, {p.batch * p.s_q * ((p.h_q + 63) / 64)});
   a.split.partial_o = make_tensor(fake_ptr(7), DType::kFloat32, {rows, 512});
   a.split.partial_lse = make_tensor(fake_ptr(8), DType::kFloat32, {rows});
   a.out = make_tensor(fake_ptr(9), DType::kBFloat16, {p.batch, p.s_q, p.h_q, 512});

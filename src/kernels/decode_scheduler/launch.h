@@ -18,6 +18,7 @@ struct DecodeSchedulerParams {
   bool sparse;       // false: blocks from cache_seqlens; true: from topk / topk_length / extra
 
   const int32_t* cache_seqlens;  // (b,) dense only; negative lengths count as 0
+  int32_t max_seqlen;            // dense: lengths above it count as it (the block table's capacity); 0: no limit
   int topk;                            // sparse: slots per query (> 0)
   const int32_t* topk_length;          // (b,) sparse, may be null (then topk)
   int extra_topk;                      // sparse: 0 = no extra cache

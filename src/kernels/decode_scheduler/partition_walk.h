@@ -14,12 +14,6 @@
 
 #include "kernels/decode_scheduler/schedule_record.h"
 
-#if defined(__CUDACC__)
-#define OPENMLA_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define OPENMLA_HOST_DEVICE inline
-#endif
-
 namespace openmla::kernels {
 
 struct PartitionWalk {

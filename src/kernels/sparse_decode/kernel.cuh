@@ -479,7 +479,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
   uint32_t q_gen = 0;  // Q generation of the current request (0: the first, loaded above)
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
     RequestWork w = request_work(p, rec, req);
-    w.split_slot = p.num_splits[req] + (req == rec.begin_req ? rec.begin_split : 0);
+    w.split_slot = sparse_split_base(p, req) + (req == rec.begin_req ? rec.begin_split : 0);
     const bool has_blocks = w.blk_end > w.blk_begin;
 
     // ---- Q tile: the first was requested by both consumer warpgroups above; later ones come from the producer

@@ -60,6 +60,16 @@ struct SparseDecodeParams {
   // sparse-v20). 0: read `schedule`.
   int uniform_blocks;
   uint64_t uniform_records[kMaxDecodeSmParts];
+  // With uniform_blocks > 0: the split-slot prefix sums of the same host walk (batch + 1 values), used instead of
+  // num_splits (sparse_split_base).
+  int32_t uniform_num_splits[kHostScheduleMaxBatch + 1];
 };
+
+// The first split slot of request `req`: where its chunks' partials start. With host records, from the host prefix
+// sums of the same walk, never from the device schedule: the two may come from different plans (a schedule planned
+// with topk_length used by a call without one), and mixing them wrote partial rows past the split buffers.
+OPENMLA_HOST_DEVICE int32_t sparse_split_base(const SparseDecodeParams& p, int req) {
+  return p.uniform_blocks > 0 ? p.uniform_num_splits[req] : p.num_splits[req];
+}
 
 }  // namespace openmla::kernels

@@ -5,6 +5,13 @@
 #include <cstddef>
 #include <cstdint>
 
+// Experiment switch (compile definition) for the next A/B, default = the measured production choice: bytes of L2
+// prefetch per 16-byte gather (256 as FlashMLA's; 128 stops pulling half of a neighbouring 1152-byte row into L2 on
+// the rows that miss it; docs/sparse-prefill.md, "Next steps").
+#ifndef OPENMLA_SP_L2_PREFETCH
+#define OPENMLA_SP_L2_PREFETCH 256
+#endif
+
 namespace openmla::kernels::sparse_prefill {
 
 // d_qk = 576 (DeepSeek-V3.2: 512 NoPE + 64 RoPE; V = the first 512 dims) or 512 (MODEL1: V = all 512 dims).

@@ -21,18 +21,6 @@
 #include "kernels/sparse_prefill/config.h"
 #include "kernels/sparse_prefill/params.h"
 
-#ifndef OPENMLA_SP_CONSUMER_FENCE
-#define OPENMLA_SP_CONSUMER_FENCE 1
-#endif
-#ifndef OPENMLA_SP_EVICT_LAST
-#define OPENMLA_SP_EVICT_LAST 1
-#endif
-#ifndef OPENMLA_SP_EARLY_QK
-#define OPENMLA_SP_EARLY_QK 1
-#endif
-#ifndef OPENMLA_SP_P0_EARLY
-#define OPENMLA_SP_P0_EARLY 0
-#endif
 
 namespace openmla::kernels::sparse_prefill {
 
@@ -49,13 +37,21 @@ using tile::swizzled_offset;
 // ---------------------------------------------------------------------------------------------------
 // PTX used by this kernel only
 // ---------------------------------------------------------------------------------------------------
-// 16-byte gather of one kv chunk into shared memory with an L2 cache policy and a 256-byte L2 prefetch;
-// src_bytes = 0 zero-fills the destination without reading `src`.
+// 16-byte gather of one kv chunk into shared memory with an L2 cache policy and an L2 prefetch of
+// OPENMLA_SP_L2_PREFETCH bytes (256 as FlashMLA; 128 would not pull the neighbouring row's half line in with a
+// 1152-byte row: an A/B for the rows that miss L2, docs/sparse-prefill.md "Next steps"); src_bytes = 0 zero-fills
+// the destination without reading `src`.
 __device__ __forceinline__ void cp_async_16_hint(uint32_t smem_dst, const void* src, uint32_t src_bytes,
                                                  uint64_t policy) {
+#if OPENMLA_SP_L2_PREFETCH == 128
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;" ::"r"(smem_dst), "l"(src),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
+#else
   asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(smem_dst), "l"(src),
                "r"(src_bytes), "l"(policy)
                : "memory");
+#endif
 }
 // Pulls `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
 __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
@@ -156,12 +152,7 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
   const auto* kv = static_cast<const uint8_t*>(p.kv);
   const int64_t kv_row_bytes = p.kv_stride_s * 2;
   // Every kv row is read by both head tiles of a token (h_q = 128) and by other tokens: keep them in L2.
-#if OPENMLA_SP_EVICT_LAST
   const uint64_t policy = ptx::make_l2_evict_last_policy();
-#else
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-#endif
   uint32_t use[2] = {0, 0};  // fills of each K buffer so far: free/full parity
 
   // Fills tile group `grp` of buffer `buf` with this thread's 4 rows x the group's tiles (row indices in `ridx`,
@@ -213,7 +204,7 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
       OPENMLA_PREFILL_STAMP(2, pair_count, 0);
       const int idx = idx_next;
       // The next pair's indices are requested now; its rows go to L2 at the end of this pair, once the index load
-      // has landed. (Two pairs ahead measured 7-33 % slower on the rows that miss L2: docs/sparse-prefill.md.)
+      // has landed. (Two pairs ahead measured up to 32 % slower on the rows that miss L2: docs/sparse-prefill.md.)
       idx_next = load_pair_index(p, ahead.w, ahead.blk0, warp, lane);
       ahead = next_pair(p, ahead);
       const uint32_t valid = __ballot_sync(0xffffffffu, idx >= 0);
@@ -264,9 +255,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[32], SharedStorage<kDQK>& sm
     const int t = (i + kFirst) % T::kNumTiles;
     if (t % T::kVTilesPerHalf == 0) {
       ptx::mbarrier_wait_parity(&smem.full[buf][t / T::kVTilesPerHalf], phase);
-#if OPENMLA_SP_CONSUMER_FENCE
       ptx::fence_proxy_async_shared();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-#endif
     }
 #pragma unroll
     for (int kk = 0; kk < T::kTileCols / 16; ++kk)
@@ -402,7 +391,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     // ---------------------------------------------------------------- main loop over block pairs
     // WG0 issues the next pair's Q K0^T over the V_L tiles (refilled first, after its own P0 V0_L) right behind
     // P1 V1_L, before waiting for it: the tensor pipe stays fed while the V_R and RoPE tiles, refilled only after
-    // WG1's last P V of the pair, are still in flight (docs/sparse-prefill.md, decision sprefill-v2).
+    // WG1's last P V of the pair, are still in flight (docs/sparse-prefill.md, decision sparse-prefill-v2).
     float s[32];
     bool qk_head_issued = false;
     for (int blk0 = 0; blk0 < w.num_blocks; blk0 += 2) {
@@ -412,151 +401,6 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
       const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
       OPENMLA_PREFILL_STAMP(kWg, pair_count, 0);
       uint32_t pa[4][4];
-#if OPENMLA_SP_P0_EARLY
-      if constexpr (kWg == 0) {
-        // S0 = Q K0^T (its V_L head possibly issued at the end of the previous pair).
-        constexpr int kHead = T::kVTilesPerHalf;
-        if (!qk_head_issued) {
-          ptx::wgmma_fence();
-          issue_qk<kDQK, 0, kHead>(s, smem, 0, ph0, true);
-        }
-        issue_qk<kDQK, kHead, T::kNumTiles - kHead>(s, smem, 0, ph0, false);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(s);
-        OPENMLA_PREFILL_STAMP(0, pair_count, 1);
-        if (last_pair) arrive(&smem.q_free);
-        // m0 = max(m, rowmax S0), a0 = 2^(m - m0), P0 = 2^(S0 - m0); publish m0 and a0 at once, then P0 (relative
-        // to m0: WG1 adds P0 V0_R before it rescales O_R to m1), while P0 V0_L runs.
-        mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[0]), frag.col);
-        float mx[2], m0[2], a0[2], sum[2];
-        row_max(s, mx);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          m0[i] = fmaxf(m_run[i], mx[i] * p.scale_log2);
-          a0[i] = ptx::exp2_approx(m_run[i] - m0[i]);
-        }
-        exponentiate(s, p.scale_log2, m0, sum);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a0[i] + sum[i];
-        if (lane % 4 == 0) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            smem.max0[frag.row[i]] = m0[i];
-            smem.scale0[frag.row[i]] = a0[i];
-          }
-        }
-        arrive(handoff(Handoff::kMax0Ready));
-        OPENMLA_PREFILL_STAMP(0, pair_count, 2);
-        rescale_rows(o, a0[0], a0[1]);
-        to_a_fragments(s, pa);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_mn_major(smem.k[0][0] + kk * 16 * 128), 1);
-        ptx::wgmma_commit();
-        store_p(s, p_tile[0], frag);  // P0 (bf16, relative to m0) for WG1's P0 V0_R
-        arrive(handoff(Handoff::kP0Ready));
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(o);
-        arrive(&smem.free_[0][0]);
-        OPENMLA_PREFILL_STAMP(0, pair_count, 3);
-
-        // a1 = 2^(m0 - m1) and P1 from WG1: O_L = a1 O_L + P1 V1_L.
-        ptx::mbarrier_wait_parity(handoff(Handoff::kScale1Ready), handoff_phase);
-        OPENMLA_PREFILL_STAMP(0, pair_count, 4);
-        float a1[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          a1[i] = smem.scale1[frag.row[i]];
-          m_run[i] = smem.max1[frag.row[i]];
-          l_run[i] *= a1[i];
-        }
-        OPENMLA_PREFILL_STAMP(0, pair_count, 5);
-        rescale_rows(o, a1[0], a1[1]);
-        // has_k1 is false only in a tile's last pair, so the next pair (if any) follows in this tile.
-        qk_head_issued = false;
-        if (has_k1) {
-          ptx::mbarrier_wait_parity(&smem.full[1][0], ph1);
-#if OPENMLA_SP_CONSUMER_FENCE
-          ptx::fence_proxy_async_shared();
-#endif
-          ptx::wgmma_fence();
-          issue_pv_ss(o, p_tile[1], smem.k[1][0]);
-          ptx::wgmma_commit();
-          if (!last_pair) {
-            issue_qk<kDQK, 0, kHead>(s, smem, 0, ph0 ^ 1, true);
-            ptx::wgmma_commit();
-            qk_head_issued = true;
-            ptx::wgmma_wait<1>();  // P1 V1_L done; the next Q K0^T head may still run
-          } else {
-            ptx::wgmma_wait<0>();
-          }
-          ptx::fence_registers(o);
-          arrive(&smem.free_[1][0]);
-          if constexpr (T::kNumGroups == 3) arrive(&smem.free_[1][2]);  // P1 lived in K1's RoPE tile
-        }
-        OPENMLA_PREFILL_STAMP(0, pair_count, 6);
-      } else {
-        // S1 = Q K1^T, in the order the producer refills K1 (RoPE and V_L after WG0's P1 V1_L, V_R last).
-        constexpr int kFirst = T::kNumGroups == 3 ? T::kRopeTile : 0;
-        float mx[2] = {-INFINITY, -INFINITY};
-        if (has_k1) {
-          gemm_qk<kDQK, kFirst>(s, smem, 1, ph1);
-          mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[1]), frag.col);
-          row_max(s, mx);
-        }
-        OPENMLA_PREFILL_STAMP(1, pair_count, 1);
-        if (last_pair) arrive(&smem.q_free);
-        // m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); P1 = 2^(S1 - m1) and a1 to WG0.
-        ptx::mbarrier_wait_parity(handoff(Handoff::kMax0Ready), handoff_phase);
-        OPENMLA_PREFILL_STAMP(1, pair_count, 2);
-        float m1[2], a0[2], a1[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float m0 = smem.max0[frag.row[i]];
-          a0[i] = smem.scale0[frag.row[i]];
-          m1[i] = fmaxf(m0, mx[i] * p.scale_log2);
-          a1[i] = ptx::exp2_approx(m0 - m1[i]);
-          m_run[i] = m1[i];
-          if (lane % 4 == 0) {
-            smem.scale1[frag.row[i]] = a1[i];
-            smem.max1[frag.row[i]] = m1[i];
-          }
-        }
-        if (has_k1) {
-          exponentiate(s, p.scale_log2, m1, sum);
-          store_p(s, p_tile[1], frag);
-        }
-        arrive(handoff(Handoff::kScale1Ready));
-        OPENMLA_PREFILL_STAMP(1, pair_count, 3);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a0[i] * a1[i] + sum[i];
-        // O_R = a0 O_R + P0 V0_R (relative to m0), then a1 O_R + P1 V1_R.
-        rescale_rows(o, a0[0], a0[1]);
-        ptx::mbarrier_wait_parity(handoff(Handoff::kP0Ready), handoff_phase);
-        OPENMLA_PREFILL_STAMP(1, pair_count, 4);
-        ptx::mbarrier_wait_parity(&smem.full[0][1], ph0);
-#if OPENMLA_SP_CONSUMER_FENCE
-        ptx::fence_proxy_async_shared();
-#endif
-        ptx::wgmma_fence();
-        issue_pv_ss(o, p_tile[0], smem.k[0][T::kVTilesPerHalf]);
-        ptx::wgmma_commit();
-        if (has_k1) to_a_fragments(s, pa);
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(o);
-        arrive(&smem.free_[0][1]);
-        if constexpr (T::kNumGroups == 3) arrive(&smem.free_[0][2]);  // P0 lived in K0's RoPE tile
-        OPENMLA_PREFILL_STAMP(1, pair_count, 5);
-        rescale_rows(o, a1[0], a1[1]);
-        if (has_k1) {
-          gemm_pv_rs(o, pa, smem.k[1][T::kVTilesPerHalf]);
-          arrive(&smem.free_[1][1]);
-        }
-        OPENMLA_PREFILL_STAMP(1, pair_count, 6);
-      }
-#else
       if constexpr (kWg == 0) {
         // S0 = Q K0^T; m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
         constexpr int kHead = T::kVTilesPerHalf;  // tiles issued early (the V_L group)
@@ -624,13 +468,10 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         qk_head_issued = false;
         if (has_k1) {
           ptx::mbarrier_wait_parity(&smem.full[1][0], ph1);
-#if OPENMLA_SP_CONSUMER_FENCE
           ptx::fence_proxy_async_shared();
-#endif
           ptx::wgmma_fence();
           issue_pv_ss(o, p_tile[1], smem.k[1][0]);
           ptx::wgmma_commit();
-#if OPENMLA_SP_EARLY_QK
           if (!last_pair) {
             issue_qk<kDQK, 0, kHead>(s, smem, 0, ph0 ^ 1, true);
             ptx::wgmma_commit();
@@ -639,9 +480,6 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
           } else {
             ptx::wgmma_wait<0>();
           }
-#else
-          ptx::wgmma_wait<0>();
-#endif
           ptx::fence_registers(o);
           arrive(&smem.free_[1][0]);
           if constexpr (T::kNumGroups == 3) arrive(&smem.free_[1][2]);  // P1 lived in K1's RoPE tile
@@ -693,9 +531,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         ptx::mbarrier_wait_parity(handoff(Handoff::kP0Ready), handoff_phase);
         OPENMLA_PREFILL_STAMP(1, pair_count, 5);
         ptx::mbarrier_wait_parity(&smem.full[0][1], ph0);
-#if OPENMLA_SP_CONSUMER_FENCE
         ptx::fence_proxy_async_shared();
-#endif
         ptx::wgmma_fence();
         issue_pv_ss(o, p_tile[0], smem.k[0][T::kVTilesPerHalf]);
         ptx::wgmma_commit();
@@ -705,7 +541,6 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         if constexpr (T::kNumGroups == 3) arrive(&smem.free_[0][2]);  // P0 lived in K0's RoPE tile
         OPENMLA_PREFILL_STAMP(1, pair_count, 6);
       }
-#endif
       ++use[0];
       if (has_k1) ++use[1];
       handoff_phase ^= 1;
