@@ -110,39 +110,20 @@ Status check_rows_operand(const TensorRef& given, const char* name, DType dtype,
   return check_pointer_aligned(t, name, 16);
 }
 
-// Address range [lo, hi) a strided view can touch (size-1 dimensions contribute nothing).
-void byte_range(const TensorRef& t, uintptr_t* lo, uintptr_t* hi) {
-  const auto base = reinterpret_cast<uintptr_t>(t.data);
-  int64_t min_off = 0, max_off = 0;
-  for (int i = 0; i < t.ndim; ++i) {
-    if (t.shape[i] <= 1) continue;
-    const int64_t ext = (t.shape[i] - 1) * t.stride[i];
-    if (ext < 0)
-      min_off += ext;
-    else
-      max_off += ext;
-  }
-  const int64_t es = static_cast<int64_t>(t.element_size());
-  *lo = base + static_cast<uintptr_t>(min_off * es);
-  *hi = base + static_cast<uintptr_t>((max_off + 1) * es);
-}
-
-// A written tensor must not overlap another tensor of the call (the result would depend on the schedule).
-Status check_disjoint_from(const TensorRef& out, const char* out_name, const TensorRef& other, const char* other_name) {
-  if (!out.defined() || !other.defined() || out.numel() == 0 || other.numel() == 0) return Status::ok();
-  uintptr_t a0, a1, b0, b1;
-  byte_range(out, &a0, &a1);
-  byte_range(other, &b0, &b1);
-  if (a0 < b1 && b0 < a1)
-    return invalid(std::string("argument '") + out_name + "' overlaps argument '" + other_name +
-                   "' in memory; outputs and the workspace must not alias the inputs or each other");
-  return Status::ok();
+// Every tensor argument with the strides of its size-1 dimensions replaced (api/validate.h, canonical()).
+MhaPrefillArgs canonical_args(const MhaPrefillArgs& args) {
+  MhaPrefillArgs c = args;
+  for (TensorRef* t : {&c.q, &c.k, &c.v, &c.cu_seqlens_qo, &c.cu_seqlens_kv, &c.workspace, &c.out, &c.lse})
+    *t = canonical(*t);
+  return c;
 }
 
 }  // namespace
 
-Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a, kernels::MhaPrefillParams* params) {
+Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& args,
+                            kernels::MhaPrefillParams* params) {
   OPENMLA_RETURN_IF_ERROR(check_problem(pr));
+  const MhaPrefillArgs a = canonical_args(args);
 
   // ---- q, k, v
   OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.q, "q", pr.dtype, pr.h_q, "h_q", pr.d_qk, "d_qk"));
@@ -200,20 +181,14 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
   OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, "lse", 0, total_q, "total_q, as q"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.lse, "lse", 1, pr.h_q, "h_q"));
   OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.lse, "lse", 4));
-  const struct {
-    const TensorRef* t;
-    const char* name;
-  } written[] = {{&a.out, "out"}, {&a.lse, "lse"}, {&a.workspace, "workspace"}},
-    read[] = {{&a.q, "q"},
-              {&a.k, "k"},
-              {&a.v, "v"},
-              {&a.cu_seqlens_qo, "cu_seqlens_qo"},
-              {&a.cu_seqlens_kv, "cu_seqlens_kv"}};
-  for (const auto& w : written)
-    for (const auto& r : read) OPENMLA_RETURN_IF_ERROR(check_disjoint_from(*w.t, w.name, *r.t, r.name));
-  for (int x = 0; x < 3; ++x)
-    for (int y = x + 1; y < 3; ++y)
-      OPENMLA_RETURN_IF_ERROR(check_disjoint_from(*written[x].t, written[x].name, *written[y].t, written[y].name));
+  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.out, "out"));
+  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.lse, "lse"));
+  OPENMLA_RETURN_IF_ERROR(check_disjoint({{&a.out, "out"}, {&a.lse, "lse"}, {&a.workspace, "workspace"}},
+                                         {{&a.q, "q"},
+                                          {&a.k, "k"},
+                                          {&a.v, "v"},
+                                          {&a.cu_seqlens_qo, "cu_seqlens_qo"},
+                                          {&a.cu_seqlens_kv, "cu_seqlens_kv"}}));
 
   if (params != nullptr) {
     const heuristics::MhaPrefillLaunchPlan plan =
@@ -271,7 +246,7 @@ Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args,
 #if defined(OPENMLA_HAS_MHA_PREFILL)
   if (!detail::mha_prefill_enabled())
     return Status::unsupported(std::string("dense MHA prefill: ") + detail::kMhaPrefillGateReason);
-  OPENMLA_RETURN_IF_ERROR(detail::check_current_device(args.q.device_id, "q"));
+  OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(args.q.device_id, "q", stream, "mha_prefill"));
   if (problem.num_sms == 0) {
     int num_sms = 0;
     OPENMLA_RETURN_IF_ERROR(detail::device_sm_count(args.q.device_id, &num_sms, "dense MHA prefill: SM count"));
