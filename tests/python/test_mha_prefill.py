@@ -49,20 +49,6 @@ def _ref():
     return mha_prefill_ref
 
 
-@pytest.fixture(autouse=True)
-def _full_fp32_reference():
-    """The reference's fp32 matmuls must be real fp32 (TF32 off)."""
-    try:
-        import torch
-    except Exception:
-        yield
-        return
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
-
-
 _SMOKE_CODE = r"""
 import torch, openmla
 torch.backends.cuda.matmul.allow_tf32 = False
