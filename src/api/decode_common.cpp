@@ -148,6 +148,12 @@ kernels::CombineParams combine_params(const DecodeGeometry& g, bool is_fp16, con
       .num_splits = static_cast<const int32_t*>(schedule.num_splits.data),
       .attn_sink = attn_sink,
       .merged_in_kernel = merged_in_kernel,
+      .output = decode_output_view(out, lse),
+  };
+}
+
+kernels::OutputView decode_output_view(const TensorRef& out, const TensorRef& lse) {
+  return kernels::OutputView{
       .out = out.data,
       .out_stride_b = out.stride[0],
       .out_stride_s = out.stride[1],

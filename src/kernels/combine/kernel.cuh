@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   const float g = merged_lse_log2(s, m_safe);
 
   if (lane == 0 && blockIdx.z == 0) {
-    p.lse[req * p.lse_stride_b + head * p.lse_stride_h + s_idx * p.lse_stride_s] = g * kLn2;
+    p.output.lse[p.output.lse_offset(req, s_idx, head)] = g * kLn2;
   }
 
   // ---- Weighted sum of the chunk rows ----------------------------------------------------------------
@@ -178,8 +178,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   }
 
   // ---- Store -------------------------------------------------------------------------------------------
-  Element* out = static_cast<Element*>(p.out) + req * p.out_stride_b + s_idx * p.out_stride_s +
-                 head * p.out_stride_h + col;
+  Element* out = static_cast<Element*>(p.output.out) + p.output.out_offset(req, s_idx, head) + col;
 #pragma unroll
   for (int j = 0; j < kVectorsPerLane; ++j) {
     *reinterpret_cast<uint2*>(out + j * kVectorStride) =

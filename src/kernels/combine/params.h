@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "common/output_view.h"
 
 namespace openmla::kernels {
 
@@ -29,11 +30,8 @@ struct CombineParams {
   int merged_in_kernel;      // requests with at most this many chunks were finished by the main kernel (1: none)
 
   // out: (b, s_q, h_q, 512) in q's dtype, last dim contiguous, other strides multiples of 4 elements
-  // (8-byte stores); lse: logical (b, h_q, s_q) float32, natural log. Strides in elements.
-  void* out;
-  int64_t out_stride_b, out_stride_s, out_stride_h;
-  float* lse;
-  int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+  // (8-byte stores); lse: logical (b, h_q, s_q) float32, natural log.
+  OutputView output;
 };
 
 // Split requests of exactly this many chunks are merged inside the dense main kernel when the schedule has merge

@@ -645,8 +645,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           if (r >= R) continue;
           if (!as_partial) {
             const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
-            params.lse[static_cast<int64_t>(req) * params.lse_stride_b + head * params.lse_stride_h +
-                       s_idx * params.lse_stride_s] = empty[i] ? INFINITY : lse2[i] * 0.69314718055994531f;
+            params.output.lse[params.output.lse_offset(req, s_idx, head)] =
+                empty[i] ? INFINITY : lse2[i] * 0.69314718055994531f;
           } else {
             params.partial_lse[static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r] = lse2[i];
           }
@@ -661,9 +661,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (r < R) {
           if (!as_partial) {
             const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
-            const int64_t elem = static_cast<int64_t>(req) * params.out_stride_b + s_idx * params.out_stride_s +
-                                 head * params.out_stride_h;
-            ptx::bulk_store_global(static_cast<uint8_t*>(params.out) + elem * 2,
+            const int64_t elem = params.output.out_offset(req, s_idx, head);
+            ptx::bulk_store_global(static_cast<uint8_t*>(params.output.out) + elem * 2,
                                    ptx::smem_addr(stage + row * C::kStageBf16PitchBytes), C::kHeadDimV * 2);
           } else {
             const int64_t prow = static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r;

@@ -663,9 +663,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       if (!w.is_split) {
         // bf16: a 4 x 4 word transpose over 4 column groups j = 4m..4m+3; lane q then holds group 4m + q's 8
         // columns (out's rows are 16-byte aligned: checked on the host).
-        auto* out = static_cast<uint8_t*>(p.out) +
-                    2 * (static_cast<int64_t>(req) * p.out_stride_b + static_cast<int64_t>(s_idx) * p.out_stride_s +
-                         static_cast<int64_t>(head) * p.out_stride_h);
+        auto* out = static_cast<uint8_t*>(p.output.out) + 2 * p.output.out_offset(req, s_idx, head);
 #pragma unroll
         for (int m = 0; m < 8; ++m) {
           uint32_t v[4];
@@ -690,8 +688,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         const bool empty = !(total[i] > 0.f);
         const float log2_sum = empty ? 0.f : m_run[i] + log2f(total[i]);
         if (!w.is_split) {
-          p.lse[static_cast<int64_t>(req) * p.lse_stride_b + static_cast<int64_t>(head) * p.lse_stride_h +
-                static_cast<int64_t>(s_idx) * p.lse_stride_s] = empty ? INFINITY : log2_sum * 0.69314718055994531f;
+          p.output.lse[p.output.lse_offset(req, s_idx, head)] = empty ? INFINITY : log2_sum * 0.69314718055994531f;
         } else {
           p.partial_lse[(static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head] =
               empty ? -INFINITY : log2_sum;
