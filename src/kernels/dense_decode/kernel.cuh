@@ -15,6 +15,7 @@
 #include "common/mma_tile.cuh"
 #include "common/ptx.cuh"
 #include "kernels/combine/params.h"
+#include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/dense_decode/config.h"
 #include "kernels/dense_decode/params.h"
 
@@ -279,10 +280,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   __syncthreads();
 
   DecodeScheduleRecord rec = params.schedule[blockIdx.z];
-  rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
-  rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);
-  rec.begin_block = __shfl_sync(0xffffffff, rec.begin_block, 0);
-  rec.end_block = __shfl_sync(0xffffffff, rec.end_block, 0);
+  broadcast_record_range(rec);
   if (rec.begin_req >= params.batch) {
     ptx::griddep_launch_dependents();
     return;

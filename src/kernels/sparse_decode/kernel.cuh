@@ -233,9 +233,9 @@ __device__ __forceinline__ RequestWork request_work(const SparseDecodeParams& p,
   w.extra_len = p.has_extra ? __shfl_sync(0xffffffff, clamp_len(p.extra.topk_length, req, p.extra.topk), 0) : 0;
   w.main_blocks = max((w.main_len + Co::kBlockN - 1) / Co::kBlockN, 1);
   const int num_blocks = w.main_blocks + (w.extra_len + Co::kBlockN - 1) / Co::kBlockN;
-  w.blk_begin = req == rec.begin_req ? rec.begin_block : 0;
-  w.blk_end = req == rec.end_req ? min(rec.end_block, num_blocks) : num_blocks;
-  w.is_split = (req == rec.begin_req && rec.is_first_req_split) || (req == rec.end_req && rec.is_last_req_split);
+  w.blk_begin = chunk_begin_block(rec, req);
+  w.blk_end = chunk_end_block(rec, req, num_blocks);
+  w.is_split = chunk_is_split(rec, req);
   w.split_slot = 0;
   return w;
 }
@@ -479,7 +479,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
   uint32_t q_gen = 0;  // Q generation of the current request (0: the first, loaded above)
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
     RequestWork w = request_work(p, rec, req);
-    w.split_slot = p.num_splits[req] + (req == rec.begin_req ? rec.begin_split : 0);
+    w.split_slot = p.num_splits[req] + chunk_ordinal(rec, req);
     const bool has_blocks = w.blk_end > w.blk_begin;
 
     // ---- Q tile: the first was requested by both consumer warpgroups above; later ones come from the producer
@@ -724,10 +724,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
   // sparse-v12). With host records (small batch) the record comes from the kernel parameters (decision sparse-v20).
   DecodeScheduleRecord rec = p.uniform_blocks > 0 ? unpack_partition_record(p.uniform_records[blockIdx.z])
                                                   : p.schedule[blockIdx.z];
-  rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
-  rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);
-  rec.begin_block = __shfl_sync(0xffffffff, rec.begin_block, 0);
-  rec.end_block = __shfl_sync(0xffffffff, rec.end_block, 0);
+  broadcast_record_range(rec);
   // An idle partition (past the last request) of the plain kernel does a dry run instead of leaving: its producer
   // walks two blocks of request 0 with no selected slot (no global load, zeros into its own shared memory) and
   // nobody consumes them. The producer's code is then fetched into L2 by the idle SMs while the working ones wait
