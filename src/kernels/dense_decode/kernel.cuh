@@ -12,7 +12,9 @@
 
 #include <cstdint>
 
+#include "common/epilogue.cuh"
 #include "common/mma_tile.cuh"
+#include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
 #include "kernels/combine/params.h"
 #include "kernels/decode_scheduler/partition_walk.h"
@@ -432,12 +434,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         row_max(s, mx);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          m0[i] = fmaxf(m_run[i], mx[i] * params.scale_log2);
-          a0[i] = ptx::exp2_approx(m_run[i] - m0[i]);
+          m0[i] = softmax::new_max(m_run[i], mx[i], params.scale_log2);
+          a0[i] = softmax::rescale_factor(m_run[i], m0[i]);
         }
         exponentiate(s, params.scale_log2, m0, sum);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a0[i] + sum[i];
+        softmax::update_row_sums(l_run, a0, sum);
         if (lane % 4 == 0) {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -498,8 +499,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         for (int i = 0; i < 2; ++i) {
           const float m0 = smem.max0[frag.row[i]];
           const float a0 = smem.scale0[frag.row[i]];
-          m1[i] = fmaxf(m0, mx[i] * params.scale_log2);
-          const float a1 = ptx::exp2_approx(m0 - m1[i]);
+          m1[i] = softmax::new_max(m0, mx[i], params.scale_log2);
+          const float a1 = softmax::rescale_factor(m0, m1[i]);
           a01[i] = a0 * a1;
           m_run[i] = m1[i];
           if (lane % 4 == 0) {
@@ -512,8 +513,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           store_p<kIsFp16>(s, smem.k[1][C::kRopeTile], frag);
         }
         handoff_arrive(Handoff::kScale1Ready);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a01[i] + sum[i];
+        softmax::update_row_sums(l_run, a01, sum);
         scale_rows(o, a01[0], a01[1]);
         if (has_k1) {
           to_a_fragments<kIsFp16>(s, pa);
@@ -599,9 +599,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       float inv[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        empty[i] = !(total[i] > 0.f);
+        empty[i] = epilogue::is_empty_row(total[i]);
         inv[i] = empty[i] ? 0.f : 1.f / total[i];
-        lse2[i] = empty[i] ? -INFINITY : m_run[i] + log2f(total[i]);
+        lse2[i] = empty[i] ? -INFINITY : epilogue::lse_log2(m_run[i], total[i]);
       }
       scale_rows(o, inv[0], inv[1]);
     }
@@ -644,7 +644,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           if (!as_partial) {
             const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
             params.output.lse[params.output.lse_offset(req, s_idx, head)] =
-                empty[i] ? INFINITY : lse2[i] * 0.69314718055994531f;
+                epilogue::final_lse(empty[i], lse2[i]);
           } else {
             params.partial_lse[static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r] = lse2[i];
           }

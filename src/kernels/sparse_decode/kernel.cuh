@@ -19,7 +19,9 @@
 
 #include <cstdint>
 
+#include "common/epilogue.cuh"
 #include "common/mma_tile.cuh"
+#include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
 #include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/sparse_decode/config.h"
@@ -203,10 +205,7 @@ __device__ __forceinline__ void consumer_barrier() {
   ptx::named_barrier_sync_unaligned(1, 2 * Common::kWarpgroupThreads);
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+using epilogue::pack_bf16;
 
 // ---------------------------------------------------------------------------------------------------
 // Per-request geometry, computed identically by every role (it must match the scheduler's block count:
@@ -549,14 +548,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         float a[2], m_new[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          m_new[i] = fmaxf(m_run[i], mx[i] * p.scale_log2);
-          a[i] = ptx::exp2_approx(m_run[i] - m_new[i]);
+          m_new[i] = softmax::new_max(m_run[i], mx[i], p.scale_log2);
+          a[i] = softmax::rescale_factor(m_run[i], m_new[i]);
           m_run[i] = m_new[i];
         }
         float sum[2];
         exponentiate(s, p.scale_log2, m_new, sum);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a[i] + sum[i];
+        softmax::update_row_sums(l_run, a, sum);
         // P (bf16) and a for WG1.
         uint32_t pa[4][4];
 #pragma unroll
@@ -640,7 +638,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
           float denom = total[i];
           // The sink joins the softmax denominator only for final outputs (combine applies it otherwise).
           if (!w.is_split && p.attn_sink != nullptr && head < p.h_q)
-            denom += ptx::exp2_approx(p.attn_sink[head] * 1.4426950408889634f - m_run[i]);
+            denom += epilogue::sink_term(p.attn_sink[head], m_run[i]);
           inv = 1.f / denom;
         }
         if (lane % 4 == 0) smem.out_scale[frag.row[i]] = inv;
@@ -661,18 +659,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       const int head = head0 + frag.row[i];
       const bool live = head < p.h_q;  // the same for the whole quad
       if (!w.is_split) {
-        // bf16: a 4 x 4 word transpose over 4 column groups j = 4m..4m+3; lane q then holds group 4m + q's 8
-        // columns (out's rows are 16-byte aligned: checked on the host).
+        // bf16 (out's rows are 16-byte aligned: checked on the host).
         auto* out = static_cast<uint8_t*>(p.output.out) + 2 * p.output.out_offset(req, s_idx, head);
-#pragma unroll
-        for (int m = 0; m < 8; ++m) {
-          uint32_t v[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) v[k] = pack_bf16(o[(4 * m + k) * 4 + 2 * i], o[(4 * m + k) * 4 + 2 * i + 1]);
-          tile::quad_transpose4(v, q4);
-          if (live)
-            *reinterpret_cast<uint4*>(out + (col_base + (4 * m + q4) * 8) * 2) = make_uint4(v[0], v[1], v[2], v[3]);
-        }
+        epilogue::store_row_bf16(o, i, q4, out, col_base, live);
       } else {
         // fp32 partials: 8-byte stores straight from the fragment.
         const int64_t prow = (static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head;
@@ -685,10 +674,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       }
       if (!live) continue;
       if (wg == 0 && lane % 4 == 0) {
-        const bool empty = !(total[i] > 0.f);
-        const float log2_sum = empty ? 0.f : m_run[i] + log2f(total[i]);
+        const bool empty = epilogue::is_empty_row(total[i]);
+        const float log2_sum = empty ? 0.f : epilogue::lse_log2(m_run[i], total[i]);
         if (!w.is_split) {
-          p.output.lse[p.output.lse_offset(req, s_idx, head)] = empty ? INFINITY : log2_sum * 0.69314718055994531f;
+          p.output.lse[p.output.lse_offset(req, s_idx, head)] = epilogue::final_lse(empty, log2_sum);
         } else {
           p.partial_lse[(static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head] =
               empty ? -INFINITY : log2_sum;
