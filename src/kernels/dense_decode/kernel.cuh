@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "common/barrier_ring.cuh"
 #include "common/epilogue.cuh"
 #include "common/mma_tile.cuh"
 #include "common/online_softmax.cuh"
@@ -295,10 +296,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int row_base = m_block * C::kBlockM;
   // Issuing threads: one per warpgroup.
   const bool is_issuer = wg_tid == 0;
-  uint32_t phase[2] = {0, 0};
-  uint32_t handoff_phase = 0;  // every hand-off barrier completes once per block pair
-  auto handoff_arrive = [&](Handoff h) { ptx::mbarrier_arrive(&smem.handoff[static_cast<int>(h)]); };
-  auto handoff_wait = [&](Handoff h) { ptx::mbarrier_wait_parity(&smem.handoff[static_cast<int>(h)], handoff_phase); };
+  // Parity of each K buffer's tile-group barriers: they complete once per fill of the buffer (one per pair for K0;
+  // K1 is not filled in a pair without it).
+  pipeline::PhaseBit k_phase[2];
+  pipeline::Handoffs<Handoff> handoff{smem.handoff};  // every hand-off barrier completes once per block pair
 
   // Q tile of request `req_q`: rows of this (request, kv head), zero-filled past R; 16-byte chunks into the
   // swizzled layout, by every thread, committed as one cp.async group.
@@ -380,7 +381,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // is issued into the same buffer, so it is waited for even by a request without work.
     if (has_work || q_issued) {
       if (params.q_tma && q_issued) {
-        ptx::mbarrier_wait_parity(&smem.q_bar, static_cast<uint32_t>(smem.q_waits) & 1u);
+        ptx::mbarrier_wait_parity(&smem.q_bar, pipeline::BarrierRing<1>::parity(static_cast<uint32_t>(smem.q_waits)));
       } else {
         ptx::cp_async_wait_all();
         ptx::fence_proxy_async_shared();
@@ -426,7 +427,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
       if (wg == 0) {
         // Step 1: S0 = Q K0^T.
-        gemm_qk<kIsFp16, 0>(s, smem, 0, phase[0]);
+        gemm_qk<kIsFp16, 0>(s, smem, 0, k_phase[0].bit);
         if (tid == 0 && blk0 == blk_begin) OPENMLA_DENSE_STAMP(req - rec.begin_req, kFirstTiles);
         mask_logits(s, frag, tok0, border);
         // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
@@ -446,7 +447,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
             smem.scale0[frag.row[i]] = a0[i];
           }
         }
-        handoff_arrive(Handoff::kMax0Ready);
+        handoff.arrive(Handoff::kMax0Ready);
         scale_rows(o, a0[0], a0[1]);
         to_a_fragments<kIsFp16>(s, pa);
         if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
@@ -455,7 +456,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, 0, C::kVTilesPerHalf, policy);
 
         // Step 4: wait for a1 and P1; rescale P0 to m1 and hand it to WG1.
-        handoff_wait(Handoff::kScale1Ready);
+        handoff.wait(Handoff::kScale1Ready);
         float a1[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -471,13 +472,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           s[j * 4 + 3] *= a1[1];
         }
         store_p<kIsFp16>(s, smem.k[0][C::kRopeTile], frag);
-        handoff_arrive(Handoff::kP0Ready);
+        handoff.arrive(Handoff::kP0Ready);
 
         // Step 6: O_L = a1 O_L + P1 V1_L.
         scale_rows(o, a1[0], a1[1]);
         if (has_k1) {
           if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
-          ptx::mbarrier_wait_parity(&smem.k_bar[1][0], phase[1]);  // V1_L = group 0
+          ptx::mbarrier_wait_parity(&smem.k_bar[1][0], k_phase[1].bit);  // V1_L = group 0
           gemm_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
           if (next_has_k1 && is_issuer) {
             load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, 0, C::kVTilesPerHalf, policy);
@@ -488,12 +489,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         // Step 1: S1 = Q K1^T, starting with the tiles WG1 itself refilled first.
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
-          gemm_qk<kIsFp16, C::kVTilesPerHalf>(s, smem, 1, phase[1]);
+          gemm_qk<kIsFp16, C::kVTilesPerHalf>(s, smem, 1, k_phase[1].bit);
           mask_logits(s, frag, tok1, border);
           row_max(s, mx);
         }
         // Step 3: m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); O_R = a0 a1 O_R + P1 V1_R.
-        handoff_wait(Handoff::kMax0Ready);
+        handoff.wait(Handoff::kMax0Ready);
         float m1[2], a01[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -512,7 +513,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           exponentiate(s, params.scale_log2, m1, sum);
           store_p<kIsFp16>(s, smem.k[1][C::kRopeTile], frag);
         }
-        handoff_arrive(Handoff::kScale1Ready);
+        handoff.arrive(Handoff::kScale1Ready);
         softmax::update_row_sums(l_run, a01, sum);
         scale_rows(o, a01[0], a01[1]);
         if (has_k1) {
@@ -525,16 +526,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
 
         // Step 5: O_R += P0 V0_R.
-        handoff_wait(Handoff::kP0Ready);
+        handoff.wait(Handoff::kP0Ready);
         if (k0_partial) zero_tail_rows(smem.k[0][C::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
-        ptx::mbarrier_wait_parity(&smem.k_bar[0][1], phase[0]);  // V0_R = group 1
+        ptx::mbarrier_wait_parity(&smem.k_bar[0][1], k_phase[0].bit);  // V0_R = group 1
         gemm_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
         if (has_next && is_issuer)
           load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
       }
-      phase[0] ^= 1;
-      if (has_k1) phase[1] ^= 1;
-      handoff_phase ^= 1;
+      k_phase[0].flip();
+      if (has_k1) k_phase[1].flip();
+      handoff.next_step();
     }
 
     // ---------------------------------------------------------------- epilogue
@@ -731,7 +732,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         w_own[i] = own_first ? wa : wb;
         w_other[i] = own_first ? wb : wa;
       }
-      ptx::mbarrier_wait_parity(&smem.merge_bar, static_cast<uint32_t>(smem.merge_info[2]) & 1u);
+      ptx::mbarrier_wait_parity(&smem.merge_bar,
+                                pipeline::BarrierRing<1>::parity(static_cast<uint32_t>(smem.merge_info[2])));
       const float* stage_f = reinterpret_cast<const float*>(stage);
 #pragma unroll
       for (int j = 0; j < 32; ++j) {

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "common/barrier_ring.cuh"
 #include "common/epilogue.cuh"
 #include "common/mma_tile.cuh"
 #include "common/online_softmax.cuh"
@@ -197,6 +198,12 @@ __device__ __forceinline__ uint64_t desc_k_group(const void* p) {
 __device__ __forceinline__ uint64_t desc_v_group(const void* p) {
   return ptx::make_smem_desc_sw128(ptx::smem_addr(p), Co::kSwizzleAtomBytes, Co::kGroupStride);
 }
+
+// Barrier phases (common/barrier_ring.cuh): the two K buffers are a ring used once per block of the partition (use
+// `it`: full[buf], free_[buf][*], p_ready[buf], scale_free[buf]); the Q tile is a ring of one used once per Q
+// generation (q_full, q_free).
+using KRing = pipeline::BarrierRing<2>;
+using QRing = pipeline::BarrierRing<1>;
 
 // The two consumer warpgroups only (named barrier 1). They reach it from different code (one instantiation per
 // role), so the non-aligned barrier.sync is used (bar.sync = barrier.sync.aligned; synccheck flags it).
@@ -487,7 +494,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       ptx::cp_async_wait_all();
     } else if (wg == 0 && has_blocks) {
       ++q_gen;
-      ptx::mbarrier_wait_parity(&smem.q_full, (q_gen - 1) & 1);
+      ptx::mbarrier_wait_parity(&smem.q_full, QRing::parity(q_gen - 1));
     }
     OPENMLA_SWITCH(req - rec.begin_req - 1, 4);
     ptx::fence_proxy_async_shared();
@@ -502,8 +509,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     float l_run[2] = {0.f, 0.f};
 
     for (int blk = w.blk_begin; blk < w.blk_end; ++blk, ++it) {
-      const int buf = it & 1;
-      const uint32_t phase = (it >> 1) & 1;
+      const int buf = KRing::slot(it);
+      const uint32_t phase = KRing::parity(it);
       const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
       static_assert(!T::kPInRopeTile || T::kRopeTile == Co::kGroupTiles, "P reuses the plain RoPE tile");
       uint8_t* p_tile = T::kPInRopeTile ? smem.k[buf] + Co::kGroupBytes : smem.p[T::kPInRopeTile ? 0 : buf];
@@ -570,7 +577,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         // WG1 has read scale[buf] of block it - 2 (already implied by full[buf] through the producer's free
         // wait, but that chain crosses the cluster; this local barrier states it directly, and costs nothing in
         // steady state: WG1 read it two blocks ago).
-        ptx::mbarrier_wait_parity(&smem.scale_free[buf], phase ^ 1);
+        ptx::mbarrier_wait_parity(&smem.scale_free[buf], KRing::free_parity(it));
         if (lane % 4 == 0) {
           smem.scale[buf][frag.row[0]] = a[0];
           smem.scale[buf][frag.row[1]] = a[1];
@@ -814,6 +821,9 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     // a copy would wait for the in-flight gathers right away (docs/sparse-decode.md, decision sparse-v6).
     auto step = [&](uint32_t it, TokenData<L>& da, TokenData<L>& db) {
       OPENMLA_TRACE(2, it, 0);
+      // KRing::slot(it) and KRing::parity(it) spelled out (the free waits below pass parity ^ 1 =
+      // KRing::free_parity(it)): through the functions, ptxas scheduled the crossover producer differently
+      // (docs/architecture.md, "Device layer").
       const int buf = it & 1;
       const uint32_t phase = (it >> 1) & 1;
       const SparseCacheView& c = cursor_cache(p, cur);
@@ -842,7 +852,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       // comes about when this buffer frees up, and the copies' latency then overlaps this block's fill).
       if (cur.req != rec.begin_req && cur.blk == cur.w.blk_begin) {
         ++q_gen;
-        ptx::mbarrier_wait_parity(&smem.q_free, (q_gen - 1) & 1);
+        ptx::mbarrier_wait_parity(&smem.q_free, (q_gen - 1) & 1);  // QRing::parity(q_gen - 1), spelled out (above)
         load_q_tile<L>(p, smem, cur.req, wg_tid, T::kWarpgroupThreads);
         ptx::cp_async_mbarrier_arrive_noinc(&smem.q_full);
       }
