@@ -17,6 +17,7 @@
 #include "common/mma_tile.cuh"
 #include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
+#include "common/q_tile.cuh"
 #include "kernels/combine/params.h"
 #include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/dense_decode/config.h"
@@ -330,10 +331,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto tma_q = [&](int req_q) {
     if (tid == 0) {
       const int s_idx = row_base / params.q_per_kv, head0 = kv_head * params.q_per_kv + row_base % params.q_per_kv;
-      ptx::mbarrier_arrive_expect_tx(&smem.q_bar, C::kNumTiles * C::kTileBytes);
-#pragma unroll
-      for (int t = 0; t < C::kNumTiles; ++t)
-        ptx::tma_load_4d(smem.q[t], &q_map, &smem.q_bar, t * C::kTileCols, head0, s_idx, req_q);
+      load_q_tile_tma<C::kNumTiles>(smem.q, &q_map, &smem.q_bar, head0, s_idx, req_q);
     }
   };
   // The next request's Q was issued during this request's epilogue (docs/dense-decode.md, decision dense-v12).
