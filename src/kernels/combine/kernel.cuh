@@ -21,14 +21,15 @@
 
 #include <cstdint>
 
+#include "common/epilogue.cuh"
 #include "common/ptx.cuh"
 #include "kernels/combine/merge_math.h"
 #include "kernels/combine/params.h"
 
 namespace openmla::kernels::combine {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
+using epilogue::kLn2;
+using epilogue::kLog2e;
 inline constexpr int kVectorStride = 32 * 4;  // columns between a lane's float4s
 static_assert(kCombineHeadDim % (kCombineMaxSlices * kVectorStride) == 0, "whole float4 per lane per slice");
 
