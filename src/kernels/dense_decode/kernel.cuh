@@ -7,9 +7,6 @@
 // warpgroup's softmax overlaps the other's tensor-core work. Design note: docs/dense-decode.md.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
 #include "common/barrier_ring.cuh"
@@ -18,6 +15,7 @@
 #include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
 #include "common/q_tile.cuh"
+#include "common/tile_gemm.cuh"
 #include "kernels/combine/params.h"
 #include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/dense_decode/config.h"
@@ -59,47 +57,13 @@ __device__ __forceinline__ void dense_stamp(int k, int ev, long long value = -1)
 
 using C = Config;
 
-// ---------------------------------------------------------------------------------------------------
-// Element type glue (bf16 or fp16)
-// ---------------------------------------------------------------------------------------------------
+// Element type glue (bf16 or fp16) and the P V steps of the seesaw: common/tile_gemm.cuh.
 template <bool kIsFp16>
-struct Element;
-
-template <>
-struct Element<false> {
-  __device__ static uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  template <int kTransB>
-  __device__ static void mma_qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
-    ptx::wgmma_m64n64k16_ss_bf16<kTransB>(d, a, b, scale_d);
-  }
-  __device__ static void mma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-    ptx::wgmma_m64n256k16_rs_bf16<1>(d, a, b, 1);
-  }
-  __device__ static void mma_pv_ss(float (&d)[128], uint64_t a, uint64_t b) {
-    ptx::wgmma_m64n256k16_ss_bf16<1>(d, a, b, 1);
-  }
-};
-
-template <>
-struct Element<true> {
-  __device__ static uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  template <int kTransB>
-  __device__ static void mma_qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
-    ptx::wgmma_m64n64k16_ss_f16<kTransB>(d, a, b, scale_d);
-  }
-  __device__ static void mma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-    ptx::wgmma_m64n256k16_rs_f16<1>(d, a, b, 1);
-  }
-  __device__ static void mma_pv_ss(float (&d)[128], uint64_t a, uint64_t b) {
-    ptx::wgmma_m64n256k16_ss_f16<1>(d, a, b, 1);
-  }
-};
+using Element = tile::Element16<kIsFp16>;
+using tile::gemm_pv_rs;
+using tile::gemm_pv_ss;
+using tile::store_p;
+using tile::to_a_fragments;
 
 // ---------------------------------------------------------------------------------------------------
 // Shared-memory addressing
@@ -154,53 +118,6 @@ __device__ __forceinline__ void mask_logits(float (&s)[32], const Fragment& f, i
       if (tok >= border[1]) s[j * 4 + 2 + e] = -INFINITY;
     }
   }
-}
-
-// The 64 x 64 P tile in the register A-operand layout of m64nNk16 (four k16 slices).
-template <bool kIsFp16>
-__device__ __forceinline__ void to_a_fragments(const float (&s)[32], uint32_t (&a)[4][4]) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    a[kk][0] = Element<kIsFp16>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-    a[kk][1] = Element<kIsFp16>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-    a[kk][2] = Element<kIsFp16>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-    a[kk][3] = Element<kIsFp16>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-  }
-}
-
-// Stores P (16-bit) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma.
-template <bool kIsFp16>
-__device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, const Fragment& f) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int col = j * 8 + f.col;
-    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[0], col)) = Element<kIsFp16>::pack(s[j * 4 + 0], s[j * 4 + 1]);
-    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[1], col)) = Element<kIsFp16>::pack(s[j * 4 + 2], s[j * 4 + 3]);
-  }
-  ptx::fence_proxy_async_shared();
-}
-
-// O_half += P V_half over 64 tokens: P from registers, V = 4 tiles of one buffer viewed MN-major.
-template <bool kIsFp16>
-__device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) Element<kIsFp16>::mma_pv_rs(o, p[kk], desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<0>();
-  ptx::fence_registers(o);
-}
-
-// O_half += P V_half with P read from shared memory (written by the other warpgroup).
-template <bool kIsFp16>
-__device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    Element<kIsFp16>::mma_pv_ss(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<0>();
-  ptx::fence_registers(o);
 }
 
 // Rows past the sequence end inside a partial block may hold NaN; 0 * NaN would poison P V. Zero them in
@@ -462,13 +379,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           m_run[i] = smem.max1[frag.row[i]];
           l_run[i] *= a1[i];
         }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          s[j * 4 + 0] *= a1[0];
-          s[j * 4 + 1] *= a1[0];
-          s[j * 4 + 2] *= a1[1];
-          s[j * 4 + 3] *= a1[1];
-        }
+        scale_rows(s, a1[0], a1[1]);
         store_p<kIsFp16>(s, smem.k[0][C::kRopeTile], frag);
         handoff.arrive(Handoff::kP0Ready);
 
