@@ -152,7 +152,8 @@ OPENMLA_HOST_DEVICE int32_t chunk_ordinal(const DecodeScheduleRecord& rec, int32
 #if defined(__CUDACC__)
 // Makes the record's request and block range warp-uniform (every lane read the same record; lane 0's copy is
 // broadcast), so that ptxas can prove the loops over it uniform: wgmma under a branch it cannot prove uniform is
-// serialised (ptxas C7520). The main kernels call it right after reading their record.
+// serialised (ptxas C7520). Dense decode calls it right after reading its record; sparse decode spells it out (through
+// the function its trace build compiled differently).
 __device__ __forceinline__ void broadcast_record_range(DecodeScheduleRecord& rec) {
   rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
   rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);

@@ -720,7 +720,12 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
   // sparse-v12). With host records (small batch) the record comes from the kernel parameters (decision sparse-v20).
   DecodeScheduleRecord rec = p.uniform_blocks > 0 ? unpack_partition_record(p.uniform_records[blockIdx.z])
                                                   : p.schedule[blockIdx.z];
-  broadcast_record_range(rec);
+  // broadcast_record_range(rec) spelled out: through the function the trace build's crossover variants compiled
+  // differently (docs/architecture.md, "Device layer").
+  rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
+  rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);
+  rec.begin_block = __shfl_sync(0xffffffff, rec.begin_block, 0);
+  rec.end_block = __shfl_sync(0xffffffff, rec.end_block, 0);
   // An idle partition (past the last request) of the plain kernel does a dry run instead of leaving: its producer
   // walks two blocks of request 0 with no selected slot (no global load, zeros into its own shared memory) and
   // nobody consumes them. The producer's code is then fetched into L2 by the idle SMs while the working ones wait
