@@ -162,6 +162,16 @@ kernels::CombineParams combine_params(const DecodeGeometry& g, bool is_fp16, con
       .host_num_splits = {},
       .attn_sink = attn_sink,
       .merged_in_kernel = merged_in_kernel,
+      .output = decode_output_view(out, lse),
+  };
+  if (host_num_splits != nullptr)
+    for (int64_t i = 0; i <= g.batch && i <= kernels::kHostScheduleMaxBatch; ++i)
+      p.host_num_splits[i] = host_num_splits[i];
+  return p;
+}
+
+kernels::OutputView decode_output_view(const TensorRef& out, const TensorRef& lse) {
+  return kernels::OutputView{
       .out = out.data,
       .out_stride_b = out.stride[0],
       .out_stride_s = out.stride[1],
@@ -171,10 +181,6 @@ kernels::CombineParams combine_params(const DecodeGeometry& g, bool is_fp16, con
       .lse_stride_h = lse.stride[1],
       .lse_stride_s = lse.stride[2],
   };
-  if (host_num_splits != nullptr)
-    for (int64_t i = 0; i <= g.batch && i <= kernels::kHostScheduleMaxBatch; ++i)
-      p.host_num_splits[i] = host_num_splits[i];
-  return p;
 }
 
 }  // namespace openmla::detail

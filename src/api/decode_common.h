@@ -56,6 +56,9 @@ Status resolve_num_sm_parts(const Problem& problem, int device_id, int* num_sm_p
 // out (b, s_q, h_q, d_v) of `dtype` and lse (b, h_q, s_q) float32: the caller-visible results of every decode.
 Status check_decode_outputs(const DecodeGeometry& g, const TensorRef& out, const TensorRef& lse, DType dtype);
 
+// The kernels' view of out (b, s_q, h_q, d_v) and lse (b, h_q, s_q), both checked by check_decode_outputs.
+kernels::OutputView decode_output_view(const TensorRef& out, const TensorRef& lse);
+
 // The softmax scale the kernels use: `softmax_scale`, or d_qk ** -0.5 when it is 0; and that times log2(e).
 struct SoftmaxScale {
   float scale, scale_log2;

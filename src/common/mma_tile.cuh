@@ -95,6 +95,17 @@ __device__ __forceinline__ void exponentiate(float (&s)[32], float scale_log2, c
   }
 }
 
+// Multiplies the two rows of a 64 x 64 S / P fragment by a0 / a1.
+__device__ __forceinline__ void scale_rows(float (&s)[32], float a0, float a1) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    s[j * 4 + 0] *= a0;
+    s[j * 4 + 1] *= a0;
+    s[j * 4 + 2] *= a1;
+    s[j * 4 + 3] *= a1;
+  }
+}
+
 // Multiplies the two rows of a 64 x 256 O fragment by a0 / a1.
 __device__ __forceinline__ void scale_rows(float (&o)[128], float a0, float a1) {
 #pragma unroll

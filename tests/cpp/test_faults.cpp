@@ -209,12 +209,12 @@ TEST(Faults, DenseSize1StridesOfEveryArgumentGiveTheSameCall) {
     EXPECT_EQ(c.params.k_stride_block, ref.params.k_stride_block) << v;
     EXPECT_EQ(c.params.k_stride_head, ref.params.k_stride_head) << v;
     EXPECT_EQ(c.params.block_table_stride, ref.params.block_table_stride) << v;
-    EXPECT_EQ(c.params.out_stride_b, ref.params.out_stride_b) << v;
-    EXPECT_EQ(c.params.out_stride_s, ref.params.out_stride_s) << v;
-    EXPECT_EQ(c.params.lse_stride_b, ref.params.lse_stride_b) << v;
-    EXPECT_EQ(c.params.lse_stride_s, ref.params.lse_stride_s) << v;
-    EXPECT_EQ(c.combine.out_stride_b, ref.combine.out_stride_b) << v;
-    EXPECT_EQ(c.combine.lse_stride_s, ref.combine.lse_stride_s) << v;
+    EXPECT_EQ(c.params.output.out_stride_b, ref.params.output.out_stride_b) << v;
+    EXPECT_EQ(c.params.output.out_stride_s, ref.params.output.out_stride_s) << v;
+    EXPECT_EQ(c.params.output.lse_stride_b, ref.params.output.lse_stride_b) << v;
+    EXPECT_EQ(c.params.output.lse_stride_s, ref.params.output.lse_stride_s) << v;
+    EXPECT_EQ(c.combine.output.out_stride_b, ref.combine.output.out_stride_b) << v;
+    EXPECT_EQ(c.combine.output.lse_stride_s, ref.combine.output.lse_stride_s) << v;
   }
 }
 
@@ -246,8 +246,8 @@ TEST(Faults, SparseSize1StridesOfEveryArgumentGiveTheSameCall) {
     EXPECT_EQ(c.params.main.page_stride, ref.params.main.page_stride) << v;
     EXPECT_EQ(c.params.main.idx_stride_b, ref.params.main.idx_stride_b) << v;
     EXPECT_EQ(c.params.extra.page_stride, ref.params.extra.page_stride) << v;
-    EXPECT_EQ(c.params.out_stride_b, ref.params.out_stride_b) << v;
-    EXPECT_EQ(c.params.lse_stride_b, ref.params.lse_stride_b) << v;
+    EXPECT_EQ(c.params.output.out_stride_b, ref.params.output.out_stride_b) << v;
+    EXPECT_EQ(c.params.output.lse_stride_b, ref.params.output.lse_stride_b) << v;
   }
 }
 

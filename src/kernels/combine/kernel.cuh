@@ -21,14 +21,15 @@
 
 #include <cstdint>
 
+#include "common/epilogue.cuh"
 #include "common/ptx.cuh"
 #include "kernels/combine/merge_math.h"
 #include "kernels/combine/params.h"
 
 namespace openmla::kernels::combine {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
+using epilogue::kLn2;
+using epilogue::kLog2e;
 inline constexpr int kVectorStride = 32 * 4;  // columns between a lane's float4s
 static_assert(kCombineHeadDim % (kCombineMaxSlices * kVectorStride) == 0, "whole float4 per lane per slice");
 
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   const float g = merged_lse_log2(s, m_safe);
 
   if (lane == 0 && blockIdx.z == 0) {
-    p.lse[req * p.lse_stride_b + head * p.lse_stride_h + s_idx * p.lse_stride_s] = g * kLn2;
+    p.output.lse[p.output.lse_offset(req, s_idx, head)] = g * kLn2;
   }
 
   // ---- Weighted sum of the chunk rows ----------------------------------------------------------------
@@ -178,8 +179,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   }
 
   // ---- Store -------------------------------------------------------------------------------------------
-  Element* out = static_cast<Element*>(p.out) + req * p.out_stride_b + s_idx * p.out_stride_s +
-                 head * p.out_stride_h + col;
+  Element* out = static_cast<Element*>(p.output.out) + p.output.out_offset(req, s_idx, head) + col;
 #pragma unroll
   for (int j = 0; j < kVectorsPerLane; ++j) {
     *reinterpret_cast<uint2*>(out + j * kVectorStride) =

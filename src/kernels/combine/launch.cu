@@ -45,7 +45,7 @@ Status launch_combine(const CombineParams& params, int slices, cudaStream_t stre
   if ((static_cast<int64_t>(params.s_q) * params.h_q + kCombineWarps - 1) / kCombineWarps > 65535)
     return Status::internal("combine: s_q * h_q too large for the grid's y dimension");
   if (params.partial_o == nullptr || params.partial_lse == nullptr || params.num_splits == nullptr ||
-      params.out == nullptr || params.lse == nullptr)
+      params.output.out == nullptr || params.output.lse == nullptr)
     return Status::internal("combine: a required pointer is null");
   if (slices != 1 && slices != kCombineMaxSlices) return Status::internal("combine: slices must be 1 or kCombineMaxSlices");
   return params.is_fp16 ? launch_combine_sliced<__half>(params, slices, stream)

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "common/output_view.h"
 #include "kernels/decode_scheduler/schedule_record.h"
 
 namespace openmla::kernels {
@@ -34,11 +35,8 @@ struct CombineParams {
   int merged_in_kernel;      // requests with at most this many chunks were finished by the main kernel (1: none)
 
   // out: (b, s_q, h_q, 512) in q's dtype, last dim contiguous, other strides multiples of 4 elements
-  // (8-byte stores); lse: logical (b, h_q, s_q) float32, natural log. Strides in elements.
-  void* out;
-  int64_t out_stride_b, out_stride_s, out_stride_h;
-  float* lse;
-  int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+  // (8-byte stores); lse: logical (b, h_q, s_q) float32, natural log.
+  OutputView output;
 };
 
 // The first split slot of request `req` (combine_split_base(p, req + 1) - combine_split_base(p, req) chunks).

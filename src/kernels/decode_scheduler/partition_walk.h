@@ -10,6 +10,7 @@
 // the next one; else close the partition without touching the request.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/decode_scheduler/schedule_record.h"
@@ -115,6 +116,45 @@ struct PartitionWalk {
     return DecodeScheduleRecord{batch, batch - 1, 0, 0, 0, 0, 0, 0};
   }
 };
+
+// The reading of a partition record, the inverse of the walk above: what record `rec` says about request `req`
+// (rec.begin_req <= req <= rec.end_req) of `blocks` blocks. The partition computes blocks [chunk_begin_block,
+// chunk_end_block) of it (a request strictly inside the record is covered whole; only the first can start late and
+// only the last can stop early; the end is clamped to `blocks`); chunk_is_split: that range is a chunk of a split
+// request, which writes a partial for the merge; chunk_ordinal: the chunk's split ordinal, its partial's slot is
+// num_splits[req] + ordinal. The sparse kernel reads its records with these and the tests check them against their
+// own reading of the walk's records (tests/cpp/test_device_layer.cpp). The dense kernel keeps the same expressions
+// inline: through these functions ptxas emitted its request prologue with two compare operands swapped
+// (docs/architecture.md, "Device layer"). One scalar function each: a struct of them compiled differently too.
+OPENMLA_HOST_DEVICE int32_t chunk_begin_block(const DecodeScheduleRecord& rec, int32_t req) {
+  return req == rec.begin_req ? rec.begin_block : 0;
+}
+OPENMLA_HOST_DEVICE int32_t chunk_end_block(const DecodeScheduleRecord& rec, int32_t req, int32_t blocks) {
+#if defined(__CUDA_ARCH__)
+  return req == rec.end_req ? min(rec.end_block, blocks) : blocks;  // the device min (a ternary compiles differently)
+#else
+  return req == rec.end_req ? std::min(rec.end_block, blocks) : blocks;
+#endif
+}
+OPENMLA_HOST_DEVICE bool chunk_is_split(const DecodeScheduleRecord& rec, int32_t req) {
+  return (req == rec.begin_req && rec.is_first_req_split) || (req == rec.end_req && rec.is_last_req_split);
+}
+OPENMLA_HOST_DEVICE int32_t chunk_ordinal(const DecodeScheduleRecord& rec, int32_t req) {
+  return req == rec.begin_req ? rec.begin_split : 0;
+}
+
+#if defined(__CUDACC__)
+// Makes the record's request and block range warp-uniform (every lane read the same record; lane 0's copy is
+// broadcast), so that ptxas can prove the loops over it uniform: wgmma under a branch it cannot prove uniform is
+// serialised (ptxas C7520). Dense decode calls it right after reading its record; sparse decode spells it out (through
+// the function its trace build compiled differently).
+__device__ __forceinline__ void broadcast_record_range(DecodeScheduleRecord& rec) {
+  rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
+  rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);
+  rec.begin_block = __shfl_sync(0xffffffff, rec.begin_block, 0);
+  rec.end_block = __shfl_sync(0xffffffff, rec.end_block, 0);
+}
+#endif
 
 // A partition record packed into 64 bits, for records the host computes and passes in kernel parameters (the
 // sparse kernel at small batch: docs/sparse-decode.md, decision sparse-v20): begin_req and end_req 5 bits each,

@@ -7,14 +7,17 @@
 // warpgroup's softmax overlaps the other's tensor-core work. Design note: docs/dense-decode.md.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
+#include "common/barrier_ring.cuh"
+#include "common/epilogue.cuh"
 #include "common/mma_tile.cuh"
+#include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
+#include "common/q_tile.cuh"
+#include "common/tile_gemm.cuh"
 #include "kernels/combine/params.h"
+#include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/dense_decode/config.h"
 #include "kernels/dense_decode/params.h"
 
@@ -54,47 +57,13 @@ __device__ __forceinline__ void dense_stamp(int k, int ev, long long value = -1)
 
 using C = Config;
 
-// ---------------------------------------------------------------------------------------------------
-// Element type glue (bf16 or fp16)
-// ---------------------------------------------------------------------------------------------------
+// Element type glue (bf16 or fp16) and the P V steps of the seesaw: common/tile_gemm.cuh.
 template <bool kIsFp16>
-struct Element;
-
-template <>
-struct Element<false> {
-  __device__ static uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  template <int kTransB>
-  __device__ static void mma_qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
-    ptx::wgmma_m64n64k16_ss_bf16<kTransB>(d, a, b, scale_d);
-  }
-  __device__ static void mma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-    ptx::wgmma_m64n256k16_rs_bf16<1>(d, a, b, 1);
-  }
-  __device__ static void mma_pv_ss(float (&d)[128], uint64_t a, uint64_t b) {
-    ptx::wgmma_m64n256k16_ss_bf16<1>(d, a, b, 1);
-  }
-};
-
-template <>
-struct Element<true> {
-  __device__ static uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  template <int kTransB>
-  __device__ static void mma_qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
-    ptx::wgmma_m64n64k16_ss_f16<kTransB>(d, a, b, scale_d);
-  }
-  __device__ static void mma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-    ptx::wgmma_m64n256k16_rs_f16<1>(d, a, b, 1);
-  }
-  __device__ static void mma_pv_ss(float (&d)[128], uint64_t a, uint64_t b) {
-    ptx::wgmma_m64n256k16_ss_f16<1>(d, a, b, 1);
-  }
-};
+using Element = tile::Element16<kIsFp16>;
+using tile::gemm_pv_rs;
+using tile::gemm_pv_ss;
+using tile::store_p;
+using tile::to_a_fragments;
 
 // ---------------------------------------------------------------------------------------------------
 // Shared-memory addressing
@@ -149,53 +118,6 @@ __device__ __forceinline__ void mask_logits(float (&s)[32], const Fragment& f, i
       if (tok >= border[1]) s[j * 4 + 2 + e] = -INFINITY;
     }
   }
-}
-
-// The 64 x 64 P tile in the register A-operand layout of m64nNk16 (four k16 slices).
-template <bool kIsFp16>
-__device__ __forceinline__ void to_a_fragments(const float (&s)[32], uint32_t (&a)[4][4]) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    a[kk][0] = Element<kIsFp16>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-    a[kk][1] = Element<kIsFp16>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-    a[kk][2] = Element<kIsFp16>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-    a[kk][3] = Element<kIsFp16>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-  }
-}
-
-// Stores P (16-bit) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma.
-template <bool kIsFp16>
-__device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, const Fragment& f) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int col = j * 8 + f.col;
-    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[0], col)) = Element<kIsFp16>::pack(s[j * 4 + 0], s[j * 4 + 1]);
-    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[1], col)) = Element<kIsFp16>::pack(s[j * 4 + 2], s[j * 4 + 3]);
-  }
-  ptx::fence_proxy_async_shared();
-}
-
-// O_half += P V_half over 64 tokens: P from registers, V = 4 tiles of one buffer viewed MN-major.
-template <bool kIsFp16>
-__device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) Element<kIsFp16>::mma_pv_rs(o, p[kk], desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<0>();
-  ptx::fence_registers(o);
-}
-
-// O_half += P V_half with P read from shared memory (written by the other warpgroup).
-template <bool kIsFp16>
-__device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    Element<kIsFp16>::mma_pv_ss(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * C::kRowBytes));
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<0>();
-  ptx::fence_registers(o);
 }
 
 // Rows past the sequence end inside a partial block may hold NaN; 0 * NaN would poison P V. Zero them in
@@ -279,10 +201,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   __syncthreads();
 
   DecodeScheduleRecord rec = params.schedule[blockIdx.z];
-  rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
-  rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);
-  rec.begin_block = __shfl_sync(0xffffffff, rec.begin_block, 0);
-  rec.end_block = __shfl_sync(0xffffffff, rec.end_block, 0);
+  broadcast_record_range(rec);
   if (rec.begin_req >= params.batch) {
     ptx::griddep_launch_dependents();
     return;
@@ -295,10 +214,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int row_base = m_block * C::kBlockM;
   // Issuing threads: one per warpgroup.
   const bool is_issuer = wg_tid == 0;
-  uint32_t phase[2] = {0, 0};
-  uint32_t handoff_phase = 0;  // every hand-off barrier completes once per block pair
-  auto handoff_arrive = [&](Handoff h) { ptx::mbarrier_arrive(&smem.handoff[static_cast<int>(h)]); };
-  auto handoff_wait = [&](Handoff h) { ptx::mbarrier_wait_parity(&smem.handoff[static_cast<int>(h)], handoff_phase); };
+  // Parity of each K buffer's tile-group barriers: they complete once per fill of the buffer (one per pair for K0;
+  // K1 is not filled in a pair without it).
+  pipeline::PhaseBit k_phase[2];
+  pipeline::Handoffs<Handoff> handoff{smem.handoff};  // every hand-off barrier completes once per block pair
 
   // Q tile of request `req_q`: rows of this (request, kv head), zero-filled past R; 16-byte chunks into the
   // swizzled layout, by every thread, committed as one cp.async group.
@@ -329,10 +248,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto tma_q = [&](int req_q) {
     if (tid == 0) {
       const int s_idx = row_base / params.q_per_kv, head0 = kv_head * params.q_per_kv + row_base % params.q_per_kv;
-      ptx::mbarrier_arrive_expect_tx(&smem.q_bar, C::kNumTiles * C::kTileBytes);
-#pragma unroll
-      for (int t = 0; t < C::kNumTiles; ++t)
-        ptx::tma_load_4d(smem.q[t], &q_map, &smem.q_bar, t * C::kTileCols, head0, s_idx, req_q);
+      load_q_tile_tma<C::kNumTiles>(smem.q, &q_map, &smem.q_bar, head0, s_idx, req_q);
     }
   };
   // The next request's Q was issued during this request's epilogue (docs/dense-decode.md, decision dense-v12).
@@ -380,7 +296,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // is issued into the same buffer, so it is waited for even by a request without work.
     if (has_work || q_issued) {
       if (params.q_tma && q_issued) {
-        ptx::mbarrier_wait_parity(&smem.q_bar, static_cast<uint32_t>(smem.q_waits) & 1u);
+        ptx::mbarrier_wait_parity(&smem.q_bar, pipeline::BarrierRing<1>::parity(static_cast<uint32_t>(smem.q_waits)));
       } else {
         ptx::cp_async_wait_all();
         ptx::fence_proxy_async_shared();
@@ -426,7 +342,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
       if (wg == 0) {
         // Step 1: S0 = Q K0^T.
-        gemm_qk<kIsFp16, 0>(s, smem, 0, phase[0]);
+        gemm_qk<kIsFp16, 0>(s, smem, 0, k_phase[0].bit);
         if (tid == 0 && blk0 == blk_begin) OPENMLA_DENSE_STAMP(req - rec.begin_req, kFirstTiles);
         mask_logits(s, frag, tok0, border);
         // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
@@ -434,12 +350,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         row_max(s, mx);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          m0[i] = fmaxf(m_run[i], mx[i] * params.scale_log2);
-          a0[i] = ptx::exp2_approx(m_run[i] - m0[i]);
+          m0[i] = softmax::new_max(m_run[i], mx[i], params.scale_log2);
+          a0[i] = softmax::rescale_factor(m_run[i], m0[i]);
         }
         exponentiate(s, params.scale_log2, m0, sum);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a0[i] + sum[i];
+        softmax::update_row_sums(l_run, a0, sum);
         if (lane % 4 == 0) {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -447,7 +362,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
             smem.scale0[frag.row[i]] = a0[i];
           }
         }
-        handoff_arrive(Handoff::kMax0Ready);
+        handoff.arrive(Handoff::kMax0Ready);
         scale_rows(o, a0[0], a0[1]);
         to_a_fragments<kIsFp16>(s, pa);
         if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
@@ -456,7 +371,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, 0, C::kVTilesPerHalf, policy);
 
         // Step 4: wait for a1 and P1; rescale P0 to m1 and hand it to WG1.
-        handoff_wait(Handoff::kScale1Ready);
+        handoff.wait(Handoff::kScale1Ready);
         float a1[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -464,21 +379,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           m_run[i] = smem.max1[frag.row[i]];
           l_run[i] *= a1[i];
         }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          s[j * 4 + 0] *= a1[0];
-          s[j * 4 + 1] *= a1[0];
-          s[j * 4 + 2] *= a1[1];
-          s[j * 4 + 3] *= a1[1];
-        }
+        scale_rows(s, a1[0], a1[1]);
         store_p<kIsFp16>(s, smem.k[0][C::kRopeTile], frag);
-        handoff_arrive(Handoff::kP0Ready);
+        handoff.arrive(Handoff::kP0Ready);
 
         // Step 6: O_L = a1 O_L + P1 V1_L.
         scale_rows(o, a1[0], a1[1]);
         if (has_k1) {
           if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
-          ptx::mbarrier_wait_parity(&smem.k_bar[1][0], phase[1]);  // V1_L = group 0
+          ptx::mbarrier_wait_parity(&smem.k_bar[1][0], k_phase[1].bit);  // V1_L = group 0
           gemm_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
           if (next_has_k1 && is_issuer) {
             load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, 0, C::kVTilesPerHalf, policy);
@@ -489,19 +398,19 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         // Step 1: S1 = Q K1^T, starting with the tiles WG1 itself refilled first.
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
-          gemm_qk<kIsFp16, C::kVTilesPerHalf>(s, smem, 1, phase[1]);
+          gemm_qk<kIsFp16, C::kVTilesPerHalf>(s, smem, 1, k_phase[1].bit);
           mask_logits(s, frag, tok1, border);
           row_max(s, mx);
         }
         // Step 3: m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); O_R = a0 a1 O_R + P1 V1_R.
-        handoff_wait(Handoff::kMax0Ready);
+        handoff.wait(Handoff::kMax0Ready);
         float m1[2], a01[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const float m0 = smem.max0[frag.row[i]];
           const float a0 = smem.scale0[frag.row[i]];
-          m1[i] = fmaxf(m0, mx[i] * params.scale_log2);
-          const float a1 = ptx::exp2_approx(m0 - m1[i]);
+          m1[i] = softmax::new_max(m0, mx[i], params.scale_log2);
+          const float a1 = softmax::rescale_factor(m0, m1[i]);
           a01[i] = a0 * a1;
           m_run[i] = m1[i];
           if (lane % 4 == 0) {
@@ -513,9 +422,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           exponentiate(s, params.scale_log2, m1, sum);
           store_p<kIsFp16>(s, smem.k[1][C::kRopeTile], frag);
         }
-        handoff_arrive(Handoff::kScale1Ready);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a01[i] + sum[i];
+        handoff.arrive(Handoff::kScale1Ready);
+        softmax::update_row_sums(l_run, a01, sum);
         scale_rows(o, a01[0], a01[1]);
         if (has_k1) {
           to_a_fragments<kIsFp16>(s, pa);
@@ -527,16 +435,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
 
         // Step 5: O_R += P0 V0_R.
-        handoff_wait(Handoff::kP0Ready);
+        handoff.wait(Handoff::kP0Ready);
         if (k0_partial) zero_tail_rows(smem.k[0][C::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
-        ptx::mbarrier_wait_parity(&smem.k_bar[0][1], phase[0]);  // V0_R = group 1
+        ptx::mbarrier_wait_parity(&smem.k_bar[0][1], k_phase[0].bit);  // V0_R = group 1
         gemm_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
         if (has_next && is_issuer)
           load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
       }
-      phase[0] ^= 1;
-      if (has_k1) phase[1] ^= 1;
-      handoff_phase ^= 1;
+      k_phase[0].flip();
+      if (has_k1) k_phase[1].flip();
+      handoff.next_step();
     }
 
     // ---------------------------------------------------------------- epilogue
@@ -601,9 +509,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       float inv[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        empty[i] = !(total[i] > 0.f);
+        empty[i] = epilogue::is_empty_row(total[i]);
         inv[i] = empty[i] ? 0.f : 1.f / total[i];
-        lse2[i] = empty[i] ? -INFINITY : m_run[i] + log2f(total[i]);
+        lse2[i] = empty[i] ? -INFINITY : epilogue::lse_log2(m_run[i], total[i]);
       }
       scale_rows(o, inv[0], inv[1]);
     }
@@ -645,8 +553,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           if (r >= R) continue;
           if (!as_partial) {
             const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
-            params.lse[static_cast<int64_t>(req) * params.lse_stride_b + head * params.lse_stride_h +
-                       s_idx * params.lse_stride_s] = empty[i] ? INFINITY : lse2[i] * 0.69314718055994531f;
+            params.output.lse[params.output.lse_offset(req, s_idx, head)] =
+                epilogue::final_lse(empty[i], lse2[i]);
           } else {
             params.partial_lse[static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r] = lse2[i];
           }
@@ -661,9 +569,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (r < R) {
           if (!as_partial) {
             const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
-            const int64_t elem = static_cast<int64_t>(req) * params.out_stride_b + s_idx * params.out_stride_s +
-                                 head * params.out_stride_h;
-            ptx::bulk_store_global(static_cast<uint8_t*>(params.out) + elem * 2,
+            const int64_t elem = params.output.out_offset(req, s_idx, head);
+            ptx::bulk_store_global(static_cast<uint8_t*>(params.output.out) + elem * 2,
                                    ptx::smem_addr(stage + row * C::kStageBf16PitchBytes), C::kHeadDimV * 2);
           } else {
             const int64_t prow = static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r;
@@ -734,7 +641,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         w_own[i] = own_first ? wa : wb;
         w_other[i] = own_first ? wb : wa;
       }
-      ptx::mbarrier_wait_parity(&smem.merge_bar, static_cast<uint32_t>(smem.merge_info[2]) & 1u);
+      ptx::mbarrier_wait_parity(&smem.merge_bar,
+                                pipeline::BarrierRing<1>::parity(static_cast<uint32_t>(smem.merge_info[2])));
       const float* stage_f = reinterpret_cast<const float*>(stage);
 #pragma unroll
       for (int j = 0; j < 32; ++j) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "common/output_view.h"
 #include "kernels/decode_scheduler/schedule_record.h"
 
 namespace openmla::kernels {
@@ -36,11 +37,8 @@ struct DenseDecodeParams {
   int max_blocks_per_seq;
   const int32_t* cache_seqlens;  // (b,)
 
-  // out: (b, s_q, h_q, 512); lse: logical (b, h_q, s_q) float32; strides in elements.
-  void* out;
-  int64_t out_stride_b, out_stride_s, out_stride_h;
-  float* lse;
-  int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+  // out: (b, s_q, h_q, 512) in q's dtype; lse: logical (b, h_q, s_q) float32.
+  OutputView output;
 
   // Split-KV partials, one slot per (request chunk) = num_splits[req] + ordinal. Inside a slot the
   // s_q*h_q rows are packed kv-head-major: row = kv_head * rows_per_kv_head + packed_row.

@@ -19,7 +19,10 @@
 
 #include <cstdint>
 
+#include "common/barrier_ring.cuh"
+#include "common/epilogue.cuh"
 #include "common/mma_tile.cuh"
+#include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
 #include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/sparse_decode/config.h"
@@ -196,6 +199,12 @@ __device__ __forceinline__ uint64_t desc_v_group(const void* p) {
   return ptx::make_smem_desc_sw128(ptx::smem_addr(p), Co::kSwizzleAtomBytes, Co::kGroupStride);
 }
 
+// Barrier phases (common/barrier_ring.cuh): the two K buffers are a ring used once per block of the partition (use
+// `it`: full[buf], free_[buf][*], p_ready[buf], scale_free[buf]); the Q tile is a ring of one used once per Q
+// generation (q_full, q_free).
+using KRing = pipeline::BarrierRing<2>;
+using QRing = pipeline::BarrierRing<1>;
+
 // The two consumer warpgroups only (named barrier 1). They reach it from different code (one instantiation per
 // role), so the non-aligned barrier.sync is used (bar.sync = barrier.sync.aligned; synccheck flags it).
 __device__ __forceinline__ void consumer_barrier() {
@@ -203,10 +212,7 @@ __device__ __forceinline__ void consumer_barrier() {
   ptx::named_barrier_sync_unaligned(1, 2 * Common::kWarpgroupThreads);
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+using epilogue::pack_bf16;
 
 // ---------------------------------------------------------------------------------------------------
 // Per-request geometry, computed identically by every role (it must match the scheduler's block count:
@@ -233,9 +239,9 @@ __device__ __forceinline__ RequestWork request_work(const SparseDecodeParams& p,
   w.extra_len = p.has_extra ? __shfl_sync(0xffffffff, clamp_len(p.extra.topk_length, req, p.extra.topk), 0) : 0;
   w.main_blocks = max((w.main_len + Co::kBlockN - 1) / Co::kBlockN, 1);
   const int num_blocks = w.main_blocks + (w.extra_len + Co::kBlockN - 1) / Co::kBlockN;
-  w.blk_begin = req == rec.begin_req ? rec.begin_block : 0;
-  w.blk_end = req == rec.end_req ? min(rec.end_block, num_blocks) : num_blocks;
-  w.is_split = (req == rec.begin_req && rec.is_first_req_split) || (req == rec.end_req && rec.is_last_req_split);
+  w.blk_begin = chunk_begin_block(rec, req);
+  w.blk_end = chunk_end_block(rec, req, num_blocks);
+  w.is_split = chunk_is_split(rec, req);
   w.split_slot = 0;
   return w;
 }
@@ -479,7 +485,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
   uint32_t q_gen = 0;  // Q generation of the current request (0: the first, loaded above)
   for (int req = rec.begin_req; req <= rec.end_req; ++req) {
     RequestWork w = request_work(p, rec, req);
-    w.split_slot = sparse_split_base(p, req) + (req == rec.begin_req ? rec.begin_split : 0);
+    w.split_slot = sparse_split_base(p, req) + chunk_ordinal(rec, req);
     const bool has_blocks = w.blk_end > w.blk_begin;
 
     // ---- Q tile: the first was requested by both consumer warpgroups above; later ones come from the producer
@@ -488,7 +494,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       ptx::cp_async_wait_all();
     } else if (wg == 0 && has_blocks) {
       ++q_gen;
-      ptx::mbarrier_wait_parity(&smem.q_full, (q_gen - 1) & 1);
+      ptx::mbarrier_wait_parity(&smem.q_full, QRing::parity(q_gen - 1));
     }
     OPENMLA_SWITCH(req - rec.begin_req - 1, 4);
     ptx::fence_proxy_async_shared();
@@ -503,8 +509,8 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     float l_run[2] = {0.f, 0.f};
 
     for (int blk = w.blk_begin; blk < w.blk_end; ++blk, ++it) {
-      const int buf = it & 1;
-      const uint32_t phase = (it >> 1) & 1;
+      const int buf = KRing::slot(it);
+      const uint32_t phase = KRing::parity(it);
       const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
       static_assert(!T::kPInRopeTile || T::kRopeTile == Co::kGroupTiles, "P reuses the plain RoPE tile");
       uint8_t* p_tile = T::kPInRopeTile ? smem.k[buf] + Co::kGroupBytes : smem.p[T::kPInRopeTile ? 0 : buf];
@@ -549,14 +555,13 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         float a[2], m_new[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          m_new[i] = fmaxf(m_run[i], mx[i] * p.scale_log2);
-          a[i] = ptx::exp2_approx(m_run[i] - m_new[i]);
+          m_new[i] = softmax::new_max(m_run[i], mx[i], p.scale_log2);
+          a[i] = softmax::rescale_factor(m_run[i], m_new[i]);
           m_run[i] = m_new[i];
         }
         float sum[2];
         exponentiate(s, p.scale_log2, m_new, sum);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a[i] + sum[i];
+        softmax::update_row_sums(l_run, a, sum);
         // P (bf16) and a for WG1.
         uint32_t pa[4][4];
 #pragma unroll
@@ -572,7 +577,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         // WG1 has read scale[buf] of block it - 2 (already implied by full[buf] through the producer's free
         // wait, but that chain crosses the cluster; this local barrier states it directly, and costs nothing in
         // steady state: WG1 read it two blocks ago).
-        ptx::mbarrier_wait_parity(&smem.scale_free[buf], phase ^ 1);
+        ptx::mbarrier_wait_parity(&smem.scale_free[buf], KRing::free_parity(it));
         if (lane % 4 == 0) {
           smem.scale[buf][frag.row[0]] = a[0];
           smem.scale[buf][frag.row[1]] = a[1];
@@ -640,7 +645,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
           float denom = total[i];
           // The sink joins the softmax denominator only for final outputs (combine applies it otherwise).
           if (!w.is_split && p.attn_sink != nullptr && head < p.h_q)
-            denom += ptx::exp2_approx(p.attn_sink[head] * 1.4426950408889634f - m_run[i]);
+            denom += epilogue::sink_term(p.attn_sink[head], m_run[i]);
           inv = 1.f / denom;
         }
         if (lane % 4 == 0) smem.out_scale[frag.row[i]] = inv;
@@ -661,20 +666,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       const int head = head0 + frag.row[i];
       const bool live = head < p.h_q;  // the same for the whole quad
       if (!w.is_split) {
-        // bf16: a 4 x 4 word transpose over 4 column groups j = 4m..4m+3; lane q then holds group 4m + q's 8
-        // columns (out's rows are 16-byte aligned: checked on the host).
-        auto* out = static_cast<uint8_t*>(p.out) +
-                    2 * (static_cast<int64_t>(req) * p.out_stride_b + static_cast<int64_t>(s_idx) * p.out_stride_s +
-                         static_cast<int64_t>(head) * p.out_stride_h);
-#pragma unroll
-        for (int m = 0; m < 8; ++m) {
-          uint32_t v[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) v[k] = pack_bf16(o[(4 * m + k) * 4 + 2 * i], o[(4 * m + k) * 4 + 2 * i + 1]);
-          tile::quad_transpose4(v, q4);
-          if (live)
-            *reinterpret_cast<uint4*>(out + (col_base + (4 * m + q4) * 8) * 2) = make_uint4(v[0], v[1], v[2], v[3]);
-        }
+        // bf16 (out's rows are 16-byte aligned: checked on the host).
+        auto* out = static_cast<uint8_t*>(p.output.out) + 2 * p.output.out_offset(req, s_idx, head);
+        epilogue::store_row_bf16(o, i, q4, out, col_base, live);
       } else {
         // fp32 partials: 8-byte stores straight from the fragment.
         const int64_t prow = (static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head;
@@ -687,11 +681,10 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       }
       if (!live) continue;
       if (wg == 0 && lane % 4 == 0) {
-        const bool empty = !(total[i] > 0.f);
-        const float log2_sum = empty ? 0.f : m_run[i] + log2f(total[i]);
+        const bool empty = epilogue::is_empty_row(total[i]);
+        const float log2_sum = empty ? 0.f : epilogue::lse_log2(m_run[i], total[i]);
         if (!w.is_split) {
-          p.lse[static_cast<int64_t>(req) * p.lse_stride_b + static_cast<int64_t>(head) * p.lse_stride_h +
-                static_cast<int64_t>(s_idx) * p.lse_stride_s] = empty ? INFINITY : log2_sum * 0.69314718055994531f;
+          p.output.lse[p.output.lse_offset(req, s_idx, head)] = epilogue::final_lse(empty, log2_sum);
         } else {
           p.partial_lse[(static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head] =
               empty ? -INFINITY : log2_sum;
@@ -727,6 +720,8 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
   // sparse-v12). With host records (small batch) the record comes from the kernel parameters (decision sparse-v20).
   DecodeScheduleRecord rec = p.uniform_blocks > 0 ? unpack_partition_record(p.uniform_records[blockIdx.z])
                                                   : p.schedule[blockIdx.z];
+  // broadcast_record_range(rec) spelled out: through the function the trace build's crossover variants compiled
+  // differently (docs/architecture.md, "Device layer").
   rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
   rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);
   rec.begin_block = __shfl_sync(0xffffffff, rec.begin_block, 0);
@@ -831,6 +826,9 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     // a copy would wait for the in-flight gathers right away (docs/sparse-decode.md, decision sparse-v6).
     auto step = [&](uint32_t it, TokenData<L>& da, TokenData<L>& db) {
       OPENMLA_TRACE(2, it, 0);
+      // KRing::slot(it) and KRing::parity(it) spelled out (the free waits below pass parity ^ 1 =
+      // KRing::free_parity(it)): through the functions, ptxas scheduled the crossover producer differently
+      // (docs/architecture.md, "Device layer").
       const int buf = it & 1;
       const uint32_t phase = (it >> 1) & 1;
       const SparseCacheView& c = cursor_cache(p, cur);
@@ -859,7 +857,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       // comes about when this buffer frees up, and the copies' latency then overlaps this block's fill).
       if (cur.req != rec.begin_req && cur.blk == cur.w.blk_begin) {
         ++q_gen;
-        ptx::mbarrier_wait_parity(&smem.q_free, (q_gen - 1) & 1);
+        ptx::mbarrier_wait_parity(&smem.q_free, (q_gen - 1) & 1);  // QRing::parity(q_gen - 1), spelled out (above)
         load_q_tile<L>(p, smem, cur.req, wg_tid, T::kWarpgroupThreads);
         ptx::cp_async_mbarrier_arrive_noinc(&smem.q_full);
       }

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "common/output_view.h"
 #include "kernels/decode_scheduler/schedule_record.h"
 #include "openmla/decode.h"
 
@@ -41,11 +42,8 @@ struct SparseDecodeParams {
 
   const float* attn_sink;  // (h_q,) natural-log units, may be null
 
-  // out: (b, s_q, h_q, 512) bf16; lse: logical (b, h_q, s_q) float32; strides in elements.
-  void* out;
-  int64_t out_stride_b, out_stride_s, out_stride_h;
-  float* lse;
-  int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+  // out: (b, s_q, h_q, 512) bf16; lse: logical (b, h_q, s_q) float32.
+  OutputView output;
 
   // Split-KV partials (combine layout, h_kv = 1): row = slot * s_q * h_q + s_idx * h_q + head.
   float* partial_o;
