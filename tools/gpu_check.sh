@@ -23,7 +23,7 @@
 #   GPU_CHECK_SKIP_PYTEST=1      skip the Python tests     PYTEST_K=...       pytest -k expression
 #   GPU_CHECK_SKIP_SANITIZE=1    skip compute-sanitizer    GPU_CHECK_SANITIZE_TOOLS="memcheck racecheck"
 #                                                          GPU_CHECK_SANITIZE_FAMILIES="kv_cache" (default: all:
-#                                                          kv_cache dense_decode sparse_decode)
+#                                                          kv_cache dense_decode sparse_decode sparse_prefill faults mha_prefill)
 #   GPU_CHECK_SKIP_BENCH=1       skip the benchmarks       BENCH_SUITE=sparse_decode (comma-separated; default:
 #                                                          every default suite)  BENCH_FILTER=<regex>
 #   GPU_CHECK_BENCH_ARGS="..."   extra arguments for benchmarks/run.py (e.g. --quick)
