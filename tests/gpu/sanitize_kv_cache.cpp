@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "device_buffer.h"
 #include "openmla/kv_cache.h"
 #include "openmla_ref/fp8_codec.h"
 #include "openmla_ref/numeric.h"
@@ -21,15 +22,7 @@ using openmla::DType;
 using openmla::KVCacheFormat;
 using openmla::make_tensor;
 
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) {
-    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
+using openmla_sanitize::DeviceBuffer;
 
 // One case; returns true when every step succeeded and matched the CPU codec.
 bool run_case(KVCacheFormat format, int64_t num_blocks, int64_t page_size, int64_t extra_page_bytes, bool int64_slots) {

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "device_buffer.h"
 #include "openmla/prefill.h"
 #include "openmla_ref/attention.h"
 #include "openmla_ref/numeric.h"
@@ -25,15 +26,7 @@ namespace {
 using openmla::DType;
 using openmla::make_tensor;
 
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) {
-    if (cudaMalloc(&ptr, bytes == 0 ? 16 : bytes) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
+using openmla_sanitize::DeviceBuffer;
 
 struct Case {
   const char* name;

@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "device_buffer.h"
 #include "openmla/prefill.h"
 #include "openmla_ref/attention.h"
 #include "openmla_ref/numeric.h"
@@ -20,15 +21,7 @@ namespace {
 using openmla::DType;
 using openmla::make_tensor;
 
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) {
-    if (cudaMalloc(&ptr, bytes == 0 ? 16 : bytes) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
+using openmla_sanitize::DeviceBuffer;
 
 struct Case {
   int d_qk, h_q, s_q, s_kv, topk;
