@@ -44,6 +44,16 @@ using tile::quad_transpose4;
 inline constexpr unsigned long long kWatchdogNs = 20ull * 1000 * 1000 * 1000;
 inline constexpr float kLn2 = 0.69314718055994531f;
 
+// The tile record (smem.tile) changes hands through two named barriers of the producer warp and both consumer
+// warpgroups: the producer writes it and arrives on kRecordPublished (the consumers sync there before reading it);
+// the consumers arrive on kRecordRead once they have read a valid record (the producer syncs there before writing the
+// next one). Named barriers rather than the q_full / q_free mbarriers, which order the same accesses in the PTX memory
+// model but which compute-sanitizer racecheck does not follow for plain shared-memory stores (docs/mha-prefill.md,
+// barrier table).
+inline constexpr int kRecordPublished = 1;
+inline constexpr int kRecordRead = 2;
+inline constexpr int kRecordThreads = kConsumerWarps * 32 + 32;
+
 // ---------------------------------------------------------------------------------------------------
 // PTX and small helpers used by this kernel only
 // ---------------------------------------------------------------------------------------------------
@@ -325,16 +335,22 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
     int ticket = 0;
     if (have && p.dynamic_tiles && lane == 0) ticket = atomicAdd(p.tile_counter, 1);
 
+    // Every consumer thread has read the previous record: the slot may be rewritten (the whole warp syncs).
+    if (tile_iter > 0) ptx::named_barrier_sync_unaligned(kRecordRead, kRecordThreads);
     if (lane == 0) {
-      // Both consumer warpgroups are past the previous tile's last Q K^T: Q and the tile slot may be rewritten.
-      producer_wait(&smem.q_free, (tile_iter & 1) ^ 1);
       if (!have) {
         info = TileInfo{};
         info.valid = 0;
       }
       smem.tile = info;
+    }
+    __syncwarp();
+    ptx::named_barrier_arrive(kRecordPublished, kRecordThreads);
+    if (lane == 0) {
+      // Both consumer warpgroups are past the previous tile's last Q K^T: Q may be rewritten.
+      producer_wait(&smem.q_free, (tile_iter & 1) ^ 1);
       if (!have || info.n_end == 0) {
-        ptx::mbarrier_arrive(&smem.q_full);  // no Q to load: the (release) arrival publishes the slot
+        ptx::mbarrier_arrive(&smem.q_full);  // no Q to load: the arrival alone completes the phase
       } else {
         ptx::mbarrier_arrive_expect_tx(&smem.q_full, T::kQBytes);
         load_rows<T>(smem.q, T::kQKTiles, q_map, &smem.q_full, info.head, info.q_begin, info.s_q,
@@ -428,8 +444,10 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
   if constexpr (kWg == 1) turn_end();  // WG0 issues first
 
   for (uint32_t tile_iter = 0;; ++tile_iter) {
-    wait_phase(&smem.q_full, tile_iter & 1);
+    ptx::named_barrier_sync_unaligned(kRecordPublished, kRecordThreads);
     const TileInfo info = smem.tile;
+    if (info.valid) ptx::named_barrier_arrive(kRecordRead, kRecordThreads);
+    wait_phase(&smem.q_full, tile_iter & 1);
     if (!info.valid) {
       release(&smem.q_free);  // the producer waits for this before it exits
       break;
