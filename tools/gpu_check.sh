@@ -24,6 +24,7 @@
 #   GPU_CHECK_SKIP_SANITIZE=1    skip compute-sanitizer    GPU_CHECK_SANITIZE_TOOLS="memcheck racecheck"
 #                                                          GPU_CHECK_SANITIZE_FAMILIES="kv_cache" (default: all:
 #                                                          kv_cache dense_decode sparse_decode sparse_prefill faults mha_prefill)
+#                                                          GPU_CHECK_SANITIZE_ARGS="--racecheck-report hazard --print-limit 20"
 #   GPU_CHECK_SKIP_BENCH=1       skip the benchmarks       BENCH_SUITE=sparse_decode (comma-separated; default:
 #                                                          every default suite)  BENCH_FILTER=<regex>
 #   GPU_CHECK_BENCH_ARGS="..."   extra arguments for benchmarks/run.py (e.g. --quick)
@@ -222,7 +223,8 @@ for tool in $sanitize_tools; do
   if [[ ! -x $build_dir/openmla_sanitize ]]; then record FAIL "openmla_sanitize not built"; continue; fi
   echo "===== compute-sanitizer --tool $tool" >>"$logs/sanitize.log"
   # shellcheck disable=SC2086  # the families are separate arguments
-  timeout -k 5 "${SANITIZE_TIMEOUT:-120}" "$sanitizer" --tool "$tool" --error-exitcode 86 "$build_dir/openmla_sanitize" \
+  timeout -k 5 "${SANITIZE_TIMEOUT:-120}" "$sanitizer" --tool "$tool" --error-exitcode 86 ${GPU_CHECK_SANITIZE_ARGS:-} \
+      "$build_dir/openmla_sanitize" \
       ${GPU_CHECK_SANITIZE_FAMILIES:-} >>"$logs/sanitize.log" 2>&1
   rc=$?
   summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitize.log" | tail -1 | sed 's/^=* *//')
