@@ -53,9 +53,9 @@ struct Traits {
   static constexpr float kMaxInit = -1e30f;
 };
 
-// What the producer tells the consumers about the tile it just started (shared memory, published by the q_full
-// arrival; one slot suffices: the producer writes the next tile's only after both consumer warpgroups released the
-// current Q, long after they read this).
+// What the producer tells the consumers about a tile (shared memory, two slots: tile t in slot t % 2). The producer
+// writes tile t + 1's record before the exchange barrier of tile t and the consumers read it after that barrier
+// (kernel.cuh, "exchange"); the slot's previous reader (tile t - 1) passed the exchange of tile t - 1 before.
 struct TileInfo {
   int valid;    // 0: no tile left (the consumers exit)
   int q_begin;  // first row of the sequence in q / out / lse
@@ -68,11 +68,15 @@ struct TileInfo {
 };
 
 // Mbarriers: the Q buffer (one per CTA), the K and V rings, and the consumers' GEMM turns.
-//   q_full:   producer -> consumers, 1 arrival (+ Q's TMA bytes; a plain arrival for a tile without keys or the end)
-//   q_free:   consumers -> producer, one arrival per consumer warp (8) after its last Q K^T of the tile
+//   q_full:   producer -> consumers, 1 arrival (+ Q's TMA bytes; a plain arrival for a tile without keys)
 //   k_full/v_full[s]: producer -> consumers, 1 arrival + the block's TMA bytes
 //   k_free/v_free[s]: consumers -> producer, one arrival per consumer warp (8) after the wgmma reading the stage
 //   turn[w]:  the other consumer warpgroup -> warpgroup w, one arrival per warp (4): "your GEMMs may be issued"
+// Named barrier kExchangeBarrier (producer warp + both consumer warpgroups, bar.sync on both sides): once before the
+// first tile, then once per tile when the consumers are past its last Q K^T (Q may be rewritten, the next record is
+// published). A symmetric barrier rather than an mbarrier arrive / wait pair: both order the record's accesses in the
+// PTX memory model, but compute-sanitizer racecheck follows only barriers every side waits on (docs/mha-prefill.md).
+inline constexpr int kExchangeBarrier = 1;
 inline constexpr int kConsumerWarps = 8;
 inline constexpr int kWarpsPerWarpgroup = 4;
 
@@ -82,9 +86,8 @@ struct alignas(1024) SharedStorage {
   alignas(1024) uint8_t q[T::kQKTiles][T::kTileBytes];              // Q tile: 128 rows x d_qk, 128B-swizzled
   alignas(1024) uint8_t k[T::kStages][T::kQKTiles][T::kTileBytes];  // K blocks: 128 keys x d_qk
   alignas(1024) uint8_t v[T::kStages][T::kVTiles][T::kTileBytes];   // V blocks: 128 keys x 128
-  TileInfo tile;
+  TileInfo tile[2];
   uint64_t q_full;
-  uint64_t q_free;
   uint64_t k_full[T::kStages];
   uint64_t k_free[T::kStages];
   uint64_t v_full[T::kStages];

@@ -44,15 +44,8 @@ using tile::quad_transpose4;
 inline constexpr unsigned long long kWatchdogNs = 20ull * 1000 * 1000 * 1000;
 inline constexpr float kLn2 = 0.69314718055994531f;
 
-// The tile record (smem.tile) changes hands through two named barriers of the producer warp and both consumer
-// warpgroups: the producer writes it and arrives on kRecordPublished (the consumers sync there before reading it);
-// the consumers arrive on kRecordRead once they have read a valid record (the producer syncs there before writing the
-// next one). Named barriers rather than the q_full / q_free mbarriers, which order the same accesses in the PTX memory
-// model but which compute-sanitizer racecheck does not follow for plain shared-memory stores (docs/mha-prefill.md,
-// barrier table).
-inline constexpr int kRecordPublished = 1;
-inline constexpr int kRecordRead = 2;
-inline constexpr int kRecordThreads = kConsumerWarps * 32 + 32;
+// Threads of the exchange barrier (config.h): the eight consumer warps and the producer warp.
+inline constexpr int kExchangeThreads = kConsumerWarps * 32 + 32;
 
 // ---------------------------------------------------------------------------------------------------
 // PTX and small helpers used by this kernel only
@@ -69,10 +62,9 @@ __device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
   }
 }
 
-// The producer's waits, with the hang detector (OPENMLA_MHA_WATCHDOG): every wait of the producer depends on the
-// consumers' progress, and the producer's last wait is for the consumers' exit (produce), so a hang anywhere in
-// the CTA ends in one of these. Only the producer traps: a trap in the consumers' code makes ptxas serialise their
-// wgmma and spill.
+// The producer's ring waits, with the hang detector (OPENMLA_MHA_WATCHDOG): they depend on the consumers' progress, so
+// a consumer that stops makes the producer trap here instead of hanging the process. Only the producer traps: a trap
+// in the consumers' code makes ptxas serialise their wgmma and spill.
 __device__ __forceinline__ void producer_wait(uint64_t* bar, uint32_t parity) {
   if (ptx::mbarrier_try_wait_parity(bar, parity)) return;
 #if OPENMLA_MHA_WATCHDOG
@@ -325,47 +317,35 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
   win.carry_end = first_query_end(__ldg(p.cu_seqlens_qo), p.total_q);
   load_window(p, win, lane);
   uint32_t k_iter = 0, v_iter = 0;  // blocks loaded into each ring so far (stage = iter % kStages)
-  uint32_t tile_iter = 0;
-  int tile = blockIdx.x;
-  for (;;) {
+  // Finds tile `t` and writes its record into `slot` (an invalid record past the last tile); returns the record and
+  // the sequence's first key row. The next tile number is requested here too, so its latency hides behind the loads.
+  int ticket = 0;
+  auto publish = [&](int t, int slot, int& k_begin) {
     TileInfo info;
-    int k_begin = 0;
-    const bool have = find_tile(p, tile, win, lane, info, k_begin);
-    // The next tile number is requested now and read at the end of this tile, so its latency hides behind the loads.
-    int ticket = 0;
-    if (have && p.dynamic_tiles && lane == 0) ticket = atomicAdd(p.tile_counter, 1);
-
-    // Every consumer thread has read the previous record: the slot may be rewritten (the whole warp syncs).
-    if (tile_iter > 0) ptx::named_barrier_sync_unaligned(kRecordRead, kRecordThreads);
-    if (lane == 0) {
-      if (!have) {
-        info = TileInfo{};
-        info.valid = 0;
-      }
-      smem.tile = info;
+    const bool have = find_tile(p, t, win, lane, info, k_begin);
+    if (!have) {
+      info = TileInfo{};
+      info.valid = 0;
     }
-    __syncwarp();
-    ptx::named_barrier_arrive(kRecordPublished, kRecordThreads);
+    if (have && p.dynamic_tiles && lane == 0) ticket = atomicAdd(p.tile_counter, 1);
+    if (lane == 0) smem.tile[slot] = info;
+    return info;
+  };
+  int k_begin = 0, next_k_begin = 0;
+  int tile = blockIdx.x;
+  TileInfo info = publish(tile, 0, k_begin);
+  __syncwarp();
+  ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);  // record 0 published
+  for (uint32_t tile_iter = 0; info.valid; ++tile_iter) {
+    // Q is free: the consumers passed the exchange of the previous tile after their last Q K^T of it.
     if (lane == 0) {
-      // Both consumer warpgroups are past the previous tile's last Q K^T: Q may be rewritten.
-      producer_wait(&smem.q_free, (tile_iter & 1) ^ 1);
-      if (!have || info.n_end == 0) {
+      if (info.n_end == 0) {
         ptx::mbarrier_arrive(&smem.q_full);  // no Q to load: the arrival alone completes the phase
       } else {
         ptx::mbarrier_arrive_expect_tx(&smem.q_full, T::kQBytes);
         load_rows<T>(smem.q, T::kQKTiles, q_map, &smem.q_full, info.head, info.q_begin, info.s_q,
                      info.m_block * T::kBlockM, q_policy);
       }
-    }
-    if (!have) {
-      // The consumers answer the end with one more q_free arrival as they exit: waiting for it puts a hang anywhere in
-      // the CTA under the watchdog.
-      if (lane == 0) producer_wait(&smem.q_free, tile_iter & 1);
-      break;
-    }
-    ++tile_iter;
-
-    if (lane == 0) {
       // Blocks are consumed last first. The consumers take K of block i + 1 together with V of block i, so K runs one
       // block ahead: K(n-1), K(n-2), V(n-1), K(n-3), V(n-2), ..., V(0).
       const int kv_head = info.head / p.heads_per_kv;
@@ -389,7 +369,13 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
         }
       }
     }
+    __syncwarp();
     tile = p.dynamic_tiles ? __shfl_sync(0xffffffffu, ticket, 0) + p.grid : tile + p.grid;
+    info = publish(tile, (tile_iter + 1) & 1, next_k_begin);
+    k_begin = next_k_begin;
+    __syncwarp();
+    // The consumers are past this tile's last Q K^T: the next record is theirs and Q may be rewritten.
+    ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);
   }
 }
 
@@ -443,15 +429,14 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
   auto turn_end = [&] { release(&smem.turn[kWg ^ 1]); };
   if constexpr (kWg == 1) turn_end();  // WG0 issues first
 
+  // The exchange with the producer (config.h, kExchangeBarrier): record 0 is published before the first one; each
+  // later one follows this warpgroup's last Q K^T of a tile (Q may then be rewritten; the next record is published).
+  auto exchange = [&] { ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads); };
+  exchange();
   for (uint32_t tile_iter = 0;; ++tile_iter) {
-    ptx::named_barrier_sync_unaligned(kRecordPublished, kRecordThreads);
-    const TileInfo info = smem.tile;
-    if (info.valid) ptx::named_barrier_arrive(kRecordRead, kRecordThreads);
+    const TileInfo info = smem.tile[tile_iter & 1];
+    if (!info.valid) break;
     wait_phase(&smem.q_full, tile_iter & 1);
-    if (!info.valid) {
-      release(&smem.q_free);  // the producer waits for this before it exits
-      break;
-    }
     int row[2];  // this thread's rows within the sequence
     row[0] = info.m_block * T::kBlockM + kWg * T::kRowsPerWarpgroup + frag.row[0];
     row[1] = row[0] + 8;
@@ -460,7 +445,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
 
     if (info.n_end == 0) {  // no valid row of the tile sees a key: out = 0, lse = +inf
-      release(&smem.q_free);
+      exchange();
       const float inf[2] = {INFINITY, INFINITY};
       store_rows<kFp16>(p, info, o, row, inf, lane);
       continue;
@@ -488,7 +473,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       ptx::fence_registers(s);
       release(&smem.k_free[ks]);
       ++k_iter;
-      if (n == 0) release(&smem.q_free);
+      if (n == 0) exchange();
       if (block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.causal))
         mask_block(s, limit, n * T::kBlockN, frag.col);
       softmax_step(s, p.scale_log2, m, l, a);  // O is still 0: no rescale
@@ -511,7 +496,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       ptx::fence_registers(s);
       release(&smem.k_free[ks]);
       ++k_iter;
-      if (n == 0) release(&smem.q_free);
+      if (n == 0) exchange();
       if (block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.causal))
         mask_block(s, limit, n * T::kBlockN, frag.col);
       softmax_step(s, p.scale_log2, m, l, a);
@@ -575,7 +560,6 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
     ptx::prefetch_tensormap(&k_map);
     ptx::prefetch_tensormap(&v_map);
     ptx::mbarrier_init(&smem.q_full, 1);
-    ptx::mbarrier_init(&smem.q_free, kConsumerWarps);
     for (int s = 0; s < T::kStages; ++s) {
       ptx::mbarrier_init(&smem.k_full[s], 1);
       ptx::mbarrier_init(&smem.k_free[s], kConsumerWarps);
