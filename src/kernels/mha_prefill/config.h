@@ -39,8 +39,8 @@ struct Traits {
   // and addresses; the producer runs the tile scan and issues TMA. setmaxnreg only redistributes (.inc blocks until
   // the registers are free), so the split may not exceed 3 x 168; values are multiples of 8.
   static constexpr int kLaunchRegs = 168;
-  static constexpr int kRegsConsumer = 232;
-  static constexpr int kRegsProducer = 40;
+  static constexpr int kRegsConsumer = 224;
+  static constexpr int kRegsProducer = 56;
   static_assert(2 * kRegsConsumer + kRegsProducer <= 3 * kLaunchRegs, "setmaxnreg only redistributes registers");
   static_assert(kRegsConsumer % 8 == 0 && kRegsProducer % 8 == 0, "setmaxnreg counts are multiples of 8");
 

@@ -346,11 +346,13 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
         load_rows<T>(smem.q, T::kQKTiles, q_map, &smem.q_full, info.head, info.q_begin, info.s_q,
                      info.m_block * T::kBlockM, q_policy);
       }
-      // Blocks are consumed last first. The consumers take K of block i + 1 together with V of block i, so K runs one
-      // block ahead: K(n-1), K(n-2), V(n-1), K(n-3), V(n-2), ..., V(0).
-      const int kv_head = info.head / p.heads_per_kv;
-      const int nb = info.n_end;
-      for (int i = 0; i <= nb; ++i) {
+    }
+    // Blocks are consumed last first. The consumers take K of block i + 1 together with V of block i, so K runs one
+    // block ahead: K(n-1), K(n-2), V(n-1), K(n-3), V(n-2), ..., V(0).
+    const int kv_head = info.head / p.heads_per_kv;
+    const int nb = info.n_end;
+    for (int i = 0; i <= nb; ++i) {
+      if (lane == 0) {
         if (i < nb) {
           const int s = k_iter % T::kStages;
           producer_wait(&smem.k_free[s], ((k_iter / T::kStages) & 1) ^ 1);
@@ -368,14 +370,20 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
           ++v_iter;
         }
       }
+      if (i == 0) {
+        // The next tile's record, written early (its slot's last reader, tile t - 1, passed the previous exchange) so
+        // that the lookup is off the consumers' path: they meet the producer at this tile's exchange without waiting
+        // for it. The ticket was requested a tile ago.
+        __syncwarp();
+        tile = p.dynamic_tiles ? __shfl_sync(0xffffffffu, ticket, 0) + p.grid : tile + p.grid;
+        publish(tile, (tile_iter + 1) & 1, next_k_begin);
+      }
     }
-    __syncwarp();
-    tile = p.dynamic_tiles ? __shfl_sync(0xffffffffu, ticket, 0) + p.grid : tile + p.grid;
-    info = publish(tile, (tile_iter + 1) & 1, next_k_begin);
-    k_begin = next_k_begin;
     __syncwarp();
     // The consumers are past this tile's last Q K^T: the next record is theirs and Q may be rewritten.
     ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);
+    info = smem.tile[(tile_iter + 1) & 1];  // the record this warp wrote (fewer live registers than a copy)
+    k_begin = next_k_begin;
   }
 }
 
