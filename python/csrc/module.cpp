@@ -12,6 +12,7 @@ void bind_mha(nb::module_& m);
 void bind_kv_cache_call(nb::module_& m);
 void bind_reference(nb::module_& m);
 void bind_checked(nb::module_& m);
+void bind_diag(nb::module_& m);
 }  // namespace openmla::py
 
 namespace {
@@ -50,4 +51,5 @@ NB_MODULE(_openmla, m) {
   openmla::py::bind_kv_cache_call(m);
   openmla::py::bind_reference(m);
   openmla::py::bind_checked(m);
+  openmla::py::bind_diag(m);
 }

@@ -1,0 +1,103 @@
+// Diagnostics of the per-call host path (tools/diag/host_profile.py): times, inside the binding, each step the
+// per-call entries of bind_decode_step.cpp take (reading a tensor, the framework's current stream, an output
+// allocation, the GIL release, the device switch, the launch-context checks), so a profile separates them from
+// the Python call around them. Not an API: the name starts with an underscore.
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "api/validate.h"
+#include "bind_common.h"
+#include "object_tensors.h"
+
+namespace openmla::py {
+
+namespace {
+
+constexpr int kCallsPerBatch = 32;
+
+// Per-call nanoseconds of `batches` batches of kCallsPerBatch calls of `what` on `tensor` (its dtype, shape and
+// device where the step needs them). Steps:
+//   noop            nothing (the loop's own cost)
+//   read            one tensor read (the DLPack exchange API, or __dlpack__ for other exporters)
+//   stream          the framework's current stream of the tensor's device
+//   alloc           a new framework tensor of the tensor's shape and dtype on its device (released at once)
+//   alloc_strided   the same with the tensor's strides (a view of one allocation, as decode's lse)
+//   gil             release and re-acquire the GIL
+//   scoped_device   make the tensor's device current (a no-op switch when it already is) and restore
+//   launch_context  the C++ API's checks before a launch (pending error, current device, stream's device)
+//   sm_count        the binding's cached SM count
+nb::list host_probe(const std::string& what, int batches, nb::handle tensor) {
+  TensorReader reader;
+  const TensorRef t = reader.read(tensor, "tensor");
+  const dlpack::ExchangeApi* api = reader.api();
+  const int device = t.device_id;
+  const bool on_cuda = t.device == DeviceType::kCUDA;
+  auto need = [&](bool cuda) {
+    if (api == nullptr) throw nb::value_error("_host_probe needs a tensor of a framework with the exchange API");
+    if (cuda && !on_cuda) throw nb::value_error(("_host_probe('" + what + "') needs a CUDA tensor").c_str());
+  };
+  int64_t storage = 1;
+  for (int i = 0; i < t.ndim; ++i) storage += (t.shape[i] - 1) * t.stride[i];
+  std::function<void()> call;
+  cudaStream_t stream = nullptr;
+  if (what == "noop") {
+    call = [] {};
+  } else if (what == "read") {
+    call = [&] {
+      TensorReader r;
+      (void)r.read(tensor, "tensor");
+    };
+  } else if (what == "stream") {
+    need(true);
+    call = [&] { (void)current_stream(*api, device); };
+  } else if (what == "alloc" || what == "alloc_strided") {
+    need(true);
+    if (t.ndim != 3 && t.ndim != 4) throw nb::value_error("_host_probe alloc: a 3- or 4-dimensional tensor");
+    const bool strided = what == "alloc_strided";
+    call = [&, strided] {
+      nb::object o;
+      if (t.ndim == 4)
+        o = strided ? new_cuda_tensor(*api, device, t.dtype, {t.shape[0], t.shape[1], t.shape[2], t.shape[3]},
+                                      {t.stride[0], t.stride[1], t.stride[2], t.stride[3]}, storage)
+                    : new_cuda_tensor(*api, device, t.dtype, {t.shape[0], t.shape[1], t.shape[2], t.shape[3]});
+      else
+        o = strided ? new_cuda_tensor(*api, device, t.dtype, {t.shape[0], t.shape[1], t.shape[2]},
+                                      {t.stride[0], t.stride[1], t.stride[2]}, storage)
+                    : new_cuda_tensor(*api, device, t.dtype, {t.shape[0], t.shape[1], t.shape[2]});
+    };
+  } else if (what == "gil") {
+    call = [] { nb::gil_scoped_release release; };
+  } else if (what == "scoped_device") {
+    need(true);
+    call = [&] { ScopedDevice d(device); };
+  } else if (what == "launch_context") {
+    need(true);
+    stream = current_stream(*api, device);
+    call = [&] { (void)detail::check_launch_context(device, "tensor", stream, "_host_probe"); };
+  } else if (what == "sm_count") {
+    need(true);
+    call = [&] { (void)device_sm_count(device); };
+  } else {
+    throw nb::value_error(("_host_probe: unknown step '" + what + "'").c_str());
+  }
+  for (int i = 0; i < kCallsPerBatch; ++i) call();  // warm-up
+  nb::list per_call;
+  for (int b = 0; b < batches; ++b) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCallsPerBatch; ++i) call();
+    const auto t1 = std::chrono::steady_clock::now();
+    per_call.append(std::chrono::duration<double, std::nano>(t1 - t0).count() / kCallsPerBatch);
+  }
+  return per_call;
+}
+
+}  // namespace
+
+void bind_diag(nb::module_& m) {
+  m.def("_host_probe", &host_probe, nb::arg("what"), nb::arg("batches"), nb::arg("tensor"),
+        "Diagnostics (tools/diag/host_profile.py): per-call ns of one step of the per-call host path, one value per "
+        "batch of 32 calls.");
+}
+
+}  // namespace openmla::py
