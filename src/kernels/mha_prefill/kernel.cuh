@@ -44,8 +44,14 @@ using tile::quad_transpose4;
 inline constexpr unsigned long long kWatchdogNs = 20ull * 1000 * 1000 * 1000;
 inline constexpr float kLn2 = 0.69314718055994531f;
 
-// Threads of the exchange barrier (config.h): the eight consumer warps and the producer warp.
-inline constexpr int kExchangeThreads = kConsumerWarps * 32 + 32;
+// Threads of an exchange barrier (config.h): one consumer warpgroup and the producer warp.
+inline constexpr int kExchangeThreads = kWarpsPerWarpgroup * 32 + 32;
+
+// The producer's side of the exchange: with warpgroup 0 (ahead in the ping-pong), then warpgroup 1.
+__device__ __forceinline__ void producer_exchange() {
+  ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);
+  ptx::named_barrier_sync_unaligned(kExchangeBarrier + 1, kExchangeThreads);
+}
 
 // ---------------------------------------------------------------------------------------------------
 // PTX and small helpers used by this kernel only
@@ -335,7 +341,7 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
   int tile = blockIdx.x;
   TileInfo info = publish(tile, 0, k_begin);
   __syncwarp();
-  ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);  // record 0 published
+  producer_exchange();  // record 0 published
   for (uint32_t tile_iter = 0; info.valid; ++tile_iter) {
     // Q is free: the consumers passed the exchange of the previous tile after their last Q K^T of it.
     if (lane == 0) {
@@ -346,13 +352,11 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
         load_rows<T>(smem.q, T::kQKTiles, q_map, &smem.q_full, info.head, info.q_begin, info.s_q,
                      info.m_block * T::kBlockM, q_policy);
       }
-    }
-    // Blocks are consumed last first. The consumers take K of block i + 1 together with V of block i, so K runs one
-    // block ahead: K(n-1), K(n-2), V(n-1), K(n-3), V(n-2), ..., V(0).
-    const int kv_head = info.head / p.heads_per_kv;
-    const int nb = info.n_end;
-    for (int i = 0; i <= nb; ++i) {
-      if (lane == 0) {
+      // Blocks are consumed last first. The consumers take K of block i + 1 together with V of block i, so K runs one
+      // block ahead: K(n-1), K(n-2), V(n-1), K(n-3), V(n-2), ..., V(0).
+      const int kv_head = info.head / p.heads_per_kv;
+      const int nb = info.n_end;
+      for (int i = 0; i <= nb; ++i) {
         if (i < nb) {
           const int s = k_iter % T::kStages;
           producer_wait(&smem.k_free[s], ((k_iter / T::kStages) & 1) ^ 1);
@@ -370,20 +374,14 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
           ++v_iter;
         }
       }
-      if (i == 0) {
-        // The next tile's record, written early (its slot's last reader, tile t - 1, passed the previous exchange) so
-        // that the lookup is off the consumers' path: they meet the producer at this tile's exchange without waiting
-        // for it. The ticket was requested a tile ago.
-        __syncwarp();
-        tile = p.dynamic_tiles ? __shfl_sync(0xffffffffu, ticket, 0) + p.grid : tile + p.grid;
-        publish(tile, (tile_iter + 1) & 1, next_k_begin);
-      }
     }
     __syncwarp();
-    // The consumers are past this tile's last Q K^T: the next record is theirs and Q may be rewritten.
-    ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);
-    info = smem.tile[(tile_iter + 1) & 1];  // the record this warp wrote (fewer live registers than a copy)
+    tile = p.dynamic_tiles ? __shfl_sync(0xffffffffu, ticket, 0) + p.grid : tile + p.grid;
+    info = publish(tile, (tile_iter + 1) & 1, next_k_begin);
     k_begin = next_k_begin;
+    __syncwarp();
+    // Both consumer warpgroups are past this tile's last Q K^T: the next record is theirs and Q may be rewritten.
+    producer_exchange();
   }
 }
 
@@ -439,7 +437,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
 
   // The exchange with the producer (config.h, kExchangeBarrier): record 0 is published before the first one; each
   // later one follows this warpgroup's last Q K^T of a tile (Q may then be rewritten; the next record is published).
-  auto exchange = [&] { ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads); };
+  auto exchange = [&] { ptx::named_barrier_sync_unaligned(kExchangeBarrier + kWg, kExchangeThreads); };
   exchange();
   for (uint32_t tile_iter = 0;; ++tile_iter) {
     const TileInfo info = smem.tile[tile_iter & 1];
