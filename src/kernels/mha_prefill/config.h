@@ -72,12 +72,10 @@ struct TileInfo {
 //   k_full/v_full[s]: producer -> consumers, 1 arrival + the block's TMA bytes
 //   k_free/v_free[s]: consumers -> producer, one arrival per consumer warp (8) after the wgmma reading the stage
 //   turn[w]:  the other consumer warpgroup -> warpgroup w, one arrival per warp (4): "your GEMMs may be issued"
-// Named barriers kExchangeBarrier + w (the producer warp and consumer warpgroup w, bar.sync on both sides): once
-// before the first tile, then once per tile when warpgroup w is past its last Q K^T (its Q rows may be rewritten, the
-// next record is published). One per warpgroup, so that neither waits for the other (the ping-pong keeps them half a
-// block apart). Symmetric barriers rather than an mbarrier arrive / wait pair: both order the record's accesses in
-// the PTX memory model, but compute-sanitizer racecheck follows only barriers every side waits on
-// (docs/mha-prefill.md).
+// Named barrier kExchangeBarrier (producer warp + both consumer warpgroups, bar.sync on both sides): once before the
+// first tile, then once per tile when the consumers are past its last Q K^T (Q may be rewritten, the next record is
+// published). A symmetric barrier rather than an mbarrier arrive / wait pair: both order the record's accesses in the
+// PTX memory model, but compute-sanitizer racecheck follows only barriers every side waits on (docs/mha-prefill.md).
 inline constexpr int kExchangeBarrier = 1;
 inline constexpr int kConsumerWarps = 8;
 inline constexpr int kWarpsPerWarpgroup = 4;

@@ -44,14 +44,8 @@ using tile::quad_transpose4;
 inline constexpr unsigned long long kWatchdogNs = 20ull * 1000 * 1000 * 1000;
 inline constexpr float kLn2 = 0.69314718055994531f;
 
-// Threads of an exchange barrier (config.h): one consumer warpgroup and the producer warp.
-inline constexpr int kExchangeThreads = kWarpsPerWarpgroup * 32 + 32;
-
-// The producer's side of the exchange: with warpgroup 0 (ahead in the ping-pong), then warpgroup 1.
-__device__ __forceinline__ void producer_exchange() {
-  ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);
-  ptx::named_barrier_sync_unaligned(kExchangeBarrier + 1, kExchangeThreads);
-}
+// Threads of the exchange barrier (config.h): the eight consumer warps and the producer warp.
+inline constexpr int kExchangeThreads = kConsumerWarps * 32 + 32;
 
 // ---------------------------------------------------------------------------------------------------
 // PTX and small helpers used by this kernel only
@@ -341,7 +335,7 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
   int tile = blockIdx.x;
   TileInfo info = publish(tile, 0, k_begin);
   __syncwarp();
-  producer_exchange();  // record 0 published
+  ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);  // record 0 published
   for (uint32_t tile_iter = 0; info.valid; ++tile_iter) {
     // Q is free: the consumers passed the exchange of the previous tile after their last Q K^T of it.
     if (lane == 0) {
@@ -380,8 +374,8 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
     info = publish(tile, (tile_iter + 1) & 1, next_k_begin);
     k_begin = next_k_begin;
     __syncwarp();
-    // Both consumer warpgroups are past this tile's last Q K^T: the next record is theirs and Q may be rewritten.
-    producer_exchange();
+    // The consumers are past this tile's last Q K^T: the next record is theirs and Q may be rewritten.
+    ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);
   }
 }
 
@@ -437,7 +431,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
 
   // The exchange with the producer (config.h, kExchangeBarrier): record 0 is published before the first one; each
   // later one follows this warpgroup's last Q K^T of a tile (Q may then be rewritten; the next record is published).
-  auto exchange = [&] { ptx::named_barrier_sync_unaligned(kExchangeBarrier + kWg, kExchangeThreads); };
+  auto exchange = [&] { ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads); };
   exchange();
   for (uint32_t tile_iter = 0;; ++tile_iter) {
     const TileInfo info = smem.tile[tile_iter & 1];
