@@ -13,6 +13,8 @@
 # own PYTHONPATH, the older tree first, (4) compares the two recordings and prints a short table last. Exit status 0
 # only when every stage ran and every output is bit-identical. About 2-3 minutes on 16 cores.
 #
+# This tree's python/openmla/_openmla*.so is put back as it was on exit (the build here replaces it for the run).
+#
 # Files under $OUT (6): build.log, run_old.log, run_new.log, old.json, new.json, check.txt. Without $OUT they go to
 # build-cmp/compare/. The raw output tensors (about 1 GB a build, for the max abs diff of differing cases) stay on the
 # machine in build-cmp/tensors_{old,new}/ (COMPARE_SAVE_TENSORS=0: not written).
@@ -26,7 +28,7 @@ t_start=$(date +%s)
 
 old_arg=${1:-}
 if [[ -z $old_arg || $old_arg == -h || $old_arg == --help ]]; then
-  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
   [[ -z $old_arg ]] && { echo "compare_builds.sh: argument OLD_TREE is required (e.g. .ab/pre)" >&2; exit 2; }
   exit 0
 fi
@@ -106,6 +108,19 @@ if [[ -z $missing ]]; then record ok ""; else record FAIL "missing:$missing; see
 
 # ---- 2. build the two Python extensions, at once ------------------------------------------------------------------
 begin build
+# Each build copies its extension into its tree's python/openmla/. This tree's copy (e.g. the one tools/gpu_check.sh
+# built, with every family) is put back on exit, so a later run on a warm machine does not pick up this build's.
+so_backup=$work/extension_backup
+rm -rf "$so_backup"
+mkdir -p "$so_backup"
+cp -p python/openmla/_openmla*.so "$so_backup"/ 2>/dev/null
+# shellcheck disable=SC2317  # called by the EXIT trap
+restore_extension() {
+  rm -f python/openmla/_openmla*.so
+  cp -p "$so_backup"/_openmla*.so python/openmla/ 2>/dev/null
+  return 0
+}
+trap restore_extension EXIT
 build_one() {  # name source_dir build_dir commit [cmake args...]
   local name=$1 src=$2 bdir=$3 commit=$4
   shift 4
