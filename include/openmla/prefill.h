@@ -42,8 +42,7 @@ struct SparsePrefillArgs {
 Status sparse_prefill(const SparsePrefillArgs& args, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------------------
-// Dense MHA prefill, forward (flash_attn_varlen_func). Implemented, NOT YET VERIFIED ON A GPU: mha_prefill() returns
-// StatusCode::kUnsupported unless the environment variable OPENMLA_EXPERIMENTAL_MHA=1 is set (read once per process).
+// Dense MHA prefill, forward (flash_attn_varlen_func). Verified on an H100 (docs/mha-prefill.md, "Status").
 // ---------------------------------------------------------------------------------------------------------------
 // Sequences are packed along the token dimension: sequence i owns query rows [cu_seqlens_qo[i], cu_seqlens_qo[i + 1])
 // (s_q,i rows) and key rows [cu_seqlens_kv[i], cu_seqlens_kv[i + 1]) (s_k,i keys); s_q,i != s_k,i is allowed (chunked

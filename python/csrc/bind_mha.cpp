@@ -85,8 +85,7 @@ void bind_mha(nb::module_& m) {
       "h_kv, d_qk); v: (total_k, h_kv, d_v), dtype 'bfloat16' or 'float16', (d_qk, d_v) = (192, 128) or (128, 128); "
       "cu_seqlens_qo/k: (batch + 1,) int32; workspace: >= get_mha_prefill_workspace_size bytes; out: (total_q, h_q, "
       "d_v), written; lse: (total_q, h_q) float32, written (natural log; +inf for a row without keys). "
-      "softmax_scale 0 means d_qk ** -0.5. Not yet verified on a GPU: refused (NotImplementedError) unless "
-      "OPENMLA_EXPERIMENTAL_MHA=1.");
+      "softmax_scale 0 means d_qk ** -0.5.");
 }
 
 }  // namespace openmla::py

@@ -9,8 +9,7 @@ can switch by changing one import:
                                                 sched_meta, causal=True)
 
 Besides the decode functions, the package exports sparse prefill (``flash_mla_sparse_fwd``), dense MHA
-prefill (``flash_attn_varlen_func`` and its packed variants; implemented, not yet verified on a GPU: they
-run only with OPENMLA_EXPERIMENTAL_MHA=1), the FP8 KV-cache codec (``quantize_kv_cache``,
+prefill (``flash_attn_varlen_func`` and its packed variants, forward), the FP8 KV-cache codec (``quantize_kv_cache``,
 ``dequantize_kv_cache``, ``append_kv_cache``), ``query_capability``, ``version`` and ``build_commit``,
 checked mode (``set_checked_mode``, ``checked_mode``, ``check_status``; the environment variable
 ``OPENMLA_CHECK=1`` turns it on), and the CPU reference implementations as ``openmla.reference``. Where torch is

@@ -7,9 +7,9 @@ In MLA serving, prompt tokens run as ordinary multi-head attention once the late
     out, lse = flash_mla.flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv,
                                                 causal=True)
 
-Status: implemented, NOT YET VERIFIED ON A GPU. Calls raise NotImplementedError (with the reason) unless the environment
-variable OPENMLA_EXPERIMENTAL_MHA=1 is set before the first call; ``openmla.query_capability("dense_prefill")`` says the
-same. Forward only: the backward (autograd) is not implemented yet.
+Status: implemented and verified on an H100 (docs/mha-prefill.md, "Status");
+``openmla.query_capability("dense_prefill")`` says whether it runs here, with the reason when not. Forward only: the
+backward (autograd) is not implemented yet.
 
 Argument checks (dtypes, shapes, strides, devices) live in the C++ API; its messages reach the caller unchanged as
 ValueError (bad argument), NotImplementedError (not supported) or RuntimeError (CUDA). See docs/mha-prefill.md.
@@ -102,7 +102,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
 
     Raises:
       ValueError: a bad argument (the message names it). NotImplementedError: an unsupported shape, the family not
-      enabled (OPENMLA_EXPERIMENTAL_MHA), or inputs requiring grad. RuntimeError: a CUDA error.
+      built, or inputs requiring grad. RuntimeError: a CUDA error.
     """
     del max_seqlen_kv, deterministic, is_varlen
     _check_options(dropout_p, softmax_scale, max_seqlen_qo)

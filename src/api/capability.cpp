@@ -4,8 +4,6 @@
 
 #include <string>
 
-#include "api/mha_prefill_internal.h"
-
 namespace openmla {
 
 const char* feature_name(Feature feature) {
@@ -21,7 +19,7 @@ const char* feature_name(Feature feature) {
 
 namespace {
 
-// Why a feature is unavailable in this build, or nullptr when it is compiled in (and, for a gated family, enabled).
+// Why a feature is unavailable in this build, or nullptr when it is compiled in.
 const char* build_gap(Feature feature) {
   switch (feature) {
     case Feature::kKVCacheQuantize:
@@ -45,7 +43,7 @@ const char* build_gap(Feature feature) {
 #endif
     case Feature::kDensePrefill:  // the forward pass; the backward is not implemented yet
 #ifdef OPENMLA_HAS_MHA_PREFILL
-      return detail::mha_prefill_enabled() ? nullptr : detail::kMhaPrefillGateReason;
+      return nullptr;
 #else
       return "compiled out (OPENMLA_ENABLE_MHA_PREFILL=OFF)";
 #endif

@@ -1,12 +1,9 @@
 // Public dense MHA prefill API (include/openmla/prefill.h): validate -> launch plan -> build params -> launch.
 //
 // Every argument check runs before the first CUDA call, so a bad call launches nothing and the checks are tested
-// without a GPU (tests/cpp/test_mha_prefill_api.cpp). The family is gated while it is unverified on a GPU: a valid
-// call returns kUnsupported unless OPENMLA_EXPERIMENTAL_MHA=1 (docs/mha-prefill.md, "Status").
+// without a GPU (tests/cpp/test_mha_prefill_api.cpp).
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "api/mha_prefill_internal.h"
@@ -19,14 +16,6 @@
 namespace openmla {
 
 namespace detail {
-
-bool mha_prefill_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("OPENMLA_EXPERIMENTAL_MHA");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  return enabled;
-}
 
 namespace {
 
@@ -240,12 +229,10 @@ Status get_mha_prefill_workspace_size(const MhaPrefillProblem& problem, MhaPrefi
 }
 
 Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args, cudaStream_t stream) {
-  // Checks first, so that argument errors are reported whether or not the family is built and enabled.
+  // Checks first, so that argument errors are reported whether or not the family is built.
   kernels::MhaPrefillParams params;
   OPENMLA_RETURN_IF_ERROR(detail::validate_mha_prefill(problem, args, &params));
 #if defined(OPENMLA_HAS_MHA_PREFILL)
-  if (!detail::mha_prefill_enabled())
-    return Status::unsupported(std::string("dense MHA prefill: ") + detail::kMhaPrefillGateReason);
   OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(args.q.device_id, "q", stream, "mha_prefill"));
   if (problem.num_sms == 0) {
     int num_sms = 0;

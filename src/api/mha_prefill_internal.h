@@ -1,18 +1,10 @@
-// Internal entry points of api/mha_prefill.cpp, exposed for the C++ tests and for capability.cpp.
+// Internal entry points of api/mha_prefill.cpp, exposed for the C++ tests.
 #pragma once
 
 #include "kernels/mha_prefill/params.h"
 #include "openmla/prefill.h"
 
 namespace openmla::detail {
-
-// Why dense MHA prefill does not run unless OPENMLA_EXPERIMENTAL_MHA=1 (the Status message of mha_prefill() and the
-// reason query_capability gives, after "dense_prefill: ").
-inline constexpr const char* kMhaPrefillGateReason =
-    "implemented, not yet verified on a GPU; set OPENMLA_EXPERIMENTAL_MHA=1 to run it";
-
-// Whether the environment variable OPENMLA_EXPERIMENTAL_MHA is "1", read once per process (on first use).
-bool mha_prefill_enabled();
 
 // Every argument check of mha_prefill() without launching anything (no CUDA call at all). On success fills *params
 // (when not null) with the kernel parameters; params->grid is planned for problem.num_sms SMs (1 when num_sms == 0:

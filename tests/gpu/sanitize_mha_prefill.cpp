@@ -6,14 +6,11 @@
 // cumulative lengths out of order and out of range (memory safety only).
 // Buffers are cudaMalloc'ed to the exact size of the views, so an out-of-bounds access is a memcheck error; results of
 // the rows inside sequences are compared with the CPU reference, and rows past the last sequence must stay unwritten.
-//
-// The family is gated while unverified (include/openmla/prefill.h): these cases enable it for this process.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
 #include "device_buffer.h"
@@ -225,7 +222,6 @@ bool run_garbage_lengths_case() {
 }  // namespace
 
 int run_mha_prefill_sanitize_cases() {
-  setenv("OPENMLA_EXPERIMENTAL_MHA", "1", 1);  // before the library's first (and only) read of it
   const Case cases[] = {
       {"varlen causal GQA, persistent loop",
        192,

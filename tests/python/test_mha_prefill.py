@@ -1,9 +1,8 @@
 """Tests of dense MHA prefill through the flash_mla-compatible API (openmla.flash_attn_varlen_func and the packed
 variants), against the torch fp32 reference (mha_prefill_ref.py) and the CPU reference.
 
-The family is gated while unverified on a GPU (include/openmla/prefill.h): this module sets OPENMLA_EXPERIMENTAL_MHA=1
-when it is imported, before any call reads it. A GPU test first runs one tiny call in a child process with a time
-limit (the `smoke` fixture), so that a kernel that hangs or faults fails this module quickly instead of the session.
+A GPU test first runs one tiny call in a child process with a time limit (the `smoke` fixture), so that a kernel that
+hangs or faults fails this module quickly instead of the session.
 
 Inputs: q, k, v ~ N(0, 1) (bf16 or fp16; logits ~ N(0, 1) under the default scale, q x 8 in the large-logit cases so
 the online softmax rescales), views into buffers with padded heads and columns (non-contiguous) unless stated;
@@ -30,8 +29,6 @@ import pytest
 import openmla
 from conftest import GPU_SKIP_REASON, ROOT
 
-os.environ.setdefault("OPENMLA_EXPERIMENTAL_MHA", "1")
-
 gpu = pytest.mark.gpu
 DEVICE = "cuda"
 LENGTHS = (0, 1, 63, 64, 65, 127, 128, 129, 1000, 4097)  # the issue's lengths
@@ -48,6 +45,12 @@ def _ref():
     import mha_prefill_ref
 
     return mha_prefill_ref
+
+
+def _child_env():
+    """The environment of a child process: this one's, with the package on the path."""
+    return dict(os.environ,
+                PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), os.path.join(ROOT, ".deps", "py")]))
 
 
 _SMOKE_CODE = r"""
@@ -73,10 +76,8 @@ print("smoke ok", err)
 def smoke():
     """One tiny call in a child process with a time limit: (ok, report). A hang or a fault there fails every GPU test
     of this module with the child's output instead of hanging the session."""
-    env = dict(os.environ, OPENMLA_EXPERIMENTAL_MHA="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), os.path.join(ROOT, ".deps", "py")]))
     try:
-        proc = subprocess.run([sys.executable, "-c", _SMOKE_CODE], env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-c", _SMOKE_CODE], env=_child_env(), capture_output=True, text=True,
                               timeout=SMOKE_TIMEOUT_S)
     except subprocess.TimeoutExpired as err:
         return False, f"the smoke call did not finish within {SMOKE_TIMEOUT_S} s (a hang?): {err.stdout}{err.stderr}"
@@ -277,11 +278,6 @@ def test_exported_and_in_features():
 # GPU
 # ---------------------------------------------------------------------------------------------------
 @gpu
-def test_capability_with_the_gate_open(mha):
-    assert mha.query_capability("dense_prefill") == (True, "")
-
-
-@gpu
 @pytest.mark.parametrize("case", MATRIX, ids=str)
 def test_matrix(mha, case):
     run_and_check(mha, case)
@@ -461,38 +457,43 @@ def test_argument_errors(mha):
         mha.flash_attn_varlen_qkvpacked_func(q, cu_q, 20, 192)
 
 
-def test_gate_without_the_environment_variable():
-    """Without OPENMLA_EXPERIMENTAL_MHA the family says why it does not run (no GPU needed: the capability reason comes
-    before any device check, and a call's arguments are checked before the gate)."""
-    code = ("import os; os.environ.pop('OPENMLA_EXPERIMENTAL_MHA', None)\n"
-            "import openmla\n"
-            "print(repr(openmla.query_capability('dense_prefill')))\n")
-    env = {k: v for k, v in os.environ.items() if k != "OPENMLA_EXPERIMENTAL_MHA"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "python"), os.path.join(ROOT, ".deps", "py")])
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    supported, reason = eval(proc.stdout.strip())
-    assert supported is False
-    assert reason in ("dense_prefill: implemented, not yet verified on a GPU; set OPENMLA_EXPERIMENTAL_MHA=1 to run it",
-                      "dense_prefill: compiled out (OPENMLA_ENABLE_MHA_PREFILL=OFF)")
+def test_capability_is_the_device_answer():
+    """No run-time switch: dense prefill's capability is the device answer dense decode gets (no GPU needed), i.e.
+    (True, "") on a Hopper GPU, else the same reason under its own name; or the build says it is compiled out."""
+    dense_prefill = openmla.query_capability("dense_prefill")
+    dense_decode = openmla.query_capability("dense_decode")
+    if dense_prefill == (False, "dense_prefill: compiled out (OPENMLA_ENABLE_MHA_PREFILL=OFF)"):
+        pytest.skip("dense MHA prefill is compiled out of this build")
+    if dense_decode[1].endswith("compiled out (OPENMLA_ENABLE_DENSE_DECODE=OFF)"):
+        pytest.skip("dense decode is compiled out: no built family to compare the device answer with")
+    if dense_decode[0]:
+        assert dense_prefill == (True, "")
+    else:
+        assert dense_decode[1].startswith("dense_decode: "), dense_decode
+        assert dense_prefill == (False, "dense_prefill: " + dense_decode[1][len("dense_decode: "):])
+    if GPU_SKIP_REASON is None:  # torch sees a Hopper GPU
+        assert dense_prefill == (True, "")
 
 
-@pytest.mark.skipif(GPU_SKIP_REASON is not None, reason=GPU_SKIP_REASON or "")
-def test_gate_refuses_a_valid_call_without_the_variable():
+@gpu
+def test_valid_call_runs_in_a_fresh_process():
+    """A fresh process that sets nothing (no environment variable, no mode) runs a valid call: equal logits, so out is v
+    and lse is the logit + ln(s_k)."""
     code = r"""
-import os; os.environ.pop('OPENMLA_EXPERIMENTAL_MHA', None)
-import torch, openmla
-q = torch.zeros((10, 2, 192), dtype=torch.bfloat16, device='cuda')
-k = torch.zeros((10, 2, 192), dtype=torch.bfloat16, device='cuda')
-v = torch.zeros((10, 2, 128), dtype=torch.bfloat16, device='cuda')
+import math, torch, openmla
+assert openmla.query_capability('dense_prefill') == (True, ''), openmla.query_capability('dense_prefill')
+q = torch.ones((10, 2, 192), dtype=torch.bfloat16, device='cuda')
+k = torch.ones((10, 2, 192), dtype=torch.bfloat16, device='cuda')
+v = torch.ones((10, 2, 128), dtype=torch.bfloat16, device='cuda')
 cu = torch.tensor([0, 10], dtype=torch.int32, device='cuda')
-try:
-    openmla.flash_attn_varlen_func(q, k, v, cu, cu, 10, 10)
-except NotImplementedError as e:
-    print(e)
+out, lse = openmla.flash_attn_varlen_func(q, k, v, cu, cu, 10, 10)
+torch.cuda.synchronize()
+assert torch.allclose(out.float(), torch.ones_like(out, dtype=torch.float32), atol=1e-3), out
+expect = 192 ** 0.5 + math.log(10)  # ten equal logits q.k * 192 ** -0.5 = 192 ** 0.5
+assert torch.allclose(lse, torch.full_like(lse, expect), rtol=1e-5), (lse, expect)
+print("call ok")
 """
-    env = {k: v for k, v in os.environ.items() if k != "OPENMLA_EXPERIMENTAL_MHA"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "python"), os.path.join(ROOT, ".deps", "py")])
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "not yet verified on a GPU; set OPENMLA_EXPERIMENTAL_MHA=1 to run it" in proc.stdout
+    proc = subprocess.run([sys.executable, "-c", code], env=_child_env(), capture_output=True, text=True,
+                          timeout=SMOKE_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "call ok" in proc.stdout
