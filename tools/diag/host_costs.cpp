@@ -339,6 +339,40 @@ void launch_rows() {
   }
 }
 
+// Does a launch cost more when many launches are already queued (the host_overhead suite queues 300 calls, 600+
+// launches, behind its sleep)? Per-call ns of batch i of 32 launches, with i * 32 launches pending before it, over
+// kSweepRepeats sweeps (median per depth).
+void queue_depth_rows() {
+  section("launch cost against the launches already queued behind the spin kernel (median of 7 sweeps)");
+  constexpr int kBatches = 40, kSweepRepeats = 7;  // up to 1280 launches pending
+  static openmla::kernels::DenseDecodeParams dense{};
+  static CUtensorMap map{};
+  for (int kind = 0; kind < 2; ++kind) {
+    std::vector<std::vector<double>> per_depth(kBatches);
+    for (int r = 0; r < kSweepRepeats; ++r) {
+      *g_flag_host = 0;
+      spin_kernel<<<1, 1, 0, g_stream>>>(g_flag_device, 2'000'000'000ull);
+      for (int b = 0; b < kBatches; ++b) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < kPerBatch; ++i) {
+          if (kind == 0)
+            empty_kernel<<<1, 32, 0, g_stream>>>(0);
+          else
+            dense_like_kernel<<<dim3(2, 1, 132), 384, 0, g_stream>>>(dense, map, map, map);
+        }
+        const auto t1 = std::chrono::steady_clock::now();
+        per_depth[b].push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / kPerBatch);
+      }
+      *g_flag_host = 1;
+      check(cudaStreamSynchronize(g_stream), "sweep synchronisation");
+    }
+    std::printf("  %s, per-call ns by launches already queued:\n   ",
+                kind == 0 ? "<<<>>> empty kernel" : "<<<>>> dense decode's params + 3 maps");
+    for (int b = 0; b < kBatches; b += 4) std::printf(" %5d:%6.0f", b * kPerBatch, percentile(per_depth[b], 0.5));
+    std::printf("\n");
+  }
+}
+
 // The API rows: the host_overhead suite's problems (dense: b 64, s_q 1, h_q 128, 4K-token cache, causal; sparse:
 // V3.2 FP8 cache, b 64, s_q 2, h_q 128, topk 2048, attention sink; prefill: s_q 256, h_q 128, topk 2048, 16K kv rows;
 // append: 64 tokens into a V3.2 cache).
@@ -502,6 +536,7 @@ int main(int argc, char** argv) {
     runtime_rows(device, scratch.ptr);
   }
   launch_rows();
+  queue_depth_rows();
   api_rows(device, num_sms);
   check(cudaStreamSynchronize(g_stream), "final synchronisation");
   cudaFreeHost(flag);

@@ -249,6 +249,24 @@ def main():
          lambda: openmla.flash_mla_with_kvcache(q, k_cache, block_table, seqlens, D_V, openmla.get_mla_metadata()[0],
                                                 causal=True))
 
+    # ---- deep queues: the suite queues 300 calls behind one sleep
+    table.section("per-call us against the calls already queued behind one sleep (median of 7 sweeps)")
+    for name, fn in (("DecodeStep.dense, out= lse= given", lambda: step.dense(*dense_args, out, lse)),
+                     ("DecodeStep.dense, outputs allocated", lambda: step.dense(*dense_args, None, None))):
+        sweeps = []
+        for _ in range(7):
+            torch.cuda._sleep(int(40e-3 * 2.0e9))  # 40 ms: longer than 320 calls take
+            per_batch = []
+            for _ in range(10):
+                t0 = time.perf_counter_ns()
+                for _ in range(PER_BATCH):
+                    fn()
+                per_batch.append((time.perf_counter_ns() - t0) / PER_BATCH / 1e3)
+            torch.cuda.synchronize()
+            sweeps.append(per_batch)
+        series = "  ".join(f"{i * PER_BATCH}:{statistics.median(s[i] for s in sweeps):.1f}" for i in range(10))
+        print(f"  {name}: {series}", flush=True)
+
     # ---- after a profiler session in this process
     table.section("after a torch.profiler session in this process (as the suites before host_overhead leave it)")
     try:
