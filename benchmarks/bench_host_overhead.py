@@ -28,11 +28,18 @@ attention sink; `sparse_decode_b2` the b = 2 row, whose schedule records the hos
                                 flash_mla_sparse_fwd calls once it takes the per-call path
   append_kv_cache               openmla.append_kv_cache of 64 new tokens into a V3.2 FP8 cache (every layer of every
                                 step in an engine)
+  mha_prefill                   flash_attn_varlen_func (dense MHA prefill forward: 2 sequences of 512 tokens, h 128,
+                                d_qk 192, d_v 128, causal, outputs allocated); listed when the gated family is enabled
+                                (OPENMLA_EXPERIMENTAL_MHA=1, which this module sets unless the environment says
+                                otherwise)
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
+
+os.environ.setdefault("OPENMLA_EXPERIMENTAL_MHA", "1")  # before the library's first (and only) read of it
 
 SUITE = "host_overhead"
 DEFAULT = True
@@ -52,14 +59,21 @@ _SPARSE_OPS = ("sparse_decode", "sparse_decode_out", "sparse_decode_default_devi
                "sparse_decode_b2", "torch_op_sparse_decode")
 _PREFILL_OPS = ("sparse_prefill", "sparse_prefill_call_entry")
 _CACHE_OPS = ("append_kv_cache",)
+_MHA_OPS = ("mha_prefill",)
 
-TARGETS = {f"host_{op}": {"time_us": FLASHMLA_HOST_US[0]} for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS}
+TARGETS = {f"host_{op}": {"time_us": FLASHMLA_HOST_US[0]}
+           for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS + _MHA_OPS}
+
+
+def _mha_enabled() -> bool:
+    return os.environ.get("OPENMLA_EXPERIMENTAL_MHA", "") not in ("", "0")
 
 
 def cases(quick=False):
     """Every op; each takes well under a second, so `quick` keeps them all."""
     del quick
-    return [dict(name=f"host_{op}", op=op) for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS]
+    ops = _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS + (_MHA_OPS if _mha_enabled() else ())
+    return [dict(name=f"host_{op}", op=op) for op in ops]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -188,6 +202,15 @@ def _append_call(torch, openmla):
     return lambda: openmla.append_kv_cache(new, slots, cache, "v32")
 
 
+def _mha_call(torch, openmla, b=2, s=512, h=128):
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q = torch.randn((b * s, h, 192), generator=g, device="cuda", dtype=torch.bfloat16).div_(10)
+    k = torch.randn((b * s, h, 192), generator=g, device="cuda", dtype=torch.bfloat16).div_(10)
+    v = torch.randn((b * s, h, 128), generator=g, device="cuda", dtype=torch.bfloat16).div_(10)
+    cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device="cuda")
+    return lambda: openmla.flash_attn_varlen_func(q, k, v, cu, cu, s, s, causal=True)
+
+
 def run(case, harness):
     import torch
 
@@ -196,6 +219,8 @@ def run(case, harness):
     op = case["op"]
     if op in _CACHE_OPS:
         call = _append_call(torch, openmla)
+    elif op in _MHA_OPS:
+        call = _mha_call(torch, openmla)
     elif op in _PREFILL_OPS:
         call = _prefill_call(torch, openmla, op)
     else:
