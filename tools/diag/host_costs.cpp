@@ -337,6 +337,13 @@ void launch_rows() {
     measure("<<<>>> sparse prefill's params + 1 tensor map", mode,
             [] { prefill_like_kernel<<<132, 384, 0, g_stream>>>(prefill, map); });
   }
+  // torch's default stream is the legacy one: do launches into it cost more?
+  const cudaStream_t created = g_stream;
+  g_stream = nullptr;
+  measure("<<<>>> empty kernel, legacy default stream", Mode::kBusy, [] { empty_kernel<<<1, 32, 0, nullptr>>>(0); });
+  measure("<<<>>> dense decode's params + 3 maps, legacy default stream", Mode::kBusy,
+          [] { dense_like_kernel<<<dim3(2, 1, 132), 384, 0, nullptr>>>(dense, map, map, map); });
+  g_stream = created;
 }
 
 // Does a launch cost more when many launches are already queued (the host_overhead suite queues 300 calls, 600+
@@ -425,6 +432,18 @@ void api_rows(int device, int num_sms) {
   measure("detail::check_launch_context (legacy stream)", Mode::kHost,
           [&] { (void)detail::check_launch_context(device, "q", nullptr, "host_costs"); });
   measure("dense_decode (whole call: 2 launches)", Mode::kBusy, [&] { (void)dense_decode(dp, da, g_stream); });
+  {
+    const cudaStream_t created = g_stream;
+    g_stream = nullptr;  // the spin kernel and the synchronisation follow
+    measure("dense_decode on the legacy default stream (torch's default)", Mode::kBusy,
+            [&] { (void)dense_decode(dp, da, nullptr); });
+    {
+      detail::ScopedKnownStream known(nullptr, device);  // as the Python binding calls it
+      measure("dense_decode, legacy stream vouched for (the binding's call)", Mode::kBusy,
+              [&] { (void)dense_decode(dp, da, nullptr); });
+    }
+    g_stream = created;
+  }
   measure("plan_decode (dense, first call of a step: 1 launch)", Mode::kBusy,
           [&] { (void)plan_decode(dp, lens_ref, sched, g_stream); });
 

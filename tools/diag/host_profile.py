@@ -213,6 +213,12 @@ def main():
     busy("DecodeStep.dense, outputs allocated", lambda: step.dense(*dense_args, None, None))
     busy("DecodeStep.dense, out= lse= given", lambda: step.dense(*dense_args, out, lse))
     sparse_args = (sq, fp8, indices, D_V, None, sink, None, None, None, None)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        busy("DecodeStep.dense, out= lse= given, on a side stream (not the legacy one)",
+             lambda: step.dense(*dense_args, out, lse))
+    torch.cuda.synchronize()
+    step.dense(*dense_args, out, lse)  # back on the default stream (the object orders the two)
     busy("DecodeStep.sparse, outputs allocated", lambda: sstep.sparse(*sparse_args, None, None))
     busy("DecodeStep.sparse, out= lse= given", lambda: sstep.sparse(*sparse_args, sout, slse))
     busy("decode_with_metadata (dense tensor style), outputs allocated",
