@@ -4,6 +4,12 @@ Each record is one way of calling (params `op`), with `host_us` = wall time per 
 (its flash_mla_with_kvcache measured on an H100 the same way: schedule reused, no synchronisation). time_us repeats host_us (run.py's
 table column); the target is FlashMLA's best figure (48 us), so ratio = 48 / host_us (> 1: less host time).
 
+Fresh process: the suite measures every op in one child process (the first case starts it; the others read its
+results), because benchmarks/run.py runs suites that use torch.profiler before this one, and CUPTI stays attached to
+the CUDA runtime afterwards: every CUDA call of the per-call path then costs more (tools/diag/host_profile.py on an
+H100: check_launch_context 0.35 -> 1.82 us, dense decode with out= 18.8 -> 26.3 us per call), which no engine pays.
+OPENMLA_HOST_BENCH_IN_PROCESS=1 measures in the calling process instead.
+
 Method: the calls are queued behind a GPU sleep kernel (torch.cuda._sleep) that outlasts the timed loop, so no
 kernel runs while the host enqueues and nothing waits for the GPU; `CALLS` calls per round, wall time by
 time.perf_counter, no synchronisation until the round ends; the figure is the median over `ROUNDS` rounds of the
@@ -28,11 +34,22 @@ attention sink; `sparse_decode_b2` the b = 2 row, whose schedule records the hos
                                 flash_mla_sparse_fwd calls once it takes the per-call path
   append_kv_cache               openmla.append_kv_cache of 64 new tokens into a V3.2 FP8 cache (every layer of every
                                 step in an engine)
+  mha_prefill                   flash_attn_varlen_func (dense MHA prefill forward: 2 sequences of 512 tokens, h 128,
+                                d_qk 192, d_v 128, causal, outputs allocated); listed when the gated family is enabled
+                                (OPENMLA_EXPERIMENTAL_MHA=1, which this module sets unless the environment says
+                                otherwise)
 """
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+
+os.environ.setdefault("OPENMLA_EXPERIMENTAL_MHA", "1")  # before the library's first (and only) read of it
 
 SUITE = "host_overhead"
 DEFAULT = True
@@ -52,14 +69,21 @@ _SPARSE_OPS = ("sparse_decode", "sparse_decode_out", "sparse_decode_default_devi
                "sparse_decode_b2", "torch_op_sparse_decode")
 _PREFILL_OPS = ("sparse_prefill", "sparse_prefill_call_entry")
 _CACHE_OPS = ("append_kv_cache",)
+_MHA_OPS = ("mha_prefill",)
 
-TARGETS = {f"host_{op}": {"time_us": FLASHMLA_HOST_US[0]} for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS}
+TARGETS = {f"host_{op}": {"time_us": FLASHMLA_HOST_US[0]}
+           for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS + _MHA_OPS}
+
+
+def _mha_enabled() -> bool:
+    return os.environ.get("OPENMLA_EXPERIMENTAL_MHA", "") not in ("", "0")
 
 
 def cases(quick=False):
     """Every op; each takes well under a second, so `quick` keeps them all."""
     del quick
-    return [dict(name=f"host_{op}", op=op) for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS]
+    ops = _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS + (_MHA_OPS if _mha_enabled() else ())
+    return [dict(name=f"host_{op}", op=op) for op in ops]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -188,7 +212,45 @@ def _append_call(torch, openmla):
     return lambda: openmla.append_kv_cache(new, slots, cache, "v32")
 
 
+def _mha_call(torch, openmla, b=2, s=512, h=128):
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q = torch.randn((b * s, h, 192), generator=g, device="cuda", dtype=torch.bfloat16).div_(10)
+    k = torch.randn((b * s, h, 192), generator=g, device="cuda", dtype=torch.bfloat16).div_(10)
+    v = torch.randn((b * s, h, 128), generator=g, device="cuda", dtype=torch.bfloat16).div_(10)
+    cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device="cuda")
+    return lambda: openmla.flash_attn_varlen_func(q, k, v, cu, cu, s, s, causal=True)
+
+
+CHILD_TIMEOUT_S = 280
+_child_results = None  # op -> record (or {"error": text}) of the child process, once it ran
+
+
+def _results_from_child():
+    """Every op measured in one fresh process (see the module's docstring): op -> record or {"error": ...}."""
+    global _child_results
+    if _child_results is None:
+        with tempfile.TemporaryDirectory(prefix="openmla_host_bench_") as tmp:
+            path = os.path.join(tmp, "host_overhead.json")
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", path], capture_output=True,
+                                  text=True, timeout=CHILD_TIMEOUT_S)
+            if proc.returncode != 0 or not os.path.exists(path):
+                raise RuntimeError(f"the host_overhead child process failed (rc {proc.returncode}):\n"
+                                   f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            with open(path) as f:
+                _child_results = json.load(f)
+    return _child_results
+
+
 def run(case, harness):
+    if os.environ.get("OPENMLA_HOST_BENCH_IN_PROCESS", "") in ("", "0"):
+        rec = _results_from_child().get(case["op"])
+        if rec is None or "error" in rec:
+            raise RuntimeError(f"op {case['op']}: " + (rec["error"] if rec else "not measured by the child process"))
+        return rec
+    return _measure(case)
+
+
+def _measure(case):
     import torch
 
     import openmla
@@ -196,6 +258,8 @@ def run(case, harness):
     op = case["op"]
     if op in _CACHE_OPS:
         call = _append_call(torch, openmla)
+    elif op in _MHA_OPS:
+        call = _mha_call(torch, openmla)
     elif op in _PREFILL_OPS:
         call = _prefill_call(torch, openmla, op)
     else:
@@ -219,15 +283,24 @@ def run(case, harness):
         "flashmla_host_us": list(FLASHMLA_HOST_US),
         "calls_per_round": calls,
         "timing_method": "host wall time per call, calls queued behind a GPU sleep, median of rounds",
+        "process": "fresh" if os.environ.get("OPENMLA_HOST_BENCH_CHILD") == "1" else "caller's",
     }
 
 
-if __name__ == "__main__":  # standalone: python3 benchmarks/bench_host_overhead.py
-    import os
-    import sys
-
+if __name__ == "__main__":  # standalone: python3 benchmarks/bench_host_overhead.py [--child out.json]
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":  # the suite's fresh process: every op, results as JSON
+        os.environ["OPENMLA_HOST_BENCH_CHILD"] = "1"
+        results = {}
+        for c in cases():
+            try:
+                results[c["op"]] = _measure(c)
+            except Exception as err:  # noqa: BLE001 - reported per op by the parent
+                results[c["op"]] = {"error": f"{type(err).__name__}: {err}"}
+        with open(sys.argv[2], "w") as f:
+            json.dump(results, f)
+        sys.exit(0)
     print(f"{'op':<30} {'host_us':>8}   FlashMLA {FLASHMLA_HOST_US[0]:.0f}-{FLASHMLA_HOST_US[1]:.0f} us")
     for c in cases():
-        r = run(c, None)
+        r = _measure(c)
         print(f"{c['op']:<30} {r['host_us']:8.1f}")

@@ -89,7 +89,8 @@ KVCacheFormat format_from_name(const std::string& name) {
 }
 
 // out (b, s_q, h_q, d_v) and lse (b, h_q, s_q) of one call: the caller's, or new framework tensors (lse as
-// flash_mla allocates it: a transposed view of (b, s_q, h_q) storage).
+// flash_mla allocates it: a transposed view of (b, s_q, h_q) storage). When both are new they share one allocation
+// (new_cuda_tensors: one allocator call instead of two).
 struct CallOutputs {
   nb::object out, lse;
   TensorRef out_ref, lse_ref;
@@ -99,6 +100,16 @@ struct CallOutputs {
 bool prepare_outputs(TensorReader& reader, nb::handle out, nb::handle lse, int device_id, DType dtype, int64_t b,
                      int64_t s_q, int64_t h_q, int64_t d_v, CallOutputs* o) {
   if ((out.is_none() || lse.is_none()) && reader.api() == nullptr) return false;
+  if (out.is_none() && lse.is_none()) {
+    nb::object made[2];
+    new_cuda_tensors(*reader.api(), device_id,
+                     {{dtype, {b, s_q, h_q, d_v}}, {DType::kFloat32, {b, h_q, s_q}, {s_q * h_q, 1, h_q}}}, made);
+    o->out = std::move(made[0]);
+    o->lse = std::move(made[1]);
+    o->out_ref = reader.read(o->out, "out");
+    o->lse_ref = reader.read(o->lse, "lse");
+    return true;
+  }
   if (out.is_none()) {
     o->out = new_cuda_tensor(*reader.api(), device_id, dtype, {b, s_q, h_q, d_v});
     out = o->out;
@@ -166,8 +177,8 @@ class StreamOrder {
 
 // Launches with the GIL released and `device_id` current, through `order` when the schedule is shared.
 template <class Launch>
-void launch_on(int device_id, cudaStream_t stream, StreamOrder* order, Launch&& launch) {
-  launch_without_gil(device_id, [&] { return order != nullptr ? order->run(stream, launch) : launch(); });
+void launch_on(int device_id, const CallStream& stream, StreamOrder* order, Launch&& launch) {
+  launch_without_gil(device_id, stream, [&] { return order != nullptr ? order->run(stream.stream, launch) : launch(); });
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -204,9 +215,10 @@ class DecodeStep {
     const TensorRef seqlens = reader.read(cache_seqlens, "cache_seqlens");
     const TensorRef lengths = reader.read(topk_length, "topk_length");
     const TensorRef extra_lengths = reader.read(extra_topk_length, "extra_topk_length");
-    const cudaStream_t s = call_stream(api_, stream, device_id_);
+    const CallStream s = call_stream(api_, stream, device_id_);
     launch_on(device_id_, s, &order_, [&] {
-      return plan_decode(problem_, problem_.sparse ? TensorRef{} : seqlens, lengths, extra_lengths, schedule_, s);
+      return plan_decode(problem_, problem_.sparse ? TensorRef{} : seqlens, lengths, extra_lengths, schedule_,
+                         s.stream);
     });
   }
 
@@ -234,8 +246,8 @@ class DecodeStep {
     args.split = split_;
     args.out = o.out_ref;
     args.lse = o.lse_ref;
-    const cudaStream_t s = call_stream(reader.api(), stream, device_id_);
-    launch_on(device_id_, s, &order_, [&] { return dense_decode(problem, args, s); });
+    const CallStream s = call_stream(reader.api(), stream, device_id_);
+    launch_on(device_id_, s, &order_, [&] { return dense_decode(problem, args, s.stream); });
     return nb::make_tuple(o.out, o.lse);
   }
 
@@ -275,8 +287,8 @@ class DecodeStep {
     args.split = split_;
     args.out = o.out_ref;
     args.lse = o.lse_ref;
-    const cudaStream_t s = call_stream(reader.api(), stream, device_id_);
-    launch_on(device_id_, s, &order_, [&] { return sparse_decode(problem_, args, s); });
+    const CallStream s = call_stream(reader.api(), stream, device_id_);
+    launch_on(device_id_, s, &order_, [&] { return sparse_decode(problem_, args, s.stream); });
     return nb::make_tuple(o.out, o.lse);
   }
 
@@ -432,9 +444,9 @@ nb::object plan_metadata(nb::handle like, nb::handle cache_seqlens, nb::handle t
   DecodeSchedule schedule;
   schedule.metadata = reader.read(metadata, "tile_scheduler_metadata");
   schedule.num_splits = reader.read(num_splits, "num_splits");
-  const cudaStream_t s = call_stream(reader.api(), stream, device_id);
+  const CallStream s = call_stream(reader.api(), stream, device_id);
   launch_on(device_id, s, nullptr, [&] {
-    return plan_decode(problem, sparse ? TensorRef{} : seqlens, lengths, extra_lengths, schedule, s);
+    return plan_decode(problem, sparse ? TensorRef{} : seqlens, lengths, extra_lengths, schedule, s.stream);
   });
   return nb::make_tuple(metadata, num_splits);
 }
@@ -482,9 +494,10 @@ nb::object decode_with_metadata(SplitScratchPool& pool, nb::handle q, nb::handle
   CallOutputs o;
   if (!prepare_outputs(reader, out, lse, device_id, q_ref.dtype, problem.batch, problem.s_q, problem.h_q, d_v, &o))
     return nb::none();
-  const cudaStream_t s = call_stream(reader.api(), stream, device_id);
+  const CallStream s = call_stream(reader.api(), stream, device_id);
   const DecodeWorkspaceSizes sizes = sizes_of(problem);
-  const SplitScratchPool::Scratch scratch = pool.get(device_id, s, sizes.partial_rows, d_v, sizes.merge_counter_ints);
+  const SplitScratchPool::Scratch scratch =
+      pool.get(device_id, s.stream, sizes.partial_rows, d_v, sizes.merge_counter_ints);
   DecodeSchedule schedule = planned;
   schedule.merge_counters = scratch.merge_counters;
   const float scale = scale_or_default(softmax_scale, problem.d_qk);
@@ -492,7 +505,7 @@ nb::object decode_with_metadata(SplitScratchPool& pool, nb::handle q, nb::handle
     DenseDecodeArgs args{.q = q_ref, .k_cache = k_ref, .block_table = reader.read(block_table, "block_table"),
                          .cache_seqlens = reader.read(cache_seqlens, "cache_seqlens"), .softmax_scale = scale,
                          .schedule = schedule, .split = scratch.split, .out = o.out_ref, .lse = o.lse_ref};
-    launch_on(device_id, s, nullptr, [&] { return dense_decode(problem, args, s); });
+    launch_on(device_id, s, nullptr, [&] { return dense_decode(problem, args, s.stream); });
   } else {
     SparseDecodeArgs args{.q = q_ref, .k_cache = k_ref, .indices = idx_ref,
                           .topk_length = reader.read(topk_length, "topk_length"),
@@ -501,7 +514,7 @@ nb::object decode_with_metadata(SplitScratchPool& pool, nb::handle q, nb::handle
                           .extra_topk_length = reader.read(extra_topk_length, "extra_topk_length"),
                           .softmax_scale = scale, .schedule = schedule, .split = scratch.split, .out = o.out_ref,
                           .lse = o.lse_ref};
-    launch_on(device_id, s, nullptr, [&] { return sparse_decode(problem, args, s); });
+    launch_on(device_id, s, nullptr, [&] { return sparse_decode(problem, args, s.stream); });
   }
   return nb::make_tuple(o.out, o.lse);
 }

@@ -23,9 +23,11 @@ constexpr int kCallsPerBatch = 32;
 //   stream          the framework's current stream of the tensor's device
 //   alloc           a new framework tensor of the tensor's shape and dtype on its device (released at once)
 //   alloc_strided   the same with the tensor's strides (a view of one allocation, as decode's lse)
+//   alloc_pair      decode's out (the tensor's shape) and lse in one allocation, as the entries allocate them
 //   gil             release and re-acquire the GIL
 //   scoped_device   make the tensor's device current (a no-op switch when it already is) and restore
 //   launch_context  the C++ API's checks before a launch (pending error, current device, stream's device)
+//   launch_context_known  the same for the framework's stream, which the binding vouches for (ScopedKnownStream)
 //   sm_count        the binding's cached SM count
 nb::list host_probe(const std::string& what, int batches, nb::handle tensor) {
   TensorReader reader;
@@ -66,6 +68,16 @@ nb::list host_probe(const std::string& what, int batches, nb::handle tensor) {
                                       {t.stride[0], t.stride[1], t.stride[2]}, storage)
                     : new_cuda_tensor(*api, device, t.dtype, {t.shape[0], t.shape[1], t.shape[2]});
     };
+  } else if (what == "alloc_pair") {
+    need(true);
+    if (t.ndim != 4) throw nb::value_error("_host_probe alloc_pair: a decode out-like (b, s_q, h_q, d_v) tensor");
+    call = [&] {
+      nb::object made[2];
+      const int64_t b = t.shape[0], s_q = t.shape[1], h_q = t.shape[2];
+      new_cuda_tensors(*api, device,
+                       {{t.dtype, {b, s_q, h_q, t.shape[3]}}, {DType::kFloat32, {b, h_q, s_q}, {s_q * h_q, 1, h_q}}},
+                       made);
+    };
   } else if (what == "gil") {
     call = [] { nb::gil_scoped_release release; };
   } else if (what == "scoped_device") {
@@ -75,6 +87,13 @@ nb::list host_probe(const std::string& what, int batches, nb::handle tensor) {
     need(true);
     stream = current_stream(*api, device);
     call = [&] { (void)detail::check_launch_context(device, "tensor", stream, "_host_probe"); };
+  } else if (what == "launch_context_known") {
+    need(true);
+    stream = current_stream(*api, device);
+    call = [&] {
+      detail::ScopedKnownStream known(stream, device);
+      (void)detail::check_launch_context(device, "tensor", stream, "_host_probe");
+    };
   } else if (what == "sm_count") {
     need(true);
     call = [&] { (void)device_sm_count(device); };
@@ -92,9 +111,24 @@ nb::list host_probe(const std::string& what, int batches, nb::handle tensor) {
   return per_call;
 }
 
+// The (out, lse) pair the decode entries allocate when the caller passes neither (one shared allocation), on
+// `like`'s device (CPU too: the tests of machines without a GPU). For tests.
+nb::tuple new_decode_outputs(nb::handle like, int64_t b, int64_t s_q, int64_t h_q, int64_t d_v) {
+  TensorReader reader;
+  const TensorRef t = reader.read(like, "like");
+  if (reader.api() == nullptr) throw nb::value_error("_new_decode_outputs needs a tensor of a framework with the exchange API");
+  nb::object made[2];
+  new_tensors(*reader.api(), t.device == DeviceType::kCUDA ? dlpack::kDLCUDA : dlpack::kDLCPU, t.device_id,
+              {{t.dtype, {b, s_q, h_q, d_v}}, {DType::kFloat32, {b, h_q, s_q}, {s_q * h_q, 1, h_q}}}, made);
+  return nb::make_tuple(made[0], made[1]);
+}
+
 }  // namespace
 
 void bind_diag(nb::module_& m) {
+  m.def("_new_decode_outputs", &new_decode_outputs, nb::arg("like"), nb::arg("b"), nb::arg("s_q"), nb::arg("h_q"),
+        nb::arg("d_v"),
+        "Tests: the (out, lse) a decode entry allocates (one shared allocation) on like's device, in like's dtype.");
   m.def("_host_probe", &host_probe, nb::arg("what"), nb::arg("batches"), nb::arg("tensor"),
         "Diagnostics (tools/diag/host_profile.py): per-call ns of one step of the per-call host path, one value per "
         "batch of 32 calls.");

@@ -31,8 +31,9 @@ nb::object append_kv_cache_call(nb::handle new_kv, nb::handle slots, nb::handle 
   if (!cache_ref.defined() || cache_ref.device != DeviceType::kCUDA || reader.api() == nullptr) return nb::none();
   const TensorRef new_ref = reader.read(new_kv, "new_kv");
   const TensorRef slots_ref = reader.read(slots, "slots");
-  const cudaStream_t s = call_stream(reader.api(), stream, cache_ref.device_id);
-  launch_without_gil(cache_ref.device_id, [&] { return append_kv_cache(new_ref, slots_ref, cache_ref, fmt, s); });
+  const CallStream s = call_stream(reader.api(), stream, cache_ref.device_id);
+  launch_without_gil(cache_ref.device_id, s,
+                     [&] { return append_kv_cache(new_ref, slots_ref, cache_ref, fmt, s.stream); });
   return nb::borrow(Py_True);
 }
 

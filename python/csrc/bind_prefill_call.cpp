@@ -34,16 +34,29 @@ nb::object sparse_prefill_call(nb::handle q, nb::handle kv, nb::handle indices, 
   args.attn_sink = reader.read(attn_sink, "attn_sink");
   args.softmax_scale = static_cast<float>(scale);
   args.d_v = d_v;
+  args.num_sms = device_sm_count(device_id);  // queried once per device (0 would query it on every call)
   const dlpack::ExchangeApi& api = *reader.api();
-  nb::object out_obj = out.is_none() ? new_cuda_tensor(api, device_id, args.q.dtype, {s_q, h_q, d_v}) : nb::borrow(out);
-  nb::object max_obj = max_logits.is_none() ? new_cuda_tensor(api, device_id, DType::kFloat32, {s_q, h_q})
-                                            : nb::borrow(max_logits);
-  nb::object lse_obj = lse.is_none() ? new_cuda_tensor(api, device_id, DType::kFloat32, {s_q, h_q}) : nb::borrow(lse);
+  nb::object out_obj, max_obj, lse_obj;
+  if (out.is_none() && max_logits.is_none() && lse.is_none()) {
+    // One allocation for the three (new_cuda_tensors: one allocator call instead of three).
+    nb::object made[3];
+    new_cuda_tensors(api, device_id,
+                     {{args.q.dtype, {s_q, h_q, d_v}}, {DType::kFloat32, {s_q, h_q}}, {DType::kFloat32, {s_q, h_q}}},
+                     made);
+    out_obj = std::move(made[0]);
+    max_obj = std::move(made[1]);
+    lse_obj = std::move(made[2]);
+  } else {
+    out_obj = out.is_none() ? new_cuda_tensor(api, device_id, args.q.dtype, {s_q, h_q, d_v}) : nb::borrow(out);
+    max_obj = max_logits.is_none() ? new_cuda_tensor(api, device_id, DType::kFloat32, {s_q, h_q})
+                                   : nb::borrow(max_logits);
+    lse_obj = lse.is_none() ? new_cuda_tensor(api, device_id, DType::kFloat32, {s_q, h_q}) : nb::borrow(lse);
+  }
   args.out = reader.read(out_obj, "out");
   args.max_logits = reader.read(max_obj, "max_logits");
   args.lse = reader.read(lse_obj, "lse");
-  const cudaStream_t s = call_stream(reader.api(), stream, device_id);
-  launch_without_gil(device_id, [&] { return sparse_prefill(args, s); });
+  const CallStream s = call_stream(reader.api(), stream, device_id);
+  launch_without_gil(device_id, s, [&] { return sparse_prefill(args, s.stream); });
   return nb::make_tuple(out_obj, max_obj, lse_obj);
 }
 

@@ -9,6 +9,7 @@ void bind_decode_step(nb::module_& m);
 void bind_prefill(nb::module_& m);
 void bind_prefill_call(nb::module_& m);
 void bind_mha(nb::module_& m);
+void bind_mha_call(nb::module_& m);
 void bind_kv_cache_call(nb::module_& m);
 void bind_reference(nb::module_& m);
 void bind_checked(nb::module_& m);
@@ -48,6 +49,7 @@ NB_MODULE(_openmla, m) {
   openmla::py::bind_prefill(m);
   openmla::py::bind_prefill_call(m);
   openmla::py::bind_mha(m);
+  openmla::py::bind_mha_call(m);
   openmla::py::bind_kv_cache_call(m);
   openmla::py::bind_reference(m);
   openmla::py::bind_checked(m);

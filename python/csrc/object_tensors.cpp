@@ -97,6 +97,32 @@ struct StridedView {
   }
 };
 
+// A view of a shared framework allocation (new_cuda_tensors), handed to the framework as a DLPack tensor of our own
+// making: the last view released releases the allocation.
+struct SharedAllocation {
+  std::atomic<int> refs;
+  dlpack::DLManagedTensorVersioned* base;
+
+  void release() {
+    if (refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    if (base->deleter != nullptr) base->deleter(base);
+    delete this;
+  }
+};
+
+struct SharedView {
+  dlpack::DLManagedTensorVersioned self;
+  SharedAllocation* shared;
+  int64_t shape[TensorRef::kMaxDims];
+  int64_t strides[TensorRef::kMaxDims];
+
+  static void release(dlpack::DLManagedTensorVersioned* self) {
+    auto* view = static_cast<SharedView*>(self->manager_ctx);
+    view->shared->release();
+    delete view;
+  }
+};
+
 void record_allocation_error(void* ctx, const char* kind, const char* message) {
   *static_cast<std::string*>(ctx) = std::string(kind ? kind : "error") + ": " + (message ? message : "");
 }
@@ -186,12 +212,90 @@ nb::object new_cuda_tensor(const dlpack::ExchangeApi& api, int device_id, DType 
   return nb::steal(static_cast<PyObject*>(tensor));
 }
 
-cudaStream_t call_stream(const dlpack::ExchangeApi* api, nb::handle stream, int device_id) {
-  if (!stream.is_none()) return to_stream(nb::cast<uintptr_t>(stream));
+void new_cuda_tensors(const dlpack::ExchangeApi& api, int device_id, std::initializer_list<NewTensor> tensors,
+                      nb::object* out) {
+  new_tensors(api, dlpack::kDLCUDA, device_id, tensors, out);
+}
+
+void new_tensors(const dlpack::ExchangeApi& api, int32_t device_type, int device_id,
+                 std::initializer_list<NewTensor> tensors, nb::object* out) {
+  constexpr int64_t kAlign = 256;
+  int64_t offsets[8];
+  if (tensors.size() > std::size(offsets)) throw std::runtime_error("openmla: new_cuda_tensors: too many tensors");
+  int64_t total = 0;
+  size_t n = 0;
+  for (const NewTensor& t : tensors) {
+    int64_t span = 1;  // elements the view reaches
+    if (t.strides.size() == 0) {
+      for (int64_t s : t.shape) span *= s;
+    } else {
+      auto stride = t.strides.begin();
+      for (int64_t s : t.shape) span += (s - 1) * *stride++;
+    }
+    offsets[n++] = total;
+    total += (span * static_cast<int64_t>(dtype_size(t.dtype)) + kAlign - 1) / kAlign * kAlign;
+  }
+  int64_t bytes[1] = {total > 0 ? total : kAlign};
+  dlpack::DLTensor prototype{};
+  prototype.device = {device_type, device_type == dlpack::kDLCPU ? 0 : device_id};
+  prototype.dtype = dl_dtype(DType::kUInt8);
+  prototype.ndim = 1;
+  prototype.shape = bytes;
+  dlpack::DLManagedTensorVersioned* base = nullptr;
+  std::string error;
+  if (api.managed_tensor_allocator(&prototype, &base, &error, record_allocation_error) != 0 || base == nullptr)
+    throw std::runtime_error("openmla: allocating the outputs on " +
+                             std::string(device_type == dlpack::kDLCUDA ? "cuda:" : "device ") +
+                             std::to_string(device_id) + " failed: " + error);
+  // The creator's reference, released at the end: views made until then hold their own.
+  auto* shared = new SharedAllocation{{1}, base};
+  char* data = static_cast<char*>(base->dl_tensor.data) + base->dl_tensor.byte_offset;
+  n = 0;
+  for (const NewTensor& t : tensors) {
+    auto* view = new SharedView{};
+    view->shared = shared;
+    int ndim = 0;
+    for (int64_t s : t.shape) view->shape[ndim++] = s;
+    if (t.strides.size() == 0) {
+      int64_t compact = 1;
+      for (int i = ndim - 1; i >= 0; --i) {
+        view->strides[i] = compact;
+        compact *= view->shape[i];
+      }
+    } else {
+      int i = 0;
+      for (int64_t s : t.strides) view->strides[i++] = s;
+    }
+    view->self.version = base->version;
+    view->self.manager_ctx = view;
+    view->self.deleter = &SharedView::release;
+    view->self.flags = base->flags;
+    view->self.dl_tensor = base->dl_tensor;
+    view->self.dl_tensor.data = data + offsets[n];
+    view->self.dl_tensor.byte_offset = 0;
+    view->self.dl_tensor.dtype = dl_dtype(t.dtype);
+    view->self.dl_tensor.ndim = ndim;
+    view->self.dl_tensor.shape = view->shape;
+    view->self.dl_tensor.strides = view->strides;
+    shared->refs.fetch_add(1, std::memory_order_relaxed);
+    void* tensor = nullptr;
+    // On success the framework owns the view; on failure it is left alive (with its reference) rather than risk
+    // releasing it twice, and the views made before it are released by out[]'s owners.
+    if (api.managed_tensor_to_py_object_no_sync(&view->self, &tensor) != 0 || tensor == nullptr) {
+      shared->release();
+      throw nb::python_error();
+    }
+    out[n++] = nb::steal(static_cast<PyObject*>(tensor));
+  }
+  shared->release();
+}
+
+CallStream call_stream(const dlpack::ExchangeApi* api, nb::handle stream, int device_id) {
+  if (!stream.is_none()) return CallStream{to_stream(nb::cast<uintptr_t>(stream)), false};
   if (api == nullptr)
     throw nb::value_error("argument 'stream' is required when the tensors do not come from a framework with the "
                           "DLPack exchange API (torch >= 2.10)");
-  return current_stream(*api, device_id);
+  return CallStream{current_stream(*api, device_id), true};
 }
 
 int device_sm_count(int device_id) {

@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "api/validate.h"
 #include "bind_common.h"
 #include "dlpack_exchange.h"
 
@@ -50,9 +51,33 @@ nanobind::object new_cuda_tensor(const dlpack::ExchangeApi& api, int device_id, 
                                  std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides = {},
                                  int64_t storage_elems = -1);
 
+// One tensor of new_cuda_tensors: dtype, shape and strides in elements (empty: contiguous).
+struct NewTensor {
+  DType dtype;
+  std::initializer_list<int64_t> shape;
+  std::initializer_list<int64_t> strides = {};
+};
+
+// Several new framework tensors on CUDA device `device_id` carved from ONE framework allocation: one allocator call
+// instead of one per tensor (each costs microseconds: docs/integration.md, "Host cost"). Tensor i starts at a
+// multiple of 256 bytes from the allocation's start (itself 512-byte aligned by torch's CUDA allocator) and is
+// written to out[i]; the allocation is released when the last of them is (so a
+// tensor kept alive keeps the others' memory too).
+void new_cuda_tensors(const dlpack::ExchangeApi& api, int device_id, std::initializer_list<NewTensor> tensors,
+                      nanobind::object* out);
+// The same on a device of DLPack type `device_type` (kDLCPU for the tests of machines without a GPU).
+void new_tensors(const dlpack::ExchangeApi& api, int32_t device_type, int device_id,
+                 std::initializer_list<NewTensor> tensors, nanobind::object* out);
+
 // The stream of a call: the caller's (`stream` an int) when given, else the framework's current stream of
 // `device_id` (`api` may be null only when the caller gives the stream).
-cudaStream_t call_stream(const dlpack::ExchangeApi* api, nanobind::handle stream, int device_id);
+struct CallStream {
+  cudaStream_t stream = nullptr;
+  // The framework's current stream of the call's device, which belongs to that device by construction: the C++
+  // API need not ask the driver for its device (api/validate.h, ScopedKnownStream). False for a caller's stream.
+  bool framework = false;
+};
+CallStream call_stream(const dlpack::ExchangeApi* api, nanobind::handle stream, int device_id);
 
 // The SM count of CUDA device `device_id`, queried once per device.
 int device_sm_count(int device_id);
@@ -71,14 +96,20 @@ class ScopedDevice {
 };
 
 // Runs `launch` (a callable returning a Status) with the GIL released and `device_id` current, then raises the
-// Python exception of its status (throw_if_error).
+// Python exception of its status (throw_if_error). `stream`: the call's stream (a framework stream is known to
+// belong to `device_id`).
 template <class Launch>
-void launch_without_gil(int device_id, Launch&& launch) {
+void launch_without_gil(int device_id, const CallStream& stream, Launch&& launch) {
   Status status;
   {
     nanobind::gil_scoped_release release;
     ScopedDevice device(device_id);
-    status = launch();
+    if (stream.framework) {
+      detail::ScopedKnownStream known(stream.stream, device_id);
+      status = launch();
+    } else {
+      status = launch();
+    }
   }
   throw_if_error(status);
 }

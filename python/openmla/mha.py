@@ -19,8 +19,20 @@ from __future__ import annotations
 import math
 import numbers
 
+import contextlib
+
 from . import _openmla as _C
-from ._runtime import require_torch, stream_of
+from ._runtime import _torch, require_torch, stream_of, torch_tensors_read_in_place
+
+if _torch is not None:
+    # The per-call entry reads torch tensors itself (no DLPack export, no Python call into torch): see
+    # python/csrc/bind_mha_call.cpp and docs/integration.md, "Host cost per call".
+    _IN_PLACE = torch_tensors_read_in_place()
+    # Tensor attributes without the cost of active torch-function modes (set_default_device installs one).
+    _plain_torch = getattr(_torch._C, "DisableTorchFunction", contextlib.nullcontext)
+else:  # pragma: no cover - depends on the machine
+    _IN_PLACE = False
+    _plain_torch = contextlib.nullcontext
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"]
 
@@ -40,6 +52,17 @@ def _check_options(dropout_p, softmax_scale, max_seqlen_qo, name_max="max_seqlen
 
 
 def _forward(what, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal, out, lse):
+    if _IN_PLACE:  # the per-call entry; None when the checks below must name what is wrong
+        if _torch.is_grad_enabled():
+            with _plain_torch():
+                needs_grad = any(getattr(t, "requires_grad", False) for t in (q, k, v))
+        else:
+            needs_grad = False
+        if not needs_grad:
+            res = _C.mha_prefill_call(q, k, v, cu_seqlens_qo, cu_seqlens_kv, int(max_seqlen_qo),
+                                      0.0 if softmax_scale is None else float(softmax_scale), bool(causal), out, lse)
+            if res is not None:
+                return res
     torch = require_torch(what)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:

@@ -309,7 +309,17 @@ Status check_current_device(int device_id, const char* tensor_name) {
   return Status::ok();
 }
 
+thread_local ScopedKnownStream::Known ScopedKnownStream::known_ = {nullptr, -1, false};
+
+ScopedKnownStream::ScopedKnownStream(cudaStream_t stream, int device_id) : previous_(known_) {
+  known_ = Known{stream, device_id, true};
+}
+
+ScopedKnownStream::~ScopedKnownStream() { known_ = previous_; }
+
 Status check_stream_device(cudaStream_t stream, int device_id, const char* tensor_name) {
+  const ScopedKnownStream::Known& known = ScopedKnownStream::known_;
+  if (known.set && known.stream == stream && known.device_id == device_id) return Status::ok();
 #if CUDART_VERSION >= 12080
   // A stream under capture answers only capture-safe queries: cudaStreamGetDevice on it would be rejected and would
   // invalidate the capture. So the check is made outside capture only (cudaStreamIsCapturing is capture-safe; it

@@ -132,8 +132,30 @@ Status device_sm_count(int device_id, int* num_sms, const char* why);
 Status check_current_device(int device_id, const char* tensor_name);
 // The stream belongs to device `device_id` (cudaStreamGetDevice, CUDA runtime >= 12.8; with an older runtime the
 // check is skipped: there is no runtime query for it). The legacy and per-thread default streams belong to the
-// current device. Skipped for a stream under CUDA-graph capture (the query is not capture-safe).
+// current device. Skipped for a stream under CUDA-graph capture (the query is not capture-safe), and for the stream
+// of an enclosing ScopedKnownStream on its device.
 Status check_stream_device(cudaStream_t stream, int device_id, const char* tensor_name);
+// The caller's promise, for the calls of one scope on this thread: `stream` belongs to device `device_id`. The Python
+// binding makes it for the stream it takes from the framework (torch's current stream of the tensors' device, which
+// belongs to that device by construction), so check_stream_device need not ask the driver (two runtime calls per
+// entry); any other stream, and every call outside such a scope, is checked in full. Scopes nest.
+class ScopedKnownStream {
+ public:
+  ScopedKnownStream(cudaStream_t stream, int device_id);
+  ~ScopedKnownStream();
+  ScopedKnownStream(const ScopedKnownStream&) = delete;
+  ScopedKnownStream& operator=(const ScopedKnownStream&) = delete;
+
+ private:
+  struct Known {
+    cudaStream_t stream;
+    int device_id;
+    bool set;
+  };
+  Known previous_;
+  friend Status check_stream_device(cudaStream_t stream, int device_id, const char* tensor_name);
+  static thread_local Known known_;
+};
 // Everything an entry checks right before its first launch: no CUDA error left by an earlier operation is pending
 // (check_no_pending_cuda_error, with `entry` in its message), and the current device and the stream's device are
 // the tensors' (`device_id`, named by `tensor_name`).

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -16,9 +18,64 @@ PFN_cuTensorMapEncodeTiled_v12000 lookup_encode_tiled(cudaError_t* err_out, cuda
   return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
 }
 
+// ---- The descriptors encoded last, per host thread ------------------------------------------------------------
+// A descriptor is a pure function of its base address and spec (no device or context goes into it), and an engine
+// passes the same caches (one per layer) and often the same q address every step, so most calls ask for a
+// descriptor they asked for before. A direct-mapped table per thread answers those without the driver (thread-
+// local: no lock, nothing shared); a miss encodes and replaces the entry.
+constexpr int kKeyWords = 15;  // base, packed flags, 5 dims, 4 strides, 3 words of box
+constexpr int kEntries = 128;  // two maps per layer of a 61-layer model fit
+
+struct Key {
+  uint64_t words[kKeyWords];
+};
+
+Key key_of(const void* base, const TensorMapSpec& s) {
+  Key k{};
+  k.words[0] = reinterpret_cast<uintptr_t>(base);
+  k.words[1] = static_cast<uint64_t>(s.dtype) | static_cast<uint64_t>(static_cast<uint32_t>(s.rank)) << 16 |
+               static_cast<uint64_t>(s.swizzle) << 32 | static_cast<uint64_t>(s.l2_promotion) << 48;
+  for (int i = 0; i < 5; ++i) k.words[2 + i] = s.dims[i];
+  for (int i = 0; i < 4; ++i) k.words[7 + i] = s.byte_strides[i];
+  k.words[11] = static_cast<uint64_t>(s.box[0]) | static_cast<uint64_t>(s.box[1]) << 32;
+  k.words[12] = static_cast<uint64_t>(s.box[2]) | static_cast<uint64_t>(s.box[3]) << 32;
+  k.words[13] = s.box[4];
+  k.words[14] = 0;
+  return k;
+}
+
+uint32_t slot_of(const Key& k) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the words
+  for (uint64_t w : k.words) h = (h ^ w) * 0x100000001b3ull;
+  return static_cast<uint32_t>((h ^ (h >> 29)) % kEntries);
+}
+
+struct Entry {
+  CUtensorMap map;
+  Key key;
+  bool valid;
+};
+
+struct Table {
+  Entry entries[kEntries];
+};
+
+// Allocated on a thread's first encode (32 KB), so threads that never launch a TMA kernel carry none of it.
+Entry& entry_for(const Key& key) {
+  thread_local std::unique_ptr<Table> table;
+  if (!table) table = std::make_unique<Table>();
+  return table->entries[slot_of(key)];
+}
+
 }  // namespace
 
 Status encode_tensor_map(CUtensorMap* map, const void* base, const TensorMapSpec& spec, const char* what) {
+  const Key key = key_of(base, spec);
+  Entry& entry = entry_for(key);
+  if (entry.valid && std::memcmp(&entry.key, &key, sizeof(Key)) == 0) {
+    *map = entry.map;
+    return Status::ok();
+  }
   static std::once_flag once;
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   static cudaError_t lookup_err = cudaSuccess;
@@ -33,6 +90,9 @@ Status encode_tensor_map(CUtensorMap* map, const void* base, const TensorMapSpec
                       spec.l2_promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return Status::internal(std::string(what) + ": cuTensorMapEncodeTiled failed with CUresult " + std::to_string(r));
+  entry.map = *map;
+  entry.key = key;
+  entry.valid = true;
   return Status::ok();
 }
 

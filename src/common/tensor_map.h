@@ -1,5 +1,7 @@
 // Host-side construction of TMA descriptors (CUtensorMap) without linking the driver library: the
-// driver's cuTensorMapEncodeTiled is looked up once through the runtime's entry-point query.
+// driver's cuTensorMapEncodeTiled is looked up once through the runtime's entry-point query. The descriptors a
+// thread encoded last are kept (per thread, by base address and spec), so a call that asks for one it asked for
+// before (the same cache of a layer every step) gets a copy without calling the driver.
 #pragma once
 
 #include <cuda.h>

@@ -44,6 +44,28 @@ def test_reader_errors_name_the_argument():
         C.read_tensor(torch.zeros((1,) * 7))
 
 
+def test_fresh_outputs_share_one_allocation_and_outlive_each_other():
+    """The (out, lse) the per-call entries allocate come from one framework allocation (one allocator call): each is
+    its own tensor of flash_mla's layout at a 256-byte offset, not overlapping the other, and either may outlive
+    the other. On the CPU here; test_fresh_outputs_are_released_with_the_last_of_them checks the GPU's memory."""
+    like = torch.zeros(1, dtype=torch.float16)
+    out, lse = C._new_decode_outputs(like, 3, 2, 16, D_V)
+    assert out.shape == (3, 2, 16, D_V) and out.is_contiguous() and out.dtype == torch.float16
+    assert lse.shape == (3, 16, 2) and lse.stride() == (32, 1, 16) and lse.dtype == torch.float32
+    assert out.data_ptr() % 16 == 0 and (lse.data_ptr() - out.data_ptr()) % 256 == 0
+    assert lse.data_ptr() >= out.data_ptr() + out.numel() * out.element_size()
+    out.fill_(1.0)
+    lse.fill_(2.0)
+    assert bool((out == 1).all()) and bool((lse == 2).all())
+    del out
+    lse.add_(1.0)
+    assert bool((lse == 3).all())
+    out, lse = C._new_decode_outputs(like, 1, 1, 1, D_V)
+    del lse
+    out.fill_(4.0)
+    assert bool((out == 4).all())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------------------------
@@ -144,6 +166,32 @@ def test_fresh_lse_has_flash_mlas_layout_on_the_per_call_path():
     assert out.is_contiguous() and out.shape == (3, 2, 16, D_V) and out.dtype == q.dtype
     assert lse.shape == (3, 16, 2) and lse.stride() == (32, 1, 16) and lse.dtype == torch.float32
     assert out.device == q.device and lse.device == q.device
+
+
+@gpu
+def test_fresh_outputs_are_released_with_the_last_of_them():
+    q, k, bt, lens = dense_inputs(b=4, s_q=1, h_q=128, s_k=500)
+    meta, _ = openmla.get_mla_metadata()
+    openmla.flash_mla_with_kvcache(q, k, bt, lens, D_V, meta)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    for _ in range(50):
+        openmla.flash_mla_with_kvcache(q, k, bt, lens, D_V, meta)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base
+    out, lse = openmla.flash_mla_with_kvcache(q, k, bt, lens, D_V, meta)
+    expected = openmla.flash_mla_with_kvcache(q, k, bt, lens, D_V, meta, out=torch.empty_like(out),
+                                              lse=torch.empty_like(lse))
+    held = torch.cuda.memory_allocated()
+    assert held > base
+    del out
+    assert torch.cuda.memory_allocated() == held  # one allocation: lse keeps out's memory
+    assert torch.equal(lse, expected[1])  # and stays valid
+    del lse
+    assert torch.cuda.memory_allocated() < held
+    del expected
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -373,6 +373,34 @@ def test_default_outputs_and_strided_outputs(mha):
 
 
 @gpu
+@pytest.mark.parametrize("default_device", [False, True])
+def test_per_call_entry_equals_the_general_path(mha, monkeypatch, default_device):
+    """flash_attn_varlen_func's per-call entry (python/csrc/bind_mha_call.cpp: outputs and workspace in one
+    allocation) gives the general path's bits and layouts, with and without caller outputs and the default device."""
+    torch = _torch()
+    from openmla import mha as mha_module
+
+    case = Case((100, 200), (150, 200), h_q=8, h_kv=2, causal=True, pad=0)
+    q, k, v, _, _, cu_q, cu_k = make_inputs(case)
+    if default_device:
+        torch.set_default_device("cuda")
+    try:
+        fast = mha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 200, causal=True)
+        given = (torch.empty_like(fast[0]), torch.empty((8, 300), device=DEVICE).t())
+        fast_given = mha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 200, causal=True, out=given[0],
+                                                lse=given[1])
+        monkeypatch.setattr(mha_module, "_IN_PLACE", False)
+        slow = mha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 200, causal=True)
+    finally:
+        if default_device:
+            torch.set_default_device(None)
+    assert fast_given[0] is given[0] and fast_given[1] is given[1]
+    for got in (fast, fast_given):
+        assert torch.equal(got[0], slow[0]) and torch.equal(got[1], slow[1])
+        assert got[0].stride() == slow[0].stride() and got[1].stride() == slow[1].stride()
+
+
+@gpu
 @pytest.mark.parametrize("d_qk", (192, 128))
 def test_packed_variants(mha, d_qk):
     """qkvpacked and kvpacked: views of one tensor, the same bits as the unpacked call on the same views."""

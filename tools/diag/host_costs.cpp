@@ -337,6 +337,47 @@ void launch_rows() {
     measure("<<<>>> sparse prefill's params + 1 tensor map", mode,
             [] { prefill_like_kernel<<<132, 384, 0, g_stream>>>(prefill, map); });
   }
+  // torch's default stream is the legacy one: do launches into it cost more?
+  const cudaStream_t created = g_stream;
+  g_stream = nullptr;
+  measure("<<<>>> empty kernel, legacy default stream", Mode::kBusy, [] { empty_kernel<<<1, 32, 0, nullptr>>>(0); });
+  measure("<<<>>> dense decode's params + 3 maps, legacy default stream", Mode::kBusy,
+          [] { dense_like_kernel<<<dim3(2, 1, 132), 384, 0, nullptr>>>(dense, map, map, map); });
+  g_stream = created;
+}
+
+// Does a launch cost more when many launches are already queued (the host_overhead suite queues 300 calls, 600+
+// launches, behind its sleep)? Per-call ns of batch i of 32 launches, with i * 32 launches pending before it, over
+// kSweepRepeats sweeps (median per depth).
+void queue_depth_rows() {
+  section("launch cost against the launches already queued behind the spin kernel (median of 7 sweeps)");
+  constexpr int kBatches = 40, kSweepRepeats = 7;  // up to 1280 launches pending
+  static openmla::kernels::DenseDecodeParams dense{};
+  static CUtensorMap map{};
+  for (int kind = 0; kind < 2; ++kind) {
+    std::vector<std::vector<double>> per_depth(kBatches);
+    for (int r = 0; r < kSweepRepeats; ++r) {
+      *g_flag_host = 0;
+      spin_kernel<<<1, 1, 0, g_stream>>>(g_flag_device, 2'000'000'000ull);
+      for (int b = 0; b < kBatches; ++b) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < kPerBatch; ++i) {
+          if (kind == 0)
+            empty_kernel<<<1, 32, 0, g_stream>>>(0);
+          else
+            dense_like_kernel<<<dim3(2, 1, 132), 384, 0, g_stream>>>(dense, map, map, map);
+        }
+        const auto t1 = std::chrono::steady_clock::now();
+        per_depth[b].push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / kPerBatch);
+      }
+      *g_flag_host = 1;
+      check(cudaStreamSynchronize(g_stream), "sweep synchronisation");
+    }
+    std::printf("  %s, per-call ns by launches already queued:\n   ",
+                kind == 0 ? "<<<>>> empty kernel" : "<<<>>> dense decode's params + 3 maps");
+    for (int b = 0; b < kBatches; b += 4) std::printf(" %5d:%6.0f", b * kPerBatch, percentile(per_depth[b], 0.5));
+    std::printf("\n");
+  }
 }
 
 // The API rows: the host_overhead suite's problems (dense: b 64, s_q 1, h_q 128, 4K-token cache, causal; sparse:
@@ -391,6 +432,18 @@ void api_rows(int device, int num_sms) {
   measure("detail::check_launch_context (legacy stream)", Mode::kHost,
           [&] { (void)detail::check_launch_context(device, "q", nullptr, "host_costs"); });
   measure("dense_decode (whole call: 2 launches)", Mode::kBusy, [&] { (void)dense_decode(dp, da, g_stream); });
+  {
+    const cudaStream_t created = g_stream;
+    g_stream = nullptr;  // the spin kernel and the synchronisation follow
+    measure("dense_decode on the legacy default stream (torch's default)", Mode::kBusy,
+            [&] { (void)dense_decode(dp, da, nullptr); });
+    {
+      detail::ScopedKnownStream known(nullptr, device);  // as the Python binding calls it
+      measure("dense_decode, legacy stream vouched for (the binding's call)", Mode::kBusy,
+              [&] { (void)dense_decode(dp, da, nullptr); });
+    }
+    g_stream = created;
+  }
   measure("plan_decode (dense, first call of a step: 1 launch)", Mode::kBusy,
           [&] { (void)plan_decode(dp, lens_ref, sched, g_stream); });
 
@@ -502,6 +555,7 @@ int main(int argc, char** argv) {
     runtime_rows(device, scratch.ptr);
   }
   launch_rows();
+  queue_depth_rows();
   api_rows(device, num_sms);
   check(cudaStreamSynchronize(g_stream), "final synchronisation");
   cudaFreeHost(flag);

@@ -195,10 +195,17 @@ def main():
         for what, t, note in (("noop", q, "loop overhead"), ("read", q, "one tensor"), ("stream", q, ""),
                               ("alloc", out, "decode out (64, 1, 128, 512) bf16"),
                               ("alloc_strided", lse, "decode lse, transposed view"),
+                              ("alloc_pair", out, "decode out + lse in one allocation"),
                               ("gil", q, "release + re-acquire"), ("scoped_device", q, "already current"),
                               ("launch_context", q, "pending error, current device, stream's device"),
+                              ("launch_context_known", q, "the same, torch's stream vouched for"),
                               ("sm_count", q, "cached")):
-            table.add(f"_host_probe('{what}')", "host", [x / 1e3 for x in probe(what, batches, t)], note)
+            try:
+                per_call = [x / 1e3 for x in probe(what, batches, t)]
+            except ValueError as err:  # a step this build does not have
+                print(f"  _host_probe('{what}'): {err}")
+                continue
+            table.add(f"_host_probe('{what}')", "host", per_call, note)
 
     # ---- the entries
     table.section("entries called directly (busy: behind a GPU sleep)")
@@ -206,6 +213,12 @@ def main():
     busy("DecodeStep.dense, outputs allocated", lambda: step.dense(*dense_args, None, None))
     busy("DecodeStep.dense, out= lse= given", lambda: step.dense(*dense_args, out, lse))
     sparse_args = (sq, fp8, indices, D_V, None, sink, None, None, None, None)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        busy("DecodeStep.dense, out= lse= given, on a side stream (not the legacy one)",
+             lambda: step.dense(*dense_args, out, lse))
+    torch.cuda.synchronize()
+    step.dense(*dense_args, out, lse)  # back on the default stream (the object orders the two)
     busy("DecodeStep.sparse, outputs allocated", lambda: sstep.sparse(*sparse_args, None, None))
     busy("DecodeStep.sparse, out= lse= given", lambda: sstep.sparse(*sparse_args, sout, slse))
     busy("decode_with_metadata (dense tensor style), outputs allocated",
@@ -241,6 +254,24 @@ def main():
     busy("get_mla_metadata() + first call (plans)",
          lambda: openmla.flash_mla_with_kvcache(q, k_cache, block_table, seqlens, D_V, openmla.get_mla_metadata()[0],
                                                 causal=True))
+
+    # ---- deep queues: the suite queues 300 calls behind one sleep
+    table.section("per-call us against the calls already queued behind one sleep (median of 7 sweeps)")
+    for name, fn in (("DecodeStep.dense, out= lse= given", lambda: step.dense(*dense_args, out, lse)),
+                     ("DecodeStep.dense, outputs allocated", lambda: step.dense(*dense_args, None, None))):
+        sweeps = []
+        for _ in range(7):
+            torch.cuda._sleep(int(40e-3 * 2.0e9))  # 40 ms: longer than 320 calls take
+            per_batch = []
+            for _ in range(10):
+                t0 = time.perf_counter_ns()
+                for _ in range(PER_BATCH):
+                    fn()
+                per_batch.append((time.perf_counter_ns() - t0) / PER_BATCH / 1e3)
+            torch.cuda.synchronize()
+            sweeps.append(per_batch)
+        series = "  ".join(f"{i * PER_BATCH}:{statistics.median(s[i] for s in sweeps):.1f}" for i in range(10))
+        print(f"  {name}: {series}", flush=True)
 
     # ---- after a profiler session in this process
     table.section("after a torch.profiler session in this process (as the suites before host_overhead leave it)")

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/cuda_check.h"
+#include "common/dynamic_smem.h"
 #include "common/tensor_map.h"
 #include "kernels/dense_decode/kernel.cuh"
 #include "kernels/dense_decode/launch.h"
@@ -66,12 +67,16 @@ Status launch_variant(const DenseDecodeParams& p, cudaStream_t stream) {
   }
 
   auto kernel = dense_decode_kernel<kIsFp16>;
-  const int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-                               "dense decode: setting the shared-memory size");
-  dim3 grid(p.num_m_blocks, p.h_kv, p.num_sm_parts);
-  kernel<<<grid, Config::kThreads, smem_bytes, stream>>>(p, k_map, k_map_rope, q_map);
-  return detail::last_cuda_error("dense decode kernel launch");
+  constexpr int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
+  static detail::DynamicSmemLimit smem_limit;  // set once per device (common/dynamic_smem.h)
+  const dim3 grid(p.num_m_blocks, p.h_kv, p.num_sm_parts);
+  return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
+                                          "dense decode: setting the shared-memory size", "dense decode kernel launch",
+                                          [&] {
+                                            kernel<<<grid, Config::kThreads, smem_bytes, stream>>>(p, k_map,
+                                                                                                  k_map_rope, q_map);
+                                            return cudaPeekAtLastError();
+                                          });
 }
 
 #if defined(OPENMLA_HAS_TRACE)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "common/cuda_check.h"
+#include "common/dynamic_smem.h"
 #include "kernels/mha_prefill/kernel.cuh"
 #include "kernels/mha_prefill/launch.h"
 
@@ -19,10 +20,13 @@ Status launch_mha_prefill_typed(const MhaPrefillParams& p, cudaStream_t stream) 
                                                        &v_map, "dense MHA prefill v"));
   auto kernel = mha_prefill::mha_prefill_kernel<kDQK, kFp16>;
   constexpr int smem_bytes = mha_prefill::kSmemBytes<kDQK, kFp16>;
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-                               "dense MHA prefill: setting the shared-memory size");
-  kernel<<<p.grid, T::kThreads, smem_bytes, stream>>>(p, q_map, k_map, v_map);
-  return detail::last_cuda_error("dense MHA prefill kernel launch");
+  static detail::DynamicSmemLimit smem_limit;  // set once per device (common/dynamic_smem.h)
+  return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
+                                          "dense MHA prefill: setting the shared-memory size",
+                                          "dense MHA prefill kernel launch", [&] {
+                                            kernel<<<p.grid, T::kThreads, smem_bytes, stream>>>(p, q_map, k_map, v_map);
+                                            return cudaPeekAtLastError();
+                                          });
 }
 
 }  // namespace openmla::kernels

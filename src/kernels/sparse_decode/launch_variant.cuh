@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/cuda_check.h"
+#include "common/dynamic_smem.h"
 #include "kernels/sparse_decode/kernel.cuh"
 #include "kernels/sparse_decode/launch.h"
 #include "kernels/sparse_decode/params.h"
@@ -13,9 +14,8 @@ template <Layout L, bool kCrossover>
 Status launch_variant(const SparseDecodeParams& p, cudaStream_t stream) {
   using Smem = SharedStorage<L>;
   auto kernel = sparse_decode_kernel<L, kCrossover>;
-  const int smem_bytes = static_cast<int>(sizeof(Smem)) + 1024;  // + slack to align to 1024
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-                               "sparse decode: setting the shared-memory size");
+  constexpr int smem_bytes = static_cast<int>(sizeof(Smem)) + 1024;  // + slack to align to 1024
+  static detail::DynamicSmemLimit smem_limit;  // set once per device (common/dynamic_smem.h)
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(p.num_head_blocks, p.s_q, p.num_sm_parts);
   config.blockDim = dim3(Common::kThreads);
@@ -28,8 +28,13 @@ Status launch_variant(const SparseDecodeParams& p, cudaStream_t stream) {
   attrs[0].val.clusterDim.z = 1;
   config.attrs = attrs;
   config.numAttrs = 1;
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, p), "sparse decode kernel launch");
-  return detail::last_cuda_error("sparse decode kernel launch");
+  return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
+                                          "sparse decode: setting the shared-memory size",
+                                          "sparse decode kernel launch",
+                                          [&] {
+                                            const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p);
+                                            return err != cudaSuccess ? err : cudaPeekAtLastError();
+                                          });
 }
 
 #if defined(OPENMLA_HAS_TRACE)

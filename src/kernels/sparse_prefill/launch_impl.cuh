@@ -2,6 +2,7 @@
 #pragma once
 
 #include "common/cuda_check.h"
+#include "common/dynamic_smem.h"
 #if defined(OPENMLA_HAS_TRACE)
 #include "common/trace_symbols.cuh"
 #endif
@@ -16,11 +17,15 @@ Status launch_sparse_prefill_typed(const SparsePrefillParams& p, cudaStream_t st
   CUtensorMap q_map;
   OPENMLA_RETURN_IF_ERROR(sparse_prefill::make_q_tensor_map(p, &q_map));
   auto kernel = sparse_prefill::sparse_prefill_kernel<kDQK>;
-  const int smem_bytes = static_cast<int>(sizeof(Smem)) + 1024;  // + slack to align to 1024
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-                               "sparse prefill: setting the shared-memory size");
-  kernel<<<p.grid, sparse_prefill::Traits<kDQK>::kThreads, smem_bytes, stream>>>(p, q_map);
-  return detail::last_cuda_error("sparse prefill kernel launch");
+  constexpr int smem_bytes = static_cast<int>(sizeof(Smem)) + 1024;  // + slack to align to 1024
+  static detail::DynamicSmemLimit smem_limit;  // set once per device (common/dynamic_smem.h)
+  return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
+                                          "sparse prefill: setting the shared-memory size",
+                                          "sparse prefill kernel launch", [&] {
+                                            kernel<<<p.grid, sparse_prefill::Traits<kDQK>::kThreads, smem_bytes,
+                                                     stream>>>(p, q_map);
+                                            return cudaPeekAtLastError();
+                                          });
 }
 
 #if defined(OPENMLA_HAS_TRACE)
