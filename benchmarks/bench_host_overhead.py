@@ -35,9 +35,7 @@ attention sink; `sparse_decode_b2` the b = 2 row, whose schedule records the hos
   append_kv_cache               openmla.append_kv_cache of 64 new tokens into a V3.2 FP8 cache (every layer of every
                                 step in an engine)
   mha_prefill                   flash_attn_varlen_func (dense MHA prefill forward: 2 sequences of 512 tokens, h 128,
-                                d_qk 192, d_v 128, causal, outputs allocated); listed when the gated family is enabled
-                                (OPENMLA_EXPERIMENTAL_MHA=1, which this module sets unless the environment says
-                                otherwise)
+                                d_qk 192, d_v 128, causal, outputs allocated)
 """
 from __future__ import annotations
 
@@ -48,8 +46,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-os.environ.setdefault("OPENMLA_EXPERIMENTAL_MHA", "1")  # before the library's first (and only) read of it
 
 SUITE = "host_overhead"
 DEFAULT = True
@@ -75,14 +71,10 @@ TARGETS = {f"host_{op}": {"time_us": FLASHMLA_HOST_US[0]}
            for op in _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS + _MHA_OPS}
 
 
-def _mha_enabled() -> bool:
-    return os.environ.get("OPENMLA_EXPERIMENTAL_MHA", "") not in ("", "0")
-
-
 def cases(quick=False):
     """Every op; each takes well under a second, so `quick` keeps them all."""
     del quick
-    ops = _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS + (_MHA_OPS if _mha_enabled() else ())
+    ops = _DENSE_OPS + _SPARSE_OPS + _PREFILL_OPS + _CACHE_OPS + _MHA_OPS
     return [dict(name=f"host_{op}", op=op) for op in ops]
 
 

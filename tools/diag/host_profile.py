@@ -112,7 +112,6 @@ def main():
     busy = lambda name, fn, note="": table.add(name, "busy", time_busy(torch, fn, batches), note)  # noqa: E731
 
     # ---- inputs: the host_overhead suite's problems
-    os.environ.setdefault("OPENMLA_EXPERIMENTAL_MHA", "1")
     g = torch.Generator(device="cuda").manual_seed(0)
     b, h_q, s_k = 64, 128, 4096
     pages = s_k // PAGE
