@@ -85,9 +85,18 @@ Status encode_tensor_map(CUtensorMap* map, const void* base, const TensorMapSpec
     return Status::cuda_error(std::string(what) + ": cannot find cuTensorMapEncodeTiled in the CUDA driver (" +
                               cudaGetErrorString(lookup_err) + ")");
   uint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  CUresult r = encode(map, spec.dtype, static_cast<cuuint32_t>(spec.rank), const_cast<void*>(base), spec.dims,
-                      spec.byte_strides, spec.box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, spec.swizzle,
-                      spec.l2_promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  auto encode_once = [&] {
+    return encode(map, spec.dtype, static_cast<cuuint32_t>(spec.rank), const_cast<void*>(base), spec.dims,
+                  spec.byte_strides, spec.box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, spec.swizzle,
+                  spec.l2_promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  CUresult r = encode_once();
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {
+    // A host thread that has made no CUDA runtime call yet has no current context: make the current device's primary
+    // context current (what the runtime does on a thread's first launch) and encode again.
+    int device = 0;
+    if (cudaGetDevice(&device) == cudaSuccess && cudaSetDevice(device) == cudaSuccess) r = encode_once();
+  }
   if (r != CUDA_SUCCESS)
     return Status::internal(std::string(what) + ": cuTensorMapEncodeTiled failed with CUresult " + std::to_string(r));
   entry.map = *map;
