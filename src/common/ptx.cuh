@@ -260,11 +260,6 @@ __device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads
   asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Arrival without waiting (non-aligned form): a producer signals the threads that bar.sync on the same barrier.
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }

@@ -414,9 +414,9 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
   const uint8_t* q_rows = smem.q[0] + kWg * T::kRowsPerWarpgroup * T::kRowBytes;
   uint32_t k_iter = 0, v_iter = 0;  // blocks consumed from each ring
   uint32_t turn_phase = 0;          // completions of this warpgroup's turn barrier waited for
-  // One arrival per warp, by lane 0 after a __syncwarp: the warp's other lanes' reads of the slot (the tile record,
-  // read by every lane) are ordered before the arrival only through the warp barrier (compute-sanitizer racecheck
-  // reported the tile record's rewrite against lanes 1-31's reads without it).
+  // One arrival per warp, by lane 0 after a __syncwarp, so that every lane's accesses before the point are ordered
+  // before the arrival (the rings' stages are read by wgmma, which the warp-wide wait already completed; the
+  // __syncwarp keeps the rule independent of that and costs nothing measurable).
   auto release = [&](uint64_t* bar) {
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(bar);
