@@ -8,6 +8,15 @@
 #include "bind_common.h"
 #include "openmla/prefill.h"
 
+#if defined(OPENMLA_HAS_TRACE)
+#include <vector>
+#include <nanobind/stl/vector.h>
+namespace openmla::kernels {
+size_t mha_prefill_trace_values();
+Status mha_prefill_trace(int d_qk, bool fp16, unsigned long long* host, size_t count, bool clear);
+}  // namespace openmla::kernels
+#endif
+
 namespace openmla::py {
 
 namespace {
@@ -86,6 +95,20 @@ void bind_mha(nb::module_& m) {
       "cu_seqlens_qo/k: (batch + 1,) int32; workspace: >= get_mha_prefill_workspace_size bytes; out: (total_q, h_q, "
       "d_v), written; lse: (total_q, h_q) float32, written (natural log; +inf for a row without keys). "
       "softmax_scale 0 means d_qk ** -0.5.");
+#if defined(OPENMLA_HAS_TRACE)
+  // Diagnostics build only (CMake -DOPENMLA_TRACE=ON): the clock64 trace of the last launch of the (d_qk, fp16)
+  // variant, flat: a layout header, then the traced CTAs (src/kernels/mha_prefill/config.h, struct Trace).
+  // tools/diag/trace_mha_prefill.py reads it. clear=True zeroes it (before a launch) and returns [].
+  m.def(
+      "_mha_prefill_trace",
+      [](int d_qk, bool fp16, bool clear) {
+        const size_t count = kernels::mha_prefill_trace_values();
+        std::vector<unsigned long long> v(clear ? 0 : count);
+        throw_if_error(kernels::mha_prefill_trace(d_qk, fp16, v.data(), count, clear));
+        return v;
+      },
+      nb::arg("d_qk"), nb::arg("fp16") = false, nb::arg("clear") = false);
+#endif
 }
 
 }  // namespace openmla::py

@@ -95,6 +95,64 @@ struct alignas(1024) SharedStorage {
   uint64_t turn[2];
 };
 
+// Layout of the trace of a trace build (CMake -DOPENMLA_TRACE=ON; kernel.cuh stamps it, launch_impl.cuh reads it,
+// tools/diag/trace_mha_prefill.py parses it): per traced CTA (blockIdx.x < kCtas) a header of kHeaderValues, then
+// per role (WG0, WG1, producer) and traced tile (the CTA's first kTiles tiles) kEvents values: kFixedEvents, then
+// kBlockEvents per visited key block (the first kMaxBlocks of the tile, in visit order: block n_end - 1 first).
+// Stamps are clock64 (per-SM cycles) by the role's first thread; 0 = never stamped. Only constants here: a build
+// without the trace compiles no stamp.
+struct Trace {
+  static constexpr int kCtas = 8, kRoles = 3, kTiles = 16, kMaxBlocks = 32;
+  static constexpr int kHeaderValues = 8, kFixedEvents = 10, kBlockEvents = 6;
+  static constexpr int kEvents = kFixedEvents + kMaxBlocks * kBlockEvents;
+  static constexpr int kCtaValues = kHeaderValues + kRoles * kTiles * kEvents;
+  static constexpr int kRoleWg0 = 0, kRoleWg1 = 1, kRoleProducer = 2;
+  // Header of a CTA.
+  enum Header : int {
+    kHeadSmid = 0,         // %smid | 1 << 63
+    kHeadStartClock = 1,   // clock64 at kernel start (thread 0)
+    kHeadStartTimer = 2,   // %globaltimer (ns) at kernel start
+    kHeadEndClock = 3,     // clock64 when WG0 finds no tile left
+    kHeadEndTimer = 4,     // %globaltimer then
+    kHeadTilesTaken = 5,   // tiles this CTA ran
+  };
+  // Fixed events of a consumer warpgroup's tile.
+  enum ConsumerEvent : int {
+    kTileStart = 0,      // the tile's record read (valid)
+    kQReady = 1,         // q_full passed
+    kExchangeEnter = 2,  // after the tile's last Q K^T, before the exchange barrier
+    kExchangePassed = 3,
+    kLastPvReady = 4,    // the last P V step: V(0) full passed
+    kLastPvTurn = 5,     // its turn acquired
+    kLastPvIssued = 6,   // its P V issued, turn handed over
+    kLastPvDone = 7,     // its P V done: the epilogue starts
+    kStoresDone = 8,     // out and lse stored
+  };
+  // Events of a consumer warpgroup's visited block j (the step that issues Q K^T of block j, with P V of j - 1).
+  enum BlockEvent : int {
+    kBlockDataReady = 0,  // K(j) (and V(j - 1)) full passed
+    kBlockTurn = 1,       // turn acquired
+    kBlockIssued = 2,     // the step's GEMMs issued, turn handed over
+    kBlockQkDone = 3,     // S = Q K(j)^T done
+    kBlockSoftmaxDone = 4,  // mask (where needed) and the online-softmax step done
+    kBlockPvDone = 5,     // O += P(j) V(j) done (stamped in step j + 1, or the last P V step)
+  };
+  // Fixed events of the producer's tile.
+  enum ProducerEvent : int {
+    kRecordPublished = 0,  // the tile's record written to its slot
+    kQIssued = 1,          // Q's TMA issued (or the plain arrival of a tile without keys)
+    kProducerExchangeEnter = 2,
+    kProducerExchangePassed = 3,
+    kMetaBlocks = 4,  // value, not a time: n_end | 1 << 63
+    kMetaCoord = 5,   // value: head << 32 | m_block
+  };
+  // Events of the producer's visited block j.
+  enum ProducerBlockEvent : int {
+    kKIssued = 0,  // K(j)'s TMA issued (after its free wait)
+    kVIssued = 1,  // V(j)'s TMA issued
+  };
+};
+
 // The dynamic shared memory a launch asks for: the plan plus the slack that aligns it to 1024 bytes.
 template <int kDQK, bool kFp16>
 inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage<kDQK, kFp16>)) + 1024;

@@ -115,6 +115,74 @@ __device__ __forceinline__ uint64_t desc_v(const void* p) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Trace builds (CMake -DOPENMLA_TRACE=ON): clock64 stamps of each role's steps for the first Trace::kTiles tiles of
+// the first Trace::kCtas CTAs (layout: config.h, struct Trace; reader: launch_impl.cuh; tool:
+// tools/diag/trace_mha_prefill.py). Without the option every OPENMLA_MHA_* macro below is empty and the kernel
+// compiles to the production SASS.
+// ---------------------------------------------------------------------------------------------------
+#if defined(OPENMLA_HAS_TRACE)
+// Each instantiation unit has its own copy (whole-program compilation), read by that unit's reader.
+__device__ unsigned long long g_mha_prefill_trace[Trace::kCtas][Trace::kCtaValues];
+
+// clock64 with a memory clobber, so the compiler keeps it in program order with the wgmma and barrier asm around it.
+__device__ __forceinline__ unsigned long long trace_clock() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+  return t;
+}
+
+// Value `ev` of `role`'s record of traced tile `tile`, written by the role's first thread (thread 0 of the
+// warpgroup: lane 0 of the producer warp for the producer).
+__device__ __forceinline__ void trace_put(int role, uint32_t tile, int ev, unsigned long long value) {
+  if (blockIdx.x < Trace::kCtas && tile < Trace::kTiles && threadIdx.x % 128 == 0)
+    g_mha_prefill_trace[blockIdx.x][Trace::kHeaderValues + (role * Trace::kTiles + tile) * Trace::kEvents + ev] = value;
+}
+__device__ __forceinline__ void trace_stamp(int role, uint32_t tile, int ev) { trace_put(role, tile, ev, trace_clock()); }
+// Event `ev` of visited block `block` (0: the tile's first, block n_end - 1); blocks past kMaxBlocks are not kept.
+__device__ __forceinline__ void trace_stamp_block(int role, uint32_t tile, int block, int ev) {
+  if (block >= 0 && block < Trace::kMaxBlocks)
+    trace_stamp(role, tile, Trace::kFixedEvents + block * Trace::kBlockEvents + ev);
+}
+// The producer's record of what tile `tile` is (its block count and coordinates).
+__device__ __forceinline__ void trace_tile_meta(uint32_t tile, const TileInfo& info) {
+  if (!info.valid) return;
+  trace_put(Trace::kRoleProducer, tile, Trace::kMetaBlocks, static_cast<unsigned long long>(info.n_end) | (1ull << 63));
+  trace_put(Trace::kRoleProducer, tile, Trace::kMetaCoord,
+            (static_cast<unsigned long long>(info.head) << 32) | static_cast<uint32_t>(info.m_block));
+}
+__device__ __forceinline__ void trace_header(int index, unsigned long long value) {
+  if (blockIdx.x < Trace::kCtas) g_mha_prefill_trace[blockIdx.x][index] = value;
+}
+// Kernel start (one thread): the SM, and both clocks, so the tool can convert cycles to nanoseconds.
+__device__ __forceinline__ void trace_cta_start() {
+  uint32_t smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  trace_header(Trace::kHeadSmid, static_cast<unsigned long long>(smid) | (1ull << 63));
+  trace_header(Trace::kHeadStartClock, trace_clock());
+  trace_header(Trace::kHeadStartTimer, ptx::globaltimer());
+}
+// WG0's exit (its first thread): the tiles the CTA ran and both clocks.
+__device__ __forceinline__ void trace_cta_end(uint32_t tiles) {
+  if (threadIdx.x != 0) return;
+  trace_header(Trace::kHeadTilesTaken, tiles);
+  trace_header(Trace::kHeadEndClock, trace_clock());
+  trace_header(Trace::kHeadEndTimer, ptx::globaltimer());
+}
+#define OPENMLA_MHA_STAMP(role, tile, ev) ::openmla::kernels::mha_prefill::trace_stamp(role, tile, ev)
+#define OPENMLA_MHA_STAMP_BLOCK(role, tile, block, ev) \
+  ::openmla::kernels::mha_prefill::trace_stamp_block(role, tile, block, ev)
+#define OPENMLA_MHA_TRACE_META(tile, info) ::openmla::kernels::mha_prefill::trace_tile_meta(tile, info)
+#define OPENMLA_MHA_TRACE_CTA_START() ::openmla::kernels::mha_prefill::trace_cta_start()
+#define OPENMLA_MHA_TRACE_CTA_END(tiles) ::openmla::kernels::mha_prefill::trace_cta_end(tiles)
+#else
+#define OPENMLA_MHA_STAMP(role, tile, ev) ((void)0)
+#define OPENMLA_MHA_STAMP_BLOCK(role, tile, block, ev) ((void)0)
+#define OPENMLA_MHA_TRACE_META(tile, info) ((void)0)
+#define OPENMLA_MHA_TRACE_CTA_START() ((void)0)
+#define OPENMLA_MHA_TRACE_CTA_END(tiles) ((void)0)
+#endif
+
+// ---------------------------------------------------------------------------------------------------
 // Row operations on a 64 x 128 accumulator fragment (m64n128: element j * 4 + 2 i + e is row f.row[i], column
 // 8 j + f.col + e)
 // ---------------------------------------------------------------------------------------------------
@@ -334,6 +402,8 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
   int k_begin = 0, next_k_begin = 0;
   int tile = blockIdx.x;
   TileInfo info = publish(tile, 0, k_begin);
+  OPENMLA_MHA_STAMP(Trace::kRoleProducer, 0, Trace::kRecordPublished);
+  OPENMLA_MHA_TRACE_META(0, info);
   __syncwarp();
   ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);  // record 0 published
   for (uint32_t tile_iter = 0; info.valid; ++tile_iter) {
@@ -346,6 +416,7 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
         load_rows<T>(smem.q, T::kQKTiles, q_map, &smem.q_full, info.head, info.q_begin, info.s_q,
                      info.m_block * T::kBlockM, q_policy);
       }
+      OPENMLA_MHA_STAMP(Trace::kRoleProducer, tile_iter, Trace::kQIssued);
       // Blocks are consumed last first. The consumers take K of block i + 1 together with V of block i, so K runs one
       // block ahead: K(n-1), K(n-2), V(n-1), K(n-3), V(n-2), ..., V(0).
       const int kv_head = info.head / p.heads_per_kv;
@@ -357,6 +428,7 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
           ptx::mbarrier_arrive_expect_tx(&smem.k_full[s], T::kKBytes);
           load_rows<T>(smem.k[s], T::kQKTiles, k_map, &smem.k_full[s], kv_head, k_begin, info.s_k,
                        (nb - 1 - i) * T::kBlockN, kv_policy);
+          OPENMLA_MHA_STAMP_BLOCK(Trace::kRoleProducer, tile_iter, i, Trace::kKIssued);
           ++k_iter;
         }
         if (i >= 1) {
@@ -365,6 +437,7 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
           ptx::mbarrier_arrive_expect_tx(&smem.v_full[s], T::kVBytes);
           load_rows<T>(smem.v[s], T::kVTiles, v_map, &smem.v_full[s], kv_head, k_begin, info.s_k, (nb - i) * T::kBlockN,
                        kv_policy);
+          OPENMLA_MHA_STAMP_BLOCK(Trace::kRoleProducer, tile_iter, i - 1, Trace::kVIssued);
           ++v_iter;
         }
       }
@@ -372,10 +445,14 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
     __syncwarp();
     tile = p.dynamic_tiles ? __shfl_sync(0xffffffffu, ticket, 0) + p.grid : tile + p.grid;
     info = publish(tile, (tile_iter + 1) & 1, next_k_begin);
+    OPENMLA_MHA_STAMP(Trace::kRoleProducer, tile_iter + 1, Trace::kRecordPublished);
+    OPENMLA_MHA_TRACE_META(tile_iter + 1, info);
     k_begin = next_k_begin;
     __syncwarp();
+    OPENMLA_MHA_STAMP(Trace::kRoleProducer, tile_iter, Trace::kProducerExchangeEnter);
     // The consumers are past this tile's last Q K^T: the next record is theirs and Q may be rewritten.
     ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);
+    OPENMLA_MHA_STAMP(Trace::kRoleProducer, tile_iter, Trace::kProducerExchangePassed);
   }
 }
 
@@ -435,8 +512,13 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
   exchange();
   for (uint32_t tile_iter = 0;; ++tile_iter) {
     const TileInfo info = smem.tile[tile_iter & 1];
-    if (!info.valid) break;
+    if (!info.valid) {
+      OPENMLA_MHA_TRACE_CTA_END(tile_iter);
+      break;
+    }
+    OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kTileStart);
     wait_phase(&smem.q_full, tile_iter & 1);
+    OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kQReady);
     int row[2];  // this thread's rows within the sequence
     row[0] = info.m_block * T::kBlockM + kWg * T::kRowsPerWarpgroup + frag.row[0];
     row[1] = row[0] + 8;
@@ -445,9 +527,12 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
 
     if (info.n_end == 0) {  // no valid row of the tile sees a key: out = 0, lse = +inf
+      OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kExchangeEnter);
       exchange();
+      OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kExchangePassed);
       const float inf[2] = {INFINITY, INFINITY};
       store_rows<kFp16>(p, info, o, row, inf, lane);
+      OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kStoresDone);
       continue;
     }
     int limit[2];
@@ -464,19 +549,28 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
     {
       const int ks = k_iter % T::kStages;
       wait_phase(&smem.k_full[ks], (k_iter / T::kStages) & 1);
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, 0, Trace::kBlockDataReady);
       turn_begin();
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, 0, Trace::kBlockTurn);
       ptx::wgmma_fence();
       issue_qk<T>(s, q_rows, smem.k[ks][0]);
       ptx::wgmma_commit();
       turn_end();
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, 0, Trace::kBlockIssued);
       ptx::wgmma_wait<0>();
       ptx::fence_registers(s);
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, 0, Trace::kBlockQkDone);
       release(&smem.k_free[ks]);
       ++k_iter;
-      if (n == 0) exchange();
+      if (n == 0) {
+        OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kExchangeEnter);
+        exchange();
+        OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kExchangePassed);
+      }
       if (block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.causal))
         mask_block(s, limit, n * T::kBlockN, frag.col);
       softmax_step(s, p.scale_log2, m, l, a);  // O is still 0: no rescale
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, 0, Trace::kBlockSoftmaxDone);
       to_a_fragments<kFp16>(s, pa);
     }
 
@@ -485,23 +579,33 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       const int ks = k_iter % T::kStages, vs = v_iter % T::kStages;
       wait_phase(&smem.k_full[ks], (k_iter / T::kStages) & 1);
       wait_phase(&smem.v_full[vs], (v_iter / T::kStages) & 1);
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, info.n_end - 1 - n, Trace::kBlockDataReady);
       turn_begin();
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, info.n_end - 1 - n, Trace::kBlockTurn);
       ptx::wgmma_fence();
       issue_qk<T>(s, q_rows, smem.k[ks][0]);
       ptx::wgmma_commit();
       issue_pv<T>(o, pa, smem.v[vs][0]);
       ptx::wgmma_commit();
       turn_end();
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, info.n_end - 1 - n, Trace::kBlockIssued);
       ptx::wgmma_wait<1>();  // S done; P V may still run (it reads pa, which stays untouched until it is done)
       ptx::fence_registers(s);
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, info.n_end - 1 - n, Trace::kBlockQkDone);
       release(&smem.k_free[ks]);
       ++k_iter;
-      if (n == 0) exchange();
+      if (n == 0) {
+        OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kExchangeEnter);
+        exchange();
+        OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kExchangePassed);
+      }
       if (block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.causal))
         mask_block(s, limit, n * T::kBlockN, frag.col);
       softmax_step(s, p.scale_log2, m, l, a);
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, info.n_end - 1 - n, Trace::kBlockSoftmaxDone);
       ptx::wgmma_wait<0>();
       ptx::fence_registers(o);
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, info.n_end - 2 - n, Trace::kBlockPvDone);
       release(&smem.v_free[vs]);
       ++v_iter;
       rescale_o(o, a);  // O (relative to the old max, block n + 1 included) -> relative to the new max
@@ -512,13 +616,18 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
     {
       const int vs = v_iter % T::kStages;
       wait_phase(&smem.v_full[vs], (v_iter / T::kStages) & 1);
+      OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kLastPvReady);
       turn_begin();
+      OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kLastPvTurn);
       ptx::wgmma_fence();
       issue_pv<T>(o, pa, smem.v[vs][0]);
       ptx::wgmma_commit();
       turn_end();
+      OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kLastPvIssued);
       ptx::wgmma_wait<0>();
       ptx::fence_registers(o);
+      OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kLastPvDone);
+      OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, info.n_end - 1, Trace::kBlockPvDone);
       release(&smem.v_free[vs]);
       ++v_iter;
     }
@@ -537,6 +646,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
     }
     rescale_o(o, inv);
     store_rows<kFp16>(p, info, o, row, lse, lane);
+    OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kStoresDone);
   }
 }
 
@@ -568,6 +678,7 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
     }
     for (int w = 0; w < 2; ++w) ptx::mbarrier_init(&smem.turn[w], kWarpsPerWarpgroup);
     ptx::fence_mbarrier_init();
+    OPENMLA_MHA_TRACE_CTA_START();
   }
   __syncthreads();
 

@@ -17,6 +17,23 @@ Status launch_mha_prefill(const MhaPrefillParams& p, cudaStream_t stream) {
                           " (the API admits 192 and 128)");
 }
 
+#if defined(OPENMLA_HAS_TRACE)
+size_t mha_prefill_trace_values() {
+  return mha_prefill::kTraceLayoutValues + size_t{mha_prefill::Trace::kCtas} * mha_prefill::Trace::kCtaValues;
+}
+
+Status mha_prefill_trace(int d_qk, bool fp16, unsigned long long* host, size_t count, bool clear) {
+  if (d_qk == 192)
+    return fp16 ? mha_prefill_trace_typed<192, true>(host, count, clear)
+                : mha_prefill_trace_typed<192, false>(host, count, clear);
+  if (d_qk == 128)
+    return fp16 ? mha_prefill_trace_typed<128, true>(host, count, clear)
+                : mha_prefill_trace_typed<128, false>(host, count, clear);
+  return Status::invalid_argument("argument 'd_qk': the dense MHA prefill trace has variants for 192 and 128, not " +
+                                  std::to_string(d_qk));
+}
+#endif
+
 namespace mha_prefill {
 
 // Sequences are packed along the token dimension, and a 128-row box starting inside one sequence would run into the

@@ -4,3 +4,8 @@
 namespace openmla::kernels {
 template Status launch_mha_prefill_typed<192, false>(const MhaPrefillParams&, cudaStream_t);
 }  // namespace openmla::kernels
+#if defined(OPENMLA_HAS_TRACE)
+namespace openmla::kernels {
+template Status mha_prefill_trace_typed<192, false>(unsigned long long*, size_t, bool);
+}  // namespace openmla::kernels
+#endif
