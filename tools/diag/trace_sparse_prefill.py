@@ -2,7 +2,7 @@
 """Question: where does a sparse-prefill block pair spend its cycles, per warpgroup and producer step?
 
 Reads the clock64 trace of a trace build
-(CMake -DOPENMLA_SPARSE_TRACE=ON; kernel.cuh, struct Trace) after one call and prints, per role, the median cycles
+(CMake -DOPENMLA_TRACE=ON; kernel.cuh, struct Trace) after one call and prints, per role, the median cycles
 between consecutive events over the traced pairs of CTA 0, and the pair period.
 
     PYTHONPATH=python python3 tools/diag/trace_sparse_prefill.py [--d-qk 576] [--h-q 128] [--s-kv 8192] [--topk 2048]
@@ -36,7 +36,7 @@ def main() -> int:
     from openmla import _openmla as C
 
     if not hasattr(C, "_sparse_prefill_trace"):
-        print("not a trace build: configure with -DOPENMLA_SPARSE_TRACE=ON")
+        print("not a trace build: configure with -DOPENMLA_TRACE=ON")
         return 1
     sys.path.insert(0, "benchmarks")
     import bench_sparse_prefill as b
