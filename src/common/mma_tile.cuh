@@ -68,11 +68,14 @@ __device__ __forceinline__ void quad_transpose4(uint32_t (&v)[4], int q) {
   if (hi1) { v[0] = r0; v[2] = r1; } else { v[1] = r0; v[3] = r1; }
 }
 
-// Row maxima of a 64 x 64 S fragment (both rows of this thread), reduced over the quad.
-__device__ __forceinline__ void row_max(const float (&s)[32], float (&mx)[2]) {
+// Row maxima of a 64 x N S fragment (N / 2 floats per thread: 32 for N = 64, 64 for N = 128; both rows of this
+// thread), reduced over the quad.
+template <int kElems>
+__device__ __forceinline__ void row_max(const float (&s)[kElems], float (&mx)[2]) {
+  static_assert(kElems % 4 == 0, "an m64nN accumulator fragment holds N / 2 floats per thread");
   mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < kElems / 4; ++j) {
     mx[0] = fmaxf(mx[0], fmaxf(s[j * 4 + 0], s[j * 4 + 1]));
     mx[1] = fmaxf(mx[1], fmaxf(s[j * 4 + 2], s[j * 4 + 3]));
   }

@@ -37,6 +37,7 @@ using tile::desc_k_major;
 using tile::Fragment;
 using tile::make_fragment;
 using tile::quad_max;
+using tile::row_max;
 using tile::quad_sum;
 using tile::quad_transpose4;
 
@@ -186,17 +187,6 @@ __device__ __forceinline__ void trace_cta_end(uint32_t tiles) {
 // Row operations on a 64 x 128 accumulator fragment (m64n128: element j * 4 + 2 i + e is row f.row[i], column
 // 8 j + f.col + e)
 // ---------------------------------------------------------------------------------------------------
-__device__ __forceinline__ void row_max(const float (&s)[64], float (&mx)[2]) {
-  mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    mx[0] = fmaxf(mx[0], fmaxf(s[j * 4 + 0], s[j * 4 + 1]));
-    mx[1] = fmaxf(mx[1], fmaxf(s[j * 4 + 2], s[j * 4 + 3]));
-  }
-  mx[0] = quad_max(mx[0]);
-  mx[1] = quad_max(mx[1]);
-}
-
 // The online-softmax step of one block: m_new = max(m, rowmax(S) scale_log2), s <- 2^(s scale_log2 - m_new),
 // l <- l 2^(m - m_new) + rowsum (this thread's columns only; the quad's partial sums are added in the epilogue).
 // Returns the factor a = 2^(m - m_new) that O (relative to m) must be scaled by.
