@@ -21,15 +21,26 @@ mkdir -p "$out"
 py=$(command -v python3)
 jobs=$(nproc)
 
+# AB_CMAKE_ARGS: extra CMake arguments for every tree (e.g. only the family under test:
+#   -DOPENMLA_ENABLE_DENSE_DECODE=OFF -DOPENMLA_ENABLE_KV_CACHE=OFF -DOPENMLA_ENABLE_SPARSE_PREFILL=OFF).
+# The trees build concurrently (each with all cores; ninja's jobs share them).
+cmake_args=(${AB_CMAKE_ARGS:-})
+pids=()
 for t in "${trees[@]}"; do
   [[ $t != . && ! -e $t/.deps ]] && ln -sfn "$root/.deps" "$t/.deps"
   name=$(echo "$t" | tr '/.' '__')
   echo "== build $t"
-  if ! (cd "$t" && cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
-          >"$out/build_$name.log" 2>&1 && cmake --build build-ab -j "$jobs" --target _openmla >>"$out/build_$name.log" 2>&1); then
-    echo "build of $t FAILED"; tail -30 "$out/build_$name.log"; exit 1
-  fi
+  (cd "$t" && cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" "${cmake_args[@]}" \
+      >"$out/build_$name.log" 2>&1 && cmake --build build-ab -j "$jobs" --target _openmla >>"$out/build_$name.log" 2>&1) &
+  pids+=($!)
 done
+i=0
+for t in "${trees[@]}"; do
+  name=$(echo "$t" | tr '/.' '__')
+  if ! wait "${pids[$i]}"; then echo "build of $t FAILED"; tail -30 "$out/build_$name.log"; exit 1; fi
+  i=$((i + 1))
+done
+[[ -n ${AB_BUILD_ONLY:-} ]] && exit 0
 
 for r in $(seq 1 "$rounds"); do
   for t in "${trees[@]}"; do
