@@ -32,7 +32,6 @@ using tile::make_fragment;
 using tile::quad_sum;
 using tile::row_max;
 using tile::scale_rows;
-using tile::swizzled_offset;
 
 // ---------------------------------------------------------------------------------------------------
 // PTX used by this kernel only
@@ -56,6 +55,14 @@ __device__ __forceinline__ void cp_async_16_hint(uint32_t smem_dst, const void* 
 // Pulls `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
 __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+// Stores four 8 x 8 b16 matrices: lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes);
+// register k holds this lane's pair of matrix k (row lane / 4, columns 2 (lane % 4) + {0, 1}), which is the pair of
+// a wgmma accumulator fragment.
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_dst, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_dst), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
 }
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -318,13 +325,22 @@ __device__ __forceinline__ void to_a_fragments(const float (&s)[32], uint32_t (&
   }
 }
 
-// Stores P (bf16) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma.
-__device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, const Fragment& f) {
+// Stores P (bf16) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma, with four stmatrix.x4
+// per thread (docs/sparse-prefill.md, decision sp-v0.9; 16 scalar stores before, which ptxas emitted as generic
+// ST.E because it cannot prove the tile pointer shared). One stmatrix.x4 per 16 columns: matrices (rows 0-7, chunk
+// 2c), (rows 8-15, chunk 2c), (rows 0-7, chunk 2c + 1), (rows 8-15, chunk 2c + 1) of the warp's 16 rows, i.e.
+// fragment words (4j, 4j + 2) for j = 2c, 2c + 1. Lane l addresses row warp * 16 + 8 ((l / 8) & 1) + l % 8, chunk
+// 2c + l / 16. Chunk 2c + h lands at 16-byte slot (2c + h) ^ (row & 7) = (h ^ (row & 7)) ^ 2c: the slot of chunk h,
+// XOR 2c (bits 5-6 of the byte offset only).
+__device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, int wg_tid) {
+  const int lane = wg_tid % 32;
+  const int row = (wg_tid / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+  const uint32_t base = ptx::smem_addr(tile) + tile::swizzled_chunk(row, lane >> 4);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int col = j * 8 + f.col;
-    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[0], col)) = pack_bf16(s[j * 4 + 0], s[j * 4 + 1]);
-    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[1], col)) = pack_bf16(s[j * 4 + 2], s[j * 4 + 3]);
+  for (int c = 0; c < 4; ++c) {
+    stmatrix_x4(base ^ static_cast<uint32_t>(c << 5), pack_bf16(s[8 * c + 0], s[8 * c + 1]),
+                pack_bf16(s[8 * c + 2], s[8 * c + 3]), pack_bf16(s[8 * c + 4], s[8 * c + 5]),
+                pack_bf16(s[8 * c + 6], s[8 * c + 7]));
   }
   ptx::fence_proxy_async_shared();
 }
@@ -459,7 +475,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
             s[j * 4 + 3] *= a1[1];
           }
         }
-        store_p(s, p_tile[0], frag);
+        store_p(s, p_tile[0], wg_tid);
         arrive(handoff(Handoff::kP0Ready));
         OPENMLA_PREFILL_STAMP(0, pair_count, 5);
         // O_L = a1 O_L + P1 V1_L.
@@ -514,7 +530,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         }
         if (has_k1) {
           exponentiate(s, p.scale_log2, m1, sum);
-          store_p(s, p_tile[1], frag);
+          store_p(s, p_tile[1], wg_tid);
         }
         arrive(handoff(Handoff::kScale1Ready));
         OPENMLA_PREFILL_STAMP(1, pair_count, 3);
