@@ -23,12 +23,14 @@ def main(argv=None) -> int:
     p.add_argument("--b", type=int, default=2, help="mha: sequences")
     p.add_argument("--s", type=int, default=4096, help="mha: tokens per sequence (s_q = s_k)")
     p.add_argument("--h-q", type=int, default=128)
-    p.add_argument("--d-qk", type=int, default=192, help="mha: 192 / 128; sparse: 576 / 512")
+    p.add_argument("--d-qk", type=int, default=None, help="mha: 192 (default) / 128; sparse: 576 (default) / 512")
     p.add_argument("--no-causal", action="store_true", help="mha: full attention")
     p.add_argument("--s-q", type=int, default=4096, help="sparse: query tokens")
     p.add_argument("--s-kv", type=int, default=8192, help="sparse: kv rows")
     p.add_argument("--topk", type=int, default=2048, help="sparse: top-k")
     args = p.parse_args(argv)
+    if args.d_qk is None:
+        args.d_qk = 192 if args.family == "mha" else 576
 
     import torch
 

@@ -41,13 +41,6 @@ using tile::row_max;
 using tile::quad_sum;
 using tile::quad_transpose4;
 
-// Where the producer looks up the next tile and pulls its first loads into L2 (docs/mha-prefill.md, "Next tile's
-// loads"): 0 after the tile's last V load, no prefetch; 1 the same place, then an L2 prefetch of the next tile's Q and
-// first K / V block; 2 the lookup and the prefetch right after the tile's first K, K, V loads (a tile ahead).
-#ifndef OPENMLA_MHA_NEXT_PREFETCH
-#define OPENMLA_MHA_NEXT_PREFETCH 0
-#endif
-
 // 20 s: far beyond any wait of a working kernel, also under compute-sanitizer.
 inline constexpr unsigned long long kWatchdogNs = 20ull * 1000 * 1000 * 1000;
 inline constexpr float kLn2 = 0.69314718055994531f;
@@ -376,15 +369,8 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
                                         int lane) {
   using T = Traits<kDQK, kFp16>;
   // Q is read by one CTA; K and V of a head by every CTA working on that head's query blocks: keep them in L2.
-#if OPENMLA_MHA_NEXT_PREFETCH == 2
-  // Made at each load (one instruction): held across the loop they would take 4 of the producer's 40 registers,
-  // which the next tile's record needs here.
-#define q_policy make_l2_evict_first_policy()
-#define kv_policy ptx::make_l2_evict_last_policy()
-#else
   const uint64_t q_policy = make_l2_evict_first_policy();
   const uint64_t kv_policy = ptx::make_l2_evict_last_policy();
-#endif
   SeqWindow win{};
   win.carry_end = first_query_end(__ldg(p.cu_seqlens_qo), p.total_q);
   load_window(p, win, lane);
@@ -403,20 +389,6 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
     if (lane == 0) smem.tile[slot] = info;
     return info;
   };
-  // L2 prefetch of a published tile's Q and its first K and V block (lane 0), so that their loads after the exchange
-  // hit L2 (Q is read from HBM once per tile).
-  auto prefetch_next = [&](const TileInfo& t, int begin) {
-    if (!OPENMLA_MHA_NEXT_PREFETCH || lane != 0 || !t.valid || t.n_end == 0) return;
-    const int qrow = static_cast<int>(kMaxRows) - t.s_q + t.m_block * T::kBlockM;
-    for (int g = 0; g < T::kQKTiles; ++g)
-      ptx::tma_prefetch_l2_5d(q_map, g * T::kTileCols, t.head, qrow, t.q_begin + t.s_q, static_cast<int>(kMaxRows));
-    const int krow = static_cast<int>(kMaxRows) - t.s_k + (t.n_end - 1) * T::kBlockN;
-    const int kvh = t.head / p.heads_per_kv;
-    for (int g = 0; g < T::kQKTiles; ++g)
-      ptx::tma_prefetch_l2_5d(k_map, g * T::kTileCols, kvh, krow, begin + t.s_k, static_cast<int>(kMaxRows));
-    for (int g = 0; g < T::kVTiles; ++g)
-      ptx::tma_prefetch_l2_5d(v_map, g * T::kTileCols, kvh, krow, begin + t.s_k, static_cast<int>(kMaxRows));
-  };
   int k_begin = 0, next_k_begin = 0;
   int tile = blockIdx.x;
   TileInfo info = publish(tile, 0, k_begin);
@@ -426,19 +398,25 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
   ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);  // record 0 published
   for (uint32_t tile_iter = 0; info.valid; ++tile_iter) {
     // Q is free: the consumers passed the exchange of the previous tile after their last Q K^T of it.
-    const int kv_head = info.head / p.heads_per_kv;
-    const int nb = info.n_end;
-    const int s_k = info.s_k;
-    // Blocks are consumed last first. The consumers take K of block i + 1 together with V of block i, so K runs one
-    // block ahead: K(n-1), K(n-2), V(n-1), K(n-3), V(n-2), ..., V(0). Steps [i0, i1) of that order (lane 0).
-    auto load_steps = [&](int i0, int i1) {
-      if (lane != 0) return;
-      for (int i = i0; i < i1; ++i) {
+    if (lane == 0) {
+      if (info.n_end == 0) {
+        ptx::mbarrier_arrive(&smem.q_full);  // no Q to load: the arrival alone completes the phase
+      } else {
+        ptx::mbarrier_arrive_expect_tx(&smem.q_full, T::kQBytes);
+        load_rows<T>(smem.q, T::kQKTiles, q_map, &smem.q_full, info.head, info.q_begin, info.s_q,
+                     info.m_block * T::kBlockM, q_policy);
+      }
+      OPENMLA_MHA_STAMP(Trace::kRoleProducer, tile_iter, Trace::kQIssued);
+      // Blocks are consumed last first. The consumers take K of block i + 1 together with V of block i, so K runs one
+      // block ahead: K(n-1), K(n-2), V(n-1), K(n-3), V(n-2), ..., V(0).
+      const int kv_head = info.head / p.heads_per_kv;
+      const int nb = info.n_end;
+      for (int i = 0; i <= nb; ++i) {
         if (i < nb) {
           const int s = k_iter % T::kStages;
           producer_wait(&smem.k_free[s], ((k_iter / T::kStages) & 1) ^ 1);
           ptx::mbarrier_arrive_expect_tx(&smem.k_full[s], T::kKBytes);
-          load_rows<T>(smem.k[s], T::kQKTiles, k_map, &smem.k_full[s], kv_head, k_begin, s_k,
+          load_rows<T>(smem.k[s], T::kQKTiles, k_map, &smem.k_full[s], kv_head, k_begin, info.s_k,
                        (nb - 1 - i) * T::kBlockN, kv_policy);
           OPENMLA_MHA_STAMP_BLOCK(Trace::kRoleProducer, tile_iter, i, Trace::kKIssued);
           ++k_iter;
@@ -447,43 +425,18 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
           const int s = v_iter % T::kStages;
           producer_wait(&smem.v_free[s], ((v_iter / T::kStages) & 1) ^ 1);
           ptx::mbarrier_arrive_expect_tx(&smem.v_full[s], T::kVBytes);
-          load_rows<T>(smem.v[s], T::kVTiles, v_map, &smem.v_full[s], kv_head, k_begin, s_k, (nb - i) * T::kBlockN,
+          load_rows<T>(smem.v[s], T::kVTiles, v_map, &smem.v_full[s], kv_head, k_begin, info.s_k, (nb - i) * T::kBlockN,
                        kv_policy);
           OPENMLA_MHA_STAMP_BLOCK(Trace::kRoleProducer, tile_iter, i - 1, Trace::kVIssued);
           ++v_iter;
         }
       }
-    };
-    if (lane == 0) {
-      if (nb == 0) {
-        ptx::mbarrier_arrive(&smem.q_full);  // no Q to load: the arrival alone completes the phase
-      } else {
-        ptx::mbarrier_arrive_expect_tx(&smem.q_full, T::kQBytes);
-        load_rows<T>(smem.q, T::kQKTiles, q_map, &smem.q_full, info.head, info.q_begin, info.s_q,
-                     info.m_block * T::kBlockM, q_policy);
-      }
-      OPENMLA_MHA_STAMP(Trace::kRoleProducer, tile_iter, Trace::kQIssued);
     }
-    // The next tile's record goes into the other slot: its previous reader (tile t - 1) read it before the exchange
-    // of tile t - 1, which this warp has passed.
-    auto next = [&] {
-      __syncwarp();
-      tile = p.dynamic_tiles ? __shfl_sync(0xffffffffu, ticket, 0) + p.grid : tile + p.grid;
-      info = publish(tile, (tile_iter + 1) & 1, next_k_begin);
-      OPENMLA_MHA_STAMP(Trace::kRoleProducer, tile_iter + 1, Trace::kRecordPublished);
-      OPENMLA_MHA_TRACE_META(tile_iter + 1, info);
-      prefetch_next(info, next_k_begin);
-    };
-#if OPENMLA_MHA_NEXT_PREFETCH == 2
-    // A tile ahead: after K(n-1), K(n-2), V(n-1) the producer would wait for the consumers' first Q K^T anyway.
-    const int split = imin(2, nb + 1);
-    load_steps(0, split);
-    next();  // writes next_k_begin, not k_begin
-    load_steps(split, nb + 1);
-#else
-    load_steps(0, nb + 1);
-    next();
-#endif
+    __syncwarp();
+    tile = p.dynamic_tiles ? __shfl_sync(0xffffffffu, ticket, 0) + p.grid : tile + p.grid;
+    info = publish(tile, (tile_iter + 1) & 1, next_k_begin);
+    OPENMLA_MHA_STAMP(Trace::kRoleProducer, tile_iter + 1, Trace::kRecordPublished);
+    OPENMLA_MHA_TRACE_META(tile_iter + 1, info);
     k_begin = next_k_begin;
     __syncwarp();
     OPENMLA_MHA_STAMP(Trace::kRoleProducer, tile_iter, Trace::kProducerExchangeEnter);
@@ -491,10 +444,6 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
     ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);
     OPENMLA_MHA_STAMP(Trace::kRoleProducer, tile_iter, Trace::kProducerExchangePassed);
   }
-#if OPENMLA_MHA_NEXT_PREFETCH == 2
-#undef q_policy
-#undef kv_policy
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -55,9 +55,10 @@ struct Traits {
 // pair), as in dense decode's seesaw.
 enum class Handoff : int {
   kMax0Ready = 0,    // WG0 published m0 and a0 = 2^(m - m0)
-  kScale1Ready = 1,  // WG1 published m1 and a1 = 2^(m0 - m1), and stored P1
+  kScale1Ready = 1,  // WG1 published m1 and a1 = 2^(m0 - m1) (before its exponentials)
   kP0Ready = 2,      // WG0 stored P0, rescaled to m1
-  kCount = 3,
+  kP1Ready = 3,      // WG1 stored P1
+  kCount = 4,
 };
 
 // Named barriers (id 0 is __syncthreads).

@@ -79,7 +79,8 @@ struct Trace {
   // WG0 (role 0): 0 pair start, 1 S0 = Q K0^T done, 2 m0 published, 3 P0 V0_L done, 4 a1 received, 5 P0 stored,
   //   6 P1 V1_L done, 7 tile epilogue done (last pair of a tile only).
   // WG1 (role 1): 0 pair start, 1 S1 = Q K1^T done, 2 m0 received, 3 P1 stored + a1 published, 4 P1 V1_R done,
-  //   5 P0 received, 6 P0 V0_R done, 7 tile epilogue done.
+  //   5 P0 received, 6 P0 V0_R done, 7 tile epilogue done. Event 3 follows the P1 store (a1 went out before the
+  //   exponentials, decision sp-v0.10); 4 is P1 V1_R issued (not waited for).
   // Producer (role 2): 0 pair start, then the fill of K0 V_L, K1 V_R, K0 V_R, K0 RoPE, K1 RoPE, K1 V_L issued
   //   (events 1-6, each after its free wait), 7 the next pair's rows prefetched.
 };
@@ -325,6 +326,14 @@ __device__ __forceinline__ void to_a_fragments(const float (&s)[32], uint32_t (&
   }
 }
 
+// Keeps the A fragments of an in-flight register-A wgmma alive (and unmoved) up to this point.
+__device__ __forceinline__ void fence_fragments(uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kk][i])::"memory");
+}
+
 // Stores P (bf16) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma, with four stmatrix.x4
 // per thread (docs/sparse-prefill.md, decision sp-v0.9; 16 scalar stores before, which ptxas emitted as generic
 // ST.E because it cannot prove the tile pointer shared). One stmatrix.x4 per 16 columns: matrices (rows 0-7, chunk
@@ -343,6 +352,13 @@ __device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, int
                 pack_bf16(s[8 * c + 6], s[8 * c + 7]));
   }
   ptx::fence_proxy_async_shared();
+}
+
+// Issues (no fence, commit or wait) O_half += P V_half over 64 slots, P from registers, V = 4 tiles of a K buffer
+// viewed MN-major. `pa` must stay untouched until the wgmmas completed.
+__device__ __forceinline__ void issue_pv_rs(float (&o)[128], const uint32_t (&pa)[4][4], const uint8_t* v_tiles) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_mn_major(v_tiles + kk * 16 * 128), 1);
 }
 
 // O_half += P V_half over 64 slots, P from registers, V = 4 tiles of a K buffer viewed MN-major.
@@ -381,10 +397,17 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
   uint32_t use[2] = {0, 0};      // fills of each K buffer consumed so far: full parity
   uint32_t handoff_phase = 0;    // every hand-off completes once per block pair
   auto arrive = [&](uint64_t* bar) { ptx::mbarrier_arrive(bar); };
-  auto handoff = [&](Handoff h) { return &smem.handoff[static_cast<int>(h)]; };
+  // Hand-offs between the consumer warpgroups (one completion per pair): publish / wait.
+  auto handoff_signal = [&](Handoff h) { ptx::mbarrier_arrive(&smem.handoff[static_cast<int>(h)]); };
+  auto handoff_wait = [&](Handoff h) {
+    ptx::mbarrier_wait_parity(&smem.handoff[static_cast<int>(h)], handoff_phase);
+  };
 
   uint32_t tile_iter = 0;
   uint32_t pair_count = 0;  // trace only
+  float s[32];
+  // WG0: the first Q K0^T group of the next pair is already in flight (issued behind P1 V1_L inside a tile).
+  bool qk_head_issued = false;
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += p.grid, ++tile_iter) {
     const TileWork w = tile_work(p, tile);
     ptx::mbarrier_wait_parity(&smem.q_full, tile_iter & 1);
@@ -408,8 +431,6 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     // WG0 issues the next pair's Q K0^T over the V_L tiles (refilled first, after its own P0 V0_L) right behind
     // P1 V1_L, before waiting for it: the tensor pipe stays fed while the V_R and RoPE tiles, refilled only after
     // WG1's last P V of the pair, are still in flight (docs/sparse-prefill.md, decision sparse-prefill-v2).
-    float s[32];
-    bool qk_head_issued = false;
     for (int blk0 = 0; blk0 < w.num_blocks; blk0 += 2) {
       const bool has_k1 = blk0 + 1 < w.num_blocks;
       const bool last_pair = blk0 + 2 >= w.num_blocks;
@@ -448,7 +469,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
             smem.scale0[frag.row[i]] = a0[i];
           }
         }
-        arrive(handoff(Handoff::kMax0Ready));
+        handoff_signal(Handoff::kMax0Ready);
         OPENMLA_PREFILL_STAMP(0, pair_count, 2);
         rescale_rows(o, a0[0], a0[1]);
         to_a_fragments(s, pa);
@@ -457,7 +478,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         OPENMLA_PREFILL_STAMP(0, pair_count, 3);
 
         // a1 and P1 from WG1; P0 rescaled to m1 goes to WG1.
-        ptx::mbarrier_wait_parity(handoff(Handoff::kScale1Ready), handoff_phase);
+        handoff_wait(Handoff::kScale1Ready);
         OPENMLA_PREFILL_STAMP(0, pair_count, 4);
         float a1[2];
 #pragma unroll
@@ -476,10 +497,11 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
           }
         }
         store_p(s, p_tile[0], wg_tid);
-        arrive(handoff(Handoff::kP0Ready));
+        handoff_signal(Handoff::kP0Ready);
         OPENMLA_PREFILL_STAMP(0, pair_count, 5);
         // O_L = a1 O_L + P1 V1_L.
         rescale_rows(o, a1[0], a1[1]);
+        handoff_wait(Handoff::kP1Ready);  // every pair, even without K1
         // has_k1 is false only in a tile's last pair, so the next pair (if any) follows in this tile.
         qk_head_issued = false;
         if (has_k1) {
@@ -512,45 +534,54 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         OPENMLA_PREFILL_STAMP(1, pair_count, 1);
         if (last_pair) arrive(&smem.q_free);
         // m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); O_R = a0 a1 O_R + P1 V1_R.
-        ptx::mbarrier_wait_parity(handoff(Handoff::kMax0Ready), handoff_phase);
+        handoff_wait(Handoff::kMax0Ready);
         OPENMLA_PREFILL_STAMP(1, pair_count, 2);
-        float m1[2], a01[2], sum[2] = {0.f, 0.f};
+        float m1[2], a1[2], a01[2], sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const float m0 = smem.max0[frag.row[i]];
           const float a0 = smem.scale0[frag.row[i]];
           m1[i] = fmaxf(m0, mx[i] * p.scale_log2);
-          const float a1 = ptx::exp2_approx(m0 - m1[i]);
-          a01[i] = a0 * a1;
+          a1[i] = ptx::exp2_approx(m0 - m1[i]);
+          a01[i] = a0 * a1[i];
           m_run[i] = m1[i];
           if (lane % 4 == 0) {
-            smem.scale1[frag.row[i]] = a1;
+            smem.scale1[frag.row[i]] = a1[i];
             smem.max1[frag.row[i]] = m1[i];
           }
         }
+        // m1 and a1 go out before the exponentials: WG0 rescales and stores P0 while this warpgroup computes P1.
+        handoff_signal(Handoff::kScale1Ready);
         if (has_k1) {
           exponentiate(s, p.scale_log2, m1, sum);
           store_p(s, p_tile[1], wg_tid);
         }
-        arrive(handoff(Handoff::kScale1Ready));
+        handoff_signal(Handoff::kP1Ready);
         OPENMLA_PREFILL_STAMP(1, pair_count, 3);
 #pragma unroll
         for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a01[i] + sum[i];
         rescale_rows(o, a01[0], a01[1]);
+        // O_R += P1 V1_R, then O_R += P0 V0_R queued right behind it (the same accumulator chains in order); K1's
+        // V_R group is released once the first group of wgmmas is done.
         if (has_k1) {
           to_a_fragments(s, pa);
-          gemm_pv_rs(o, pa, smem.k[1][T::kVTilesPerHalf]);
-          arrive(&smem.free_[1][1]);
+          ptx::wgmma_fence();
+          issue_pv_rs(o, pa, smem.k[1][T::kVTilesPerHalf]);
+          ptx::wgmma_commit();
         }
         OPENMLA_PREFILL_STAMP(1, pair_count, 4);
-        // O_R += P0 V0_R.
-        ptx::mbarrier_wait_parity(handoff(Handoff::kP0Ready), handoff_phase);
+        handoff_wait(Handoff::kP0Ready);
         OPENMLA_PREFILL_STAMP(1, pair_count, 5);
         ptx::mbarrier_wait_parity(&smem.full[0][1], ph0);
         ptx::fence_proxy_async_shared();
-        ptx::wgmma_fence();
+        ptx::wgmma_fence();  // does not wait for P1 V1_R; orders the rescale of O above when there was no K1
         issue_pv_ss(o, p_tile[0], smem.k[0][T::kVTilesPerHalf]);
         ptx::wgmma_commit();
+        if (has_k1) {
+          ptx::wgmma_wait<1>();
+          fence_fragments(pa);  // pa stays allocated until P1 V1_R, which reads it, is done
+          arrive(&smem.free_[1][1]);
+        }
         ptx::wgmma_wait<0>();
         ptx::fence_registers(o);
         arrive(&smem.free_[0][1]);
@@ -564,11 +595,11 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     }
 
     // ---------------------------------------------------------------- epilogue
+    const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
+    float total[2];
     // Row sums of both warpgroups (relative to the same final max); double-buffered by tile parity so a
     // warpgroup that runs ahead into the next tile's epilogue cannot overwrite what the other still reads.
     const int par = tile_iter & 1;
-    const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
-    float total[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float l = quad_sum(l_run[i]);
@@ -590,7 +621,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     }
     scale_rows(o, inv[0], inv[1]);
     const int col_base = kWg * (T::kHeadDimV / 2);
-    const int q4 = lane % 4;
+    const int q4 = launder32(lane) % 4;  // laundered: ptxas would hoist the 16 column offsets out of the tile loop
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int head = w.head0 + frag.row[i];
