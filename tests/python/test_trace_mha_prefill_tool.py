@@ -245,3 +245,33 @@ def test_argument_errors(args, needle):
     proc = run_tool(*args)
     assert proc.returncode != 0
     assert needle in proc.stderr + proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tools/diag/mha_step_chain.py on a dump recorded on the H100 (committed with the session's results)
+# ---------------------------------------------------------------------------------------------------------------
+CHAIN = os.path.join(ROOT, "tools", "diag", "mha_step_chain.py")
+DUMP = os.path.join(ROOT, "benchmarks", "results", "traces-2026-11-25-s12", "trace_mha_b2s4096dqk128.json.gz")
+
+
+def test_step_chain_of_a_recorded_dump():
+    if not os.path.exists(DUMP):
+        pytest.skip(f"recorded dump {DUMP} not in this checkout")
+    code = ("import runpy, sys; sys.modules['torch'] = None; "
+            f"sys.argv = [{CHAIN!r}, {DUMP!r}]; runpy.run_path({CHAIN!r}, run_name='__main__')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = {ln.split()[0]: ln.split() for ln in res.stdout.splitlines()[1:]}
+    assert set(lines) == {"turnwait", "issue", "issue2qk", "softmax", "post", "qk_from_turn", "idle"}
+    # The recorded run: thousands of steady-state steps, a softmax of ~1,500 cycles (the point of the tool).
+    assert int(lines["softmax"][-1]) > 1000
+    assert 1000 < float(lines["softmax"][2]) < 2500
+
+
+def test_step_chain_rejects_other_files(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    code = ("import runpy, sys; sys.modules['torch'] = None; "
+            f"sys.argv = [{CHAIN!r}, {str(bad)!r}]; runpy.run_path({CHAIN!r}, run_name='__main__')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "argument 'path'" in res.stderr

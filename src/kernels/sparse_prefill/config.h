@@ -8,7 +8,7 @@
 // Bytes of L2 prefetch per 16-byte gather (compile definition): 128, so that the hint on a row's last chunk does not
 // pull half of a neighbouring, unselected 1152-byte (V3.2) or 1024-byte (MODEL1) row into L2. 256 (FlashMLA's
 // choice) measured 1-4 % slower on the rows that miss L2 and equal on the L2-resident ones (docs/sparse-prefill.md,
-// decision sp-v0.11).
+// decision sparse-prefill-v6).
 #ifndef OPENMLA_SP_L2_PREFETCH
 #define OPENMLA_SP_L2_PREFETCH 128
 #endif

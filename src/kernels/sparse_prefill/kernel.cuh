@@ -80,7 +80,7 @@ struct Trace {
   //   6 P1 V1_L done, 7 tile epilogue done (last pair of a tile only).
   // WG1 (role 1): 0 pair start, 1 S1 = Q K1^T done, 2 m0 received, 3 P1 stored + a1 published, 4 P1 V1_R done,
   //   5 P0 received, 6 P0 V0_R done, 7 tile epilogue done. Event 3 follows the P1 store (a1 went out before the
-  //   exponentials, decision sp-v0.10); 4 is P1 V1_R issued (not waited for).
+  //   exponentials, decision sparse-prefill-v5); 4 is P1 V1_R issued (not waited for).
   // Producer (role 2): 0 pair start, then the fill of K0 V_L, K1 V_R, K0 V_R, K0 RoPE, K1 RoPE, K1 V_L issued
   //   (events 1-6, each after its free wait), 7 the next pair's rows prefetched.
 };
@@ -335,7 +335,7 @@ __device__ __forceinline__ void fence_fragments(uint32_t (&a)[4][4]) {
 }
 
 // Stores P (bf16) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma, with four stmatrix.x4
-// per thread (docs/sparse-prefill.md, decision sp-v0.9; 16 scalar stores before, which ptxas emitted as generic
+// per thread (docs/sparse-prefill.md, decision sparse-prefill-v4; 16 scalar stores before, which ptxas emitted as generic
 // ST.E because it cannot prove the tile pointer shared). One stmatrix.x4 per 16 columns: matrices (rows 0-7, chunk
 // 2c), (rows 8-15, chunk 2c), (rows 0-7, chunk 2c + 1), (rows 8-15, chunk 2c + 1) of the warp's 16 rows, i.e.
 // fragment words (4j, 4j + 2) for j = 2c, 2c + 1. Lane l addresses row warp * 16 + 8 ((l / 8) & 1) + l % 8, chunk
