@@ -37,9 +37,9 @@ using tile::scale_rows;
 // PTX used by this kernel only
 // ---------------------------------------------------------------------------------------------------
 // 16-byte gather of one kv chunk into shared memory with an L2 cache policy and an L2 prefetch of
-// OPENMLA_SP_L2_PREFETCH bytes (256 as FlashMLA; 128 would not pull the neighbouring row's half line in with a
-// 1152-byte row: an A/B for the rows that miss L2, docs/sparse-prefill.md "Next steps"); src_bytes = 0 zero-fills
-// the destination without reading `src`.
+// OPENMLA_SP_L2_PREFETCH bytes (128: the 256 of FlashMLA pulls half of the neighbouring 1152-byte row into L2 with a
+// row's last chunk; docs/sparse-prefill.md, decision sparse-prefill-v6); src_bytes = 0 zero-fills the destination
+// without reading `src`.
 __device__ __forceinline__ void cp_async_16_hint(uint32_t smem_dst, const void* src, uint32_t src_bytes,
                                                  uint64_t policy) {
 #if OPENMLA_SP_L2_PREFETCH == 128
