@@ -151,7 +151,9 @@ def test_metrics_of_the_synthetic_timeline(tool):
     for r in rows:
         assert r["q_wait"] == [100, 100]
         assert r["first_qk"] == [700, 700]
-        assert r["exch"] == [60, 70, 50]
+        # Arrivals: producer at the tile's start + 5, WG0 / WG1 after their last Q K^T (WG1 10 later): the exchange
+        # completes at WG1's arrival.
+        assert r["exch"] == [10, 0, 1000 * (r["blocks"] - 1) + 710]
         assert r["epi"] == [250, 250]
         assert r["turn"] == 20
     assert first["period"] == 1000 and second["period"] == 1000 and third["period"] is None
@@ -166,7 +168,7 @@ def test_metrics_of_the_synthetic_timeline(tool):
     assert third["tile_time"] is None and third["overhead"] is None
     s = tool.summarise(tool.analyse(trace, 384, 384, True))
     assert s["tiles"] == 3 and s["period"] == 1000 and s["gap WG0"] == 1000 and s["idle"] == 520
-    assert s["overhead"] == 900 and s["exch prod"] == 50
+    assert s["overhead"] == 900 and s["exch prod"] == 1710
 
 
 def test_blocks_past_the_traced_ones(tool):

@@ -14,7 +14,9 @@ where a value is per consumer warpgroup; all times in SM cycles):
               first Q K^T done here
   idle        time both warpgroups had no GEMM in flight at that switch: the overlap of [last P V done, first Q K^T
               issued] of WG0 and of WG1 (0: the other warpgroup's GEMMs covered it)
-  exch        exchange barrier: consumer entered -> passed (WG0/WG1), and the producer's
+  exch        exchange barrier wait (WG0/WG1/producer): the last of the three arrivals minus this one's. Taken from the
+              arrivals only: a stamp right after bar.sync is read before the warp blocks (BAR.SYNC.DEFER_BLOCKING
+              defers the wait), so entered -> passed reads ~100 cycles whatever the others do
   epi         epilogue: last P V done -> out and lse stored
   mask        median (softmax done - Q K^T done) of the masked blocks minus that of the unmasked ones
   turn        median wait for the GEMM turn (data ready -> turn acquired) over the tile's blocks
@@ -174,7 +176,7 @@ def analyse_tile(tile, prev, nxt, s_q, s_k, causal):
         m["q_wait"] = _d(f[TILE_START], f[Q_READY])
         m["first_qk"] = _d(f[TILE_START], blks[0][B_QK_DONE]) if kept else None
         m["periods"] = [_d(blks[j - 1][B_QK_DONE], blks[j][B_QK_DONE]) for j in range(1, kept)]
-        m["exch"] = _d(f[EXCH_ENTER], f[EXCH_PASSED])
+        m["exch_enter"] = f[EXCH_ENTER]
         m["epi"] = _d(f[LAST_PV_DONE], f[STORES_DONE])
         m["turn"] = _median([_d(b[B_DATA_READY], b[B_TURN]) for b in blks] +
                             [_d(f[LAST_PV_READY], f[LAST_PV_TURN])] if nb else [])
@@ -196,7 +198,9 @@ def analyse_tile(tile, prev, nxt, s_q, s_k, causal):
     row["gap"] = [m["gap"] for m in per]
     row["idle"] = (_overlap(*per[0]["idle_window"], *per[1]["idle_window"])
                    if per[0]["idle_window"] and per[1]["idle_window"] else None)
-    row["exch"] = [per[0]["exch"], per[1]["exch"], _d(prod["fixed"][P_EXCH_ENTER], prod["fixed"][P_EXCH_PASSED])]
+    enters = [per[0]["exch_enter"], per[1]["exch_enter"], prod["fixed"][P_EXCH_ENTER]]
+    last = max(enters) if None not in enters else None
+    row["exch"] = [None if last is None else last - e for e in enters]
     row["epi"] = [m["epi"] for m in per]
     row["turn"] = _median([m["turn"] for m in per])
     sm, sp = _median([m["softmax_masked"] for m in per]), _median([m["softmax_plain"] for m in per])
