@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On the GPU machine: every variant tree under .ab/ (tools/variant_trees.sh) is built, then each one's GPU tests of one
+# family run (pytest -k, and compute-sanitizer racecheck / synccheck / memcheck of the family's sanitize cases), then
+# an A/B benchmark of all trees (tools/ab_bench.sh). A variant that fails its tests is left out of the A/B.
+#
+#   VARIANT_TREES="base tkt" FAMILY=mha_prefill PYTEST_K=mha AB_SUITE=mha_prefill_fwd AB_FILTER='b16_s1k|b2_s4k' \
+#     bash tools/variant_check.sh
+#
+# FAMILY is the sanitize family (tests/gpu/sanitize_<family>.cpp); SKIP_TESTS=1 times only; AB_CMAKE_ARGS as in
+# ab_bench.sh (a family switched off builds faster). Prints one line per tree and step, then the A/B table. Logs under
+# ${OUT:-build-gpu/variants}.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+trees=(${VARIANT_TREES:?set VARIANT_TREES (names under .ab/)})
+family=${FAMILY:?set FAMILY (a sanitize family, e.g. mha_prefill)}
+out=${OUT:-$root/build-gpu/variants}
+mkdir -p "$out"
+py=$(command -v python3)
+t0=$(date +%s)
+el() { echo "[+$(( $(date +%s) - t0 )) s] $*"; }
+bash tools/setup_deps.sh --offline >"$out/deps.log" 2>&1 || { tail -20 "$out/deps.log"; exit 1; }
+paths=(); for t in "${trees[@]}"; do paths+=(".ab/$t"); done
+OUT=$out/ab AB_BUILD_ONLY=1 AB_TREES="${paths[*]}" bash tools/ab_bench.sh >"$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
+el "built: ${trees[*]}"
+passed=()
+for t in "${trees[@]}"; do
+  if [[ -n ${SKIP_TESTS:-} ]]; then passed+=(".ab/$t"); continue; fi
+  ok=1
+  (cd ".ab/$t" && PYTHONPATH=python:$root/.deps/py timeout "${PYTEST_TIMEOUT:-300}" "$py" -m pytest -q -x -p no:cacheprovider \
+      tests/python -k "${PYTEST_K:-$family}" >"$out/pytest_$t.txt" 2>&1) || ok=0
+  el "$t pytest: $(tail -1 "$out/pytest_$t.txt")"
+  (cd ".ab/$t" && cmake -S . -B build-ab -DOPENMLA_BUILD_TESTS=ON >/dev/null && \
+      cmake --build build-ab -j "$(nproc)" --target openmla_sanitize >"$out/san_build_$t.log" 2>&1) || ok=0
+  for tool in ${SANITIZE_TOOLS:-racecheck synccheck memcheck}; do
+    (cd ".ab/$t" && timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 86 ./build-ab/openmla_sanitize "$family" \
+        >"$out/${tool}_$t.txt" 2>&1) || ok=0
+    el "$t $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.txt" | tail -1 | sed 's/^=* *//')"
+  done
+  (( ok )) && passed+=(".ab/$t") || el "$t FAILED its tests: left out of the A/B"
+done
+(( ${#passed[@]} )) || { echo "no tree passed its tests"; exit 1; }
+OUT=$out/ab AB_TREES="${passed[*]}" bash tools/ab_bench.sh 2>&1 | grep -v '^== build'
+el "done"
