@@ -42,8 +42,9 @@ Status workspace_sizes(const Problem& problem, DecodeWorkspaceSizes* sizes) {
 }
 
 // The scheduler's params common to both families (unused in a build without the decode kernels).
-[[maybe_unused]] kernels::DecodeSchedulerParams scheduler_params(int64_t batch, int num_sm_parts, const DecodeSchedule& schedule,
-                                                int64_t merge_counter_count) {
+[[maybe_unused]] kernels::DecodeSchedulerParams scheduler_params(int64_t batch, int num_sm_parts,
+                                                                 const DecodeSchedule& schedule,
+                                                                 int64_t merge_counter_count) {
   const bool counters = schedule.merge_counters.defined();
   return kernels::DecodeSchedulerParams{
       .batch = static_cast<int>(batch),

@@ -203,9 +203,8 @@ TEST(BuildOptions, DecodeEntries) {
   expect_valid_call(kDecode, "plan_decode", [] {
     return plan_decode(dense_problem(), make_tensor(fake_ptr(4), DType::kInt32, {2}), schedule(132, 2), nullptr);
   });
-  expect_valid_call(kDecode, "plan_decode", [] {
-    return plan_decode(sparse_problem(), TensorRef{}, TensorRef{}, schedule(33, 2), nullptr);
-  });
+  expect_valid_call(kDecode, "plan_decode",
+                    [] { return plan_decode(sparse_problem(), TensorRef{}, TensorRef{}, schedule(33, 2), nullptr); });
   expect_valid_call(kDecode, "dense_decode", [] { return dense_decode(dense_problem(), dense_args(), nullptr); });
   expect_valid_call(kDecode, "dense_decode", [] {
     return test_hooks::dense_decode(dense_problem(), dense_args(), {.merge_publish_always = true}, nullptr);
@@ -216,11 +215,16 @@ TEST(BuildOptions, DecodeEntries) {
 // The compatibility form reaches the same answer through the family functions.
 TEST(BuildOptions, DecodeCompatibilityEntries) {
   const DecodeProblem dense{.batch = 2, .s_q = 2, .h_q = 16, .causal = true, .num_sms = kSms};
-  const DecodeProblem sparse{.batch = 2, .s_q = 2, .h_q = 128, .cache_format = KVCacheFormat::kFp8V32, .sparse = true,
-                             .topk = 100, .num_sms = kSms};
+  const DecodeProblem sparse{.batch = 2,
+                             .s_q = 2,
+                             .h_q = 128,
+                             .cache_format = KVCacheFormat::kFp8V32,
+                             .sparse = true,
+                             .topk = 100,
+                             .num_sms = kSms};
   expect_valid_call(kDecode, "plan_decode", [&] {
-    return plan_decode(dense, make_tensor(fake_ptr(4), DType::kInt32, {2}), TensorRef{}, TensorRef{},
-                       schedule(132, 2), nullptr);
+    return plan_decode(dense, make_tensor(fake_ptr(4), DType::kInt32, {2}), TensorRef{}, TensorRef{}, schedule(132, 2),
+                       nullptr);
   });
   expect_valid_call(kDecode, "dense_decode", [&] { return dense_decode(dense, dense_args(), nullptr); });
   expect_valid_call(kDecode, "sparse_decode", [&] { return sparse_decode(sparse, sparse_args(), nullptr); });
@@ -231,8 +235,7 @@ TEST(BuildOptions, KVCacheEntries) {
   expect_valid_call(kKVCache, "quantize_kv_cache",
                     [&] { return quantize_kv_cache(bf16_pages(4), fp8_pages(4), v32, nullptr); });
   expect_valid_call(kKVCache, "dequantize_kv_cache", [&] {
-    return dequantize_kv_cache(fp8_pages(4), make_tensor(fake_ptr(3), DType::kBFloat16, {4, 64, 1, 576}), v32,
-                               nullptr);
+    return dequantize_kv_cache(fp8_pages(4), make_tensor(fake_ptr(3), DType::kBFloat16, {4, 64, 1, 576}), v32, nullptr);
   });
   expect_valid_call(kKVCache, "append_kv_cache", [&] {
     return append_kv_cache(make_tensor(fake_ptr(3), DType::kBFloat16, {3, 576}),
