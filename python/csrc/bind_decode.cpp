@@ -15,12 +15,7 @@
 #if defined(OPENMLA_HAS_TRACE)
 #include <vector>
 #include <nanobind/stl/vector.h>
-namespace openmla::kernels {
-Status copy_sparse_decode_trace(unsigned long long* host, size_t count);
-Status clear_sparse_decode_timeline();
-Status copy_dense_decode_timeline(unsigned long long* host, size_t count);
-Status clear_dense_decode_timeline();
-}
+#include "api/trace.h"
 #endif
 
 namespace openmla::py {
@@ -263,7 +258,8 @@ void bind_decode(nb::module_& m) {
 #if defined(OPENMLA_HAS_TRACE)
   // Diagnostics build only (CMake -DOPENMLA_TRACE=ON): the clock64 trace of the last sparse launch,
   // flat, in kernel.cuh's Trace order (cta, role, block, event), then the per-CTA %globaltimer timeline.
-  // tools/diag/trace_sparse_decode.py reads it.
+  // tools/diag/trace_sparse_decode.py reads it. A build without the decode kernels binds them too: they raise
+  // NotImplementedError naming CMake OPENMLA_ENABLE_DENSE_DECODE (api/trace.h).
   auto reader = [](Status (*copy)(unsigned long long*, size_t)) {
     return [copy](size_t count) {
       std::vector<unsigned long long> v(count);
@@ -271,11 +267,11 @@ void bind_decode(nb::module_& m) {
       return v;
     };
   };
-  m.def("_sparse_decode_trace", reader(kernels::copy_sparse_decode_trace), nb::arg("count"));
-  m.def("_sparse_decode_timeline_clear", [] { throw_if_error(kernels::clear_sparse_decode_timeline()); });
+  m.def("_sparse_decode_trace", reader(detail::read_sparse_decode_trace), nb::arg("count"));
+  m.def("_sparse_decode_timeline_clear", [] { throw_if_error(detail::clear_sparse_decode_trace()); });
   // The dense kernel's request timeline (kernel.cuh, struct Timeline); tools/diag/trace_dense_decode.py reads it.
-  m.def("_dense_decode_timeline", reader(kernels::copy_dense_decode_timeline), nb::arg("count"));
-  m.def("_dense_decode_timeline_clear", [] { throw_if_error(kernels::clear_dense_decode_timeline()); });
+  m.def("_dense_decode_timeline", reader(detail::read_dense_decode_timeline), nb::arg("count"));
+  m.def("_dense_decode_timeline_clear", [] { throw_if_error(detail::clear_dense_decode_timeline()); });
 #endif
 }
 

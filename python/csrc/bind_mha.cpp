@@ -11,10 +11,7 @@
 #if defined(OPENMLA_HAS_TRACE)
 #include <vector>
 #include <nanobind/stl/vector.h>
-namespace openmla::kernels {
-size_t mha_prefill_trace_values();
-Status mha_prefill_trace(int d_qk, bool fp16, unsigned long long* host, size_t count, bool clear);
-}  // namespace openmla::kernels
+#include "api/trace.h"
 #endif
 
 namespace openmla::py {
@@ -98,13 +95,15 @@ void bind_mha(nb::module_& m) {
 #if defined(OPENMLA_HAS_TRACE)
   // Diagnostics build only (CMake -DOPENMLA_TRACE=ON): the clock64 trace of the last launch of the (d_qk, fp16)
   // variant, flat: a layout header, then the traced CTAs (src/kernels/mha_prefill/config.h, struct Trace).
-  // tools/diag/trace_mha_prefill.py reads it. clear=True zeroes it (before a launch) and returns [].
+  // tools/diag/trace_mha_prefill.py reads it. clear=True zeroes it (before a launch) and returns []. Bound in a build
+  // without the family too, where it raises NotImplementedError naming CMake OPENMLA_ENABLE_MHA_PREFILL.
   m.def(
       "_mha_prefill_trace",
       [](int d_qk, bool fp16, bool clear) {
-        const size_t count = kernels::mha_prefill_trace_values();
+        size_t count = 0;
+        throw_if_error(detail::mha_prefill_trace_size(&count));
         std::vector<unsigned long long> v(clear ? 0 : count);
-        throw_if_error(kernels::mha_prefill_trace(d_qk, fp16, v.data(), count, clear));
+        throw_if_error(detail::read_mha_prefill_trace(d_qk, fp16, v.data(), count, clear));
         return v;
       },
       nb::arg("d_qk"), nb::arg("fp16") = false, nb::arg("clear") = false);

@@ -8,9 +8,7 @@
 #if defined(OPENMLA_HAS_TRACE)
 #include <vector>
 #include <nanobind/stl/vector.h>
-namespace openmla::kernels {
-Status sparse_prefill_trace(int d_qk, unsigned long long* host, size_t count, bool clear);
-}
+#include "api/trace.h"
 #endif
 
 namespace openmla::py {
@@ -54,10 +52,11 @@ void bind_prefill(nb::module_& m) {
         "softmax_scale 0 means d_qk ** -0.5.");
 #if defined(OPENMLA_HAS_TRACE)
   // Diagnostics build only: the clock64 trace of the last launch (kernel.cuh, struct Trace: cta, role, pair, event),
-  // flat; tools/diag/trace_sparse_prefill.py reads it. clear=True zeroes it (before a launch).
+  // flat; tools/diag/trace_sparse_prefill.py reads it. clear=True zeroes it (before a launch). Bound in a build
+  // without the family too, where it raises NotImplementedError naming CMake OPENMLA_ENABLE_SPARSE_PREFILL.
   m.def("_sparse_prefill_trace", [](int d_qk, size_t count, bool clear) {
     std::vector<unsigned long long> v(clear ? 0 : count);
-    throw_if_error(kernels::sparse_prefill_trace(d_qk, v.data(), count, clear));
+    throw_if_error(detail::read_sparse_prefill_trace(d_qk, v.data(), count, clear));
     return v;
   }, nb::arg("d_qk"), nb::arg("count"), nb::arg("clear") = false);
 #endif

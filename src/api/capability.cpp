@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "api/families.h"
+
 namespace openmla {
 
 const char* feature_name(Feature feature) {
@@ -17,46 +19,12 @@ const char* feature_name(Feature feature) {
   return "unknown";
 }
 
-namespace {
-
-// Why a feature is unavailable in this build, or nullptr when it is compiled in.
-const char* build_gap(Feature feature) {
-  switch (feature) {
-    case Feature::kKVCacheQuantize:
-#ifdef OPENMLA_HAS_KV_CACHE
-      return nullptr;
-#else
-      return "compiled out (OPENMLA_ENABLE_KV_CACHE=OFF)";
-#endif
-    case Feature::kDenseDecode:
-    case Feature::kSparseDecode:
-#ifdef OPENMLA_HAS_DENSE_DECODE
-      return nullptr;
-#else
-      return "compiled out (OPENMLA_ENABLE_DENSE_DECODE=OFF)";
-#endif
-    case Feature::kSparsePrefill:
-#ifdef OPENMLA_HAS_SPARSE_PREFILL
-      return nullptr;
-#else
-      return "compiled out (OPENMLA_ENABLE_SPARSE_PREFILL=OFF)";
-#endif
-    case Feature::kDensePrefill:  // the forward pass; the backward is not implemented yet
-#ifdef OPENMLA_HAS_MHA_PREFILL
-      return nullptr;
-#else
-      return "compiled out (OPENMLA_ENABLE_MHA_PREFILL=OFF)";
-#endif
-  }
-  return "unknown feature";
-}
-
-}  // namespace
-
 Capability query_capability(Feature feature, int device_id) {
   Capability cap;
-  if (const char* gap = build_gap(feature)) {
-    cap.reason = std::string(feature_name(feature)) + ": " + gap;
+  // The family first: an entry point of a family this build left out answers "not built" (api/families.h) whatever
+  // the device.
+  if (const detail::KernelFamily family = detail::family_of(feature); !detail::family_built(family)) {
+    cap.reason = std::string(feature_name(feature)) + ": compiled out (" + detail::family_option(family) + "=OFF)";
     return cap;
   }
   int count = 0;

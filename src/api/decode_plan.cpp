@@ -5,6 +5,7 @@
 #include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
+#include "api/families.h"
 #include "api/validate.h"
 #include "heuristics/decode_schedule.h"
 #include "kernels/decode_scheduler/launch.h"
@@ -40,9 +41,10 @@ Status workspace_sizes(const Problem& problem, DecodeWorkspaceSizes* sizes) {
   return Status::ok();
 }
 
-// The scheduler's params common to both families.
-kernels::DecodeSchedulerParams scheduler_params(int64_t batch, int num_sm_parts, const DecodeSchedule& schedule,
-                                                int64_t merge_counter_count) {
+// The scheduler's params common to both families (unused in a build without the decode kernels).
+[[maybe_unused]] kernels::DecodeSchedulerParams scheduler_params(int64_t batch, int num_sm_parts,
+                                                                 const DecodeSchedule& schedule,
+                                                                 int64_t merge_counter_count) {
   const bool counters = schedule.merge_counters.defined();
   return kernels::DecodeSchedulerParams{
       .batch = static_cast<int>(batch),
@@ -147,6 +149,10 @@ Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seq
                    cudaStream_t stream) {
   int num_sm_parts = 0;
   OPENMLA_RETURN_IF_ERROR(detail::validate_plan_decode(problem, cache_seqlens, schedule, &num_sm_parts));
+#if !defined(OPENMLA_HAS_DENSE_DECODE)
+  (void)stream;
+  return detail::family_not_built(detail::KernelFamily::kDecode, "plan_decode");
+#else
   OPENMLA_RETURN_IF_ERROR(
       detail::check_launch_context(schedule.metadata.device_id, "schedule.metadata", stream, "plan_decode"));
   kernels::DecodeSchedulerParams params =
@@ -157,6 +163,7 @@ Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seq
     OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(kernels::CheckedEntry::kPlanDecode,
                                                      detail::plan_decode_checks(problem, cache_seqlens), stream));
   return kernels::launch_decode_scheduler(params, stream);
+#endif
 }
 
 Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_length, const TensorRef& extra_topk_length,
@@ -164,6 +171,10 @@ Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_len
   int num_sm_parts = 0;
   OPENMLA_RETURN_IF_ERROR(
       detail::validate_plan_decode(problem, topk_length, extra_topk_length, schedule, &num_sm_parts));
+#if !defined(OPENMLA_HAS_DENSE_DECODE)
+  (void)stream;
+  return detail::family_not_built(detail::KernelFamily::kDecode, "plan_decode");
+#else
   OPENMLA_RETURN_IF_ERROR(
       detail::check_launch_context(schedule.metadata.device_id, "schedule.metadata", stream, "plan_decode"));
   kernels::DecodeSchedulerParams params =
@@ -181,6 +192,7 @@ Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_len
                                                             detail::canonical(extra_topk_length)),
                                  stream));
   return kernels::launch_decode_scheduler(params, stream);
+#endif
 }
 
 }  // namespace openmla

@@ -6,6 +6,7 @@
 #include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
+#include "api/families.h"
 #include "api/validate.h"
 #include "heuristics/decode_launch.h"
 #include "heuristics/decode_schedule.h"
@@ -218,6 +219,11 @@ Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs
                         const test_hooks::DenseDecodeOptions& options, cudaStream_t stream) {
   int num_sm_parts = 0;
   OPENMLA_RETURN_IF_ERROR(validate_dense_decode(problem, args, &num_sm_parts));
+#if !defined(OPENMLA_HAS_DENSE_DECODE)
+  (void)options;
+  (void)stream;
+  return family_not_built(KernelFamily::kDecode, "dense_decode");
+#else
   OPENMLA_RETURN_IF_ERROR(check_decode_launch(args.q.device_id, stream, "dense_decode"));
   const DenseDecodeCall call = prepare_dense_decode(problem, args, num_sm_parts, options);
   if (checked_mode_enabled())
@@ -225,6 +231,7 @@ Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs
                                              dense_decode_checks(problem, canonical_args(args), num_sm_parts), stream));
   OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(call.params, stream));
   return kernels::launch_combine(call.combine, call.combine_slices, stream);
+#endif
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "api/checked.h"
+#include "api/families.h"
 #include "api/validate.h"
 #include "kernels/kv_cache/launch.h"
 
@@ -157,6 +158,13 @@ Status check_devices(const TensorRef& a, const char* a_name, const TensorRef& b,
   return detail::check_same_device(a, a_name, b, b_name);
 }
 
+// A call that passed every check but has nothing to launch (empty tensors) succeeds; in a build without the codec
+// kernels it gets the answer a call with data gets (api/families.h).
+Status nothing_to_launch(const char* entry) {
+  if (detail::family_built(detail::KernelFamily::kKVCache)) return Status::ok();
+  return detail::family_not_built(detail::KernelFamily::kKVCache, entry);
+}
+
 }  // namespace
 
 Status quantize_kv_cache(const TensorRef& src_in, const TensorRef& dst_in, KVCacheFormat format, cudaStream_t stream) {
@@ -168,8 +176,13 @@ Status quantize_kv_cache(const TensorRef& src_in, const TensorRef& dst_in, KVCac
   OPENMLA_RETURN_IF_ERROR(check_same_pages(src, "src", dst, "dst"));
   OPENMLA_RETURN_IF_ERROR(check_token_count(dst, "dst"));
   OPENMLA_RETURN_IF_ERROR(detail::check_no_overlap(dst, "dst", src, "src"));
-  if (src.numel() == 0) return Status::ok();  // empty tensors may carry null pointers; nothing to launch
+  if (src.numel() == 0) return nothing_to_launch("quantize_kv_cache");  // empty tensors may carry null pointers
   OPENMLA_RETURN_IF_ERROR(check_devices(src, "src", dst, "dst"));
+#if !defined(OPENMLA_HAS_KV_CACHE)
+  (void)stream;
+  (void)layout;
+  return detail::family_not_built(detail::KernelFamily::kKVCache, "quantize_kv_cache");
+#else
   OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(src.device_id, "src", stream, "quantize_kv_cache"));
   const kvk::QuantizeParams params{
       .src = src.data,
@@ -181,6 +194,7 @@ Status quantize_kv_cache(const TensorRef& src_in, const TensorRef& dst_in, KVCac
       .page_size = src.shape[1],
   };
   return kvk::launch_quantize(params, layout, stream);
+#endif
 }
 
 Status dequantize_kv_cache(const TensorRef& src_in, const TensorRef& dst_in, KVCacheFormat format,
@@ -193,8 +207,13 @@ Status dequantize_kv_cache(const TensorRef& src_in, const TensorRef& dst_in, KVC
   OPENMLA_RETURN_IF_ERROR(check_same_pages(src, "src", dst, "dst"));
   OPENMLA_RETURN_IF_ERROR(check_token_count(src, "src"));
   OPENMLA_RETURN_IF_ERROR(detail::check_no_overlap(dst, "dst", src, "src"));
-  if (src.numel() == 0) return Status::ok();  // empty tensors may carry null pointers; nothing to launch
+  if (src.numel() == 0) return nothing_to_launch("dequantize_kv_cache");  // empty tensors may carry null pointers
   OPENMLA_RETURN_IF_ERROR(check_devices(src, "src", dst, "dst"));
+#if !defined(OPENMLA_HAS_KV_CACHE)
+  (void)stream;
+  (void)layout;
+  return detail::family_not_built(detail::KernelFamily::kKVCache, "dequantize_kv_cache");
+#else
   OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(src.device_id, "src", stream, "dequantize_kv_cache"));
   const kvk::DequantizeParams params{
       .src = src.data,
@@ -206,6 +225,7 @@ Status dequantize_kv_cache(const TensorRef& src_in, const TensorRef& dst_in, KVC
       .page_size = src.shape[1],
   };
   return kvk::launch_dequantize(params, layout, stream);
+#endif
 }
 
 Status append_kv_cache(const TensorRef& new_kv_in, const TensorRef& slots_in, const TensorRef& cache_in,
@@ -247,10 +267,15 @@ Status append_kv_cache(const TensorRef& new_kv_in, const TensorRef& slots_in, co
   OPENMLA_RETURN_IF_ERROR(detail::check_disjoint({{&cache, "cache"}}, {{&new_kv, "new_kv"}, {&slots, "slots"}}));
 
   // Zero-size tensors may carry null pointers: nothing to launch, and nothing to check on the device.
-  if (num_new == 0) return Status::ok();
+  if (num_new == 0) return nothing_to_launch("append_kv_cache");
   OPENMLA_RETURN_IF_ERROR(detail::check_pointer_aligned(new_kv, "new_kv", kVectorBytes));
   OPENMLA_RETURN_IF_ERROR(check_devices(new_kv, "new_kv", slots, "slots"));
   OPENMLA_RETURN_IF_ERROR(check_devices(new_kv, "new_kv", cache, "cache"));
+#if !defined(OPENMLA_HAS_KV_CACHE)
+  (void)stream;
+  (void)layout;
+  return detail::family_not_built(detail::KernelFamily::kKVCache, "append_kv_cache");
+#else
   OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(new_kv.device_id, "new_kv", stream, "append_kv_cache"));
 
   const kvk::AppendParams params{
@@ -268,6 +293,7 @@ Status append_kv_cache(const TensorRef& new_kv_in, const TensorRef& slots_in, co
     OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(kernels::CheckedEntry::kAppendKVCache,
                                                      detail::append_kv_cache_checks(slots, cache), stream));
   return kvk::launch_append(params, layout, stream);
+#endif
 }
 
 }  // namespace openmla

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "api/families.h"
 #include "api/mha_prefill_internal.h"
 #include "api/validate.h"
 #include "heuristics/mha_prefill_launch.h"
@@ -232,7 +233,10 @@ Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args,
   // Checks first, so that argument errors are reported whether or not the family is built.
   kernels::MhaPrefillParams params;
   OPENMLA_RETURN_IF_ERROR(detail::validate_mha_prefill(problem, args, &params));
-#if defined(OPENMLA_HAS_MHA_PREFILL)
+#if !defined(OPENMLA_HAS_MHA_PREFILL)
+  (void)stream;
+  return detail::family_not_built(detail::KernelFamily::kMhaPrefill, "mha_prefill");
+#else
   OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(args.q.device_id, "q", stream, "mha_prefill"));
   if (problem.num_sms == 0) {
     int num_sms = 0;
@@ -244,9 +248,6 @@ Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args,
     OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream),
                                  "dense MHA prefill: resetting the tile counter");
   return kernels::launch_mha_prefill(params, stream);
-#else
-  (void)stream;
-  return Status::unsupported("dense MHA prefill was not built (CMake OPENMLA_ENABLE_MHA_PREFILL=OFF)");
 #endif
 }
 

@@ -6,6 +6,7 @@
 #include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
+#include "api/families.h"
 #include "api/validate.h"
 #include "heuristics/decode_launch.h"
 #include "heuristics/decode_schedule.h"
@@ -252,6 +253,10 @@ SparseDecodeCall prepare_sparse_decode(const SparseDecodeProblem& problem, const
 Status sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args, cudaStream_t stream) {
   int num_sm_parts = 0;
   OPENMLA_RETURN_IF_ERROR(detail::validate_sparse_decode(problem, args, &num_sm_parts));
+#if !defined(OPENMLA_HAS_DENSE_DECODE)
+  (void)stream;
+  return detail::family_not_built(detail::KernelFamily::kDecode, "sparse_decode");
+#else
   OPENMLA_RETURN_IF_ERROR(detail::check_decode_launch(args.q.device_id, stream, "sparse_decode"));
   const detail::SparseDecodeCall call = detail::prepare_sparse_decode(problem, args, num_sm_parts);
   if (detail::checked_mode_enabled())
@@ -262,6 +267,7 @@ Status sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs&
         stream));
   OPENMLA_RETURN_IF_ERROR(kernels::launch_sparse_decode(call.params, stream));
   return kernels::launch_combine(call.combine, call.combine_slices, stream);
+#endif
 }
 
 }  // namespace openmla

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "api/checked.h"
+#include "api/families.h"
 #include "api/sparse_prefill_internal.h"
 #include "api/validate.h"
 #include "kernels/sparse_prefill/params.h"
@@ -191,6 +192,11 @@ Status validate_sparse_prefill(const SparsePrefillArgs& args, kernels::SparsePre
 Status sparse_prefill(const SparsePrefillArgs& args, cudaStream_t stream) {
   kernels::SparsePrefillParams params;
   OPENMLA_RETURN_IF_ERROR(detail::validate_sparse_prefill(args, &params));
+  // Checks first, so that argument errors are reported whether or not the family is built.
+#if !defined(OPENMLA_HAS_SPARSE_PREFILL)
+  (void)stream;
+  return detail::family_not_built(detail::KernelFamily::kSparsePrefill, "sparse_prefill");
+#else
   const int device = args.q.device_id;
   OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(device, "q", stream, "sparse_prefill"));
   int num_sms = args.num_sms;
@@ -198,15 +204,11 @@ Status sparse_prefill(const SparsePrefillArgs& args, cudaStream_t stream) {
     OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device),
                                  "sparse prefill: querying the SM count");
   params.grid = static_cast<int>(std::min<int64_t>(params.num_tiles, num_sms));
-#if defined(OPENMLA_HAS_SPARSE_PREFILL)
   if (detail::checked_mode_enabled())
     OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(kernels::CheckedEntry::kSparsePrefill,
                                                      detail::sparse_prefill_checks(detail::canonical_args(args)),
                                                      stream));
   return kernels::launch_sparse_prefill(params, stream);
-#else
-  (void)stream;
-  return Status::unsupported("sparse prefill was not built (CMake OPENMLA_ENABLE_SPARSE_PREFILL=OFF)");
 #endif
 }
 

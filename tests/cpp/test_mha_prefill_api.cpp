@@ -281,8 +281,8 @@ TEST(MhaPrefillApi, WorkspaceSize) {
 // under its own name): supported on a Hopper GPU, else the device reason. Argument errors come first; without a
 // visible device a valid call then gets as far as the launch context and fails there with the CUDA error, not as
 // unsupported. (With a device the valid call would launch on the fake pointers, so it is made only without one; the
-// GPU tests make real calls.) The library's OPENMLA_HAS_* definitions are private, so a build without the family (or
-// without dense decode) is recognised by its capability reason.
+// GPU tests make real calls.) A build without the family (or without dense decode) is recognised by its capability
+// reason (tests/cpp/test_build_options.cpp checks that it agrees with the OPENMLA_HAS_* definitions).
 TEST(MhaPrefillApi, RunsWithoutAnySwitch) {
   MhaPrefillArgs bad = valid_args();
   bad.out.shape[1] = 3;

@@ -6,7 +6,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+# OPENMLA_PACKAGE_DIR: the folder holding the openmla package under test (default: python/ of this tree); tools/test.sh
+# points it at a copy beside a second build's extension (its family-off build).
+sys.path.insert(0, os.environ.get("OPENMLA_PACKAGE_DIR") or os.path.join(ROOT, "python"))
 
 
 def _gpu_skip_reason():
