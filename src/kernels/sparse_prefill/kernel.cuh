@@ -335,9 +335,9 @@ __device__ __forceinline__ void fence_fragments(uint32_t (&a)[4][4]) {
 }
 
 // Stores P (bf16) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma, with four stmatrix.x4
-// per thread (docs/sparse-prefill.md, decision sparse-prefill-v4; 16 scalar stores before, which ptxas emitted as generic
-// ST.E because it cannot prove the tile pointer shared). One stmatrix.x4 per 16 columns: matrices (rows 0-7, chunk
-// 2c), (rows 8-15, chunk 2c), (rows 0-7, chunk 2c + 1), (rows 8-15, chunk 2c + 1) of the warp's 16 rows, i.e.
+// per thread (docs/sparse-prefill.md, decision sparse-prefill-v4; 16 scalar stores before, which ptxas emitted as
+// generic ST.E because it cannot prove the tile pointer shared). One stmatrix.x4 per 16 columns: matrices (rows 0-7,
+// chunk 2c), (rows 8-15, chunk 2c), (rows 0-7, chunk 2c + 1), (rows 8-15, chunk 2c + 1) of the warp's 16 rows, i.e.
 // fragment words (4j, 4j + 2) for j = 2c, 2c + 1. Lane l addresses row warp * 16 + 8 ((l / 8) & 1) + l % 8, chunk
 // 2c + l / 16. Chunk 2c + h lands at 16-byte slot (2c + h) ^ (row & 7) = (h ^ (row & 7)) ^ 2c: the slot of chunk h,
 // XOR 2c (bits 5-6 of the byte offset only).
