@@ -6,7 +6,8 @@
 #   VARIANT_TREES="base tkt" FAMILY=mha_prefill PYTEST_K=mha AB_SUITE=mha_prefill_fwd AB_FILTER='b16_s1k|b2_s4k' \
 #     bash tools/variant_check.sh
 #
-# FAMILY is the sanitize family (tests/gpu/sanitize_<family>.cpp); SKIP_TESTS=1 times only; AB_CMAKE_ARGS as in
+# FAMILY is the sanitize family (tests/gpu/sanitize_<family>.cpp); SANITIZE_TOOLS (default "racecheck synccheck
+# memcheck"; empty: none); SKIP_TESTS=1 times only; AB_CMAKE_ARGS as in
 # ab_bench.sh (a family switched off builds faster). Prints one line per tree and step, then the A/B table. Logs under
 # ${OUT:-build-gpu/variants}.
 set -uo pipefail
@@ -23,6 +24,8 @@ bash tools/setup_deps.sh --offline >"$out/deps.log" 2>&1 || { tail -20 "$out/dep
 paths=(); for t in "${trees[@]}"; do paths+=(".ab/$t"); done
 OUT=$out/ab AB_BUILD_ONLY=1 AB_TREES="${paths[*]}" bash tools/ab_bench.sh >"$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
 el "built: ${trees[*]}"
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+            /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
 passed=()
 for t in "${trees[@]}"; do
   if [[ -n ${SKIP_TESTS:-} ]]; then passed+=(".ab/$t"); continue; fi
@@ -32,8 +35,9 @@ for t in "${trees[@]}"; do
   el "$t pytest: $(tail -1 "$out/pytest_$t.txt")"
   (cd ".ab/$t" && cmake -S . -B build-ab -DOPENMLA_BUILD_TESTS=ON >/dev/null && \
       cmake --build build-ab -j "$(nproc)" --target openmla_sanitize >"$out/san_build_$t.log" 2>&1) || ok=0
-  for tool in ${SANITIZE_TOOLS:-racecheck synccheck memcheck}; do
-    (cd ".ab/$t" && timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 86 ./build-ab/openmla_sanitize "$family" \
+  for tool in ${SANITIZE_TOOLS-racecheck synccheck memcheck}; do
+    [[ -n $sanitizer ]] || { el "$t $tool: compute-sanitizer not found"; ok=0; continue; }
+    (cd ".ab/$t" && timeout 150 "$sanitizer" --tool "$tool" --error-exitcode 86 ./build-ab/openmla_sanitize "$family" \
         >"$out/${tool}_$t.txt" 2>&1) || ok=0
     el "$t $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.txt" | tail -1 | sed 's/^=* *//')"
   done
