@@ -281,6 +281,14 @@ __device__ __forceinline__ void fence_registers(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+// The same for the A fragments of a register-A wgmma (kept alive and unmoved until the wgmma completed).
+template <int M, int N>
+__device__ __forceinline__ void fence_registers(uint32_t (&r)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int j = 0; j < N; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
 
 // Shared-memory matrix descriptor for wgmma (PTX ISA "Matrix Descriptor Format").
 //   swizzle 128B (layout type 1); start/LBO/SBO are byte values, encoded >> 4.

@@ -326,14 +326,6 @@ __device__ __forceinline__ void to_a_fragments(const float (&s)[32], uint32_t (&
   }
 }
 
-// Keeps the A fragments of an in-flight register-A wgmma alive (and unmoved) up to this point.
-__device__ __forceinline__ void fence_fragments(uint32_t (&a)[4][4]) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kk][i])::"memory");
-}
-
 // Stores P (bf16) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma, with four stmatrix.x4
 // per thread (docs/sparse-prefill.md, decision sparse-prefill-v4; 16 scalar stores before, which ptxas emitted as
 // generic ST.E because it cannot prove the tile pointer shared). One stmatrix.x4 per 16 columns: matrices (rows 0-7,
@@ -579,7 +571,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         ptx::wgmma_commit();
         if (has_k1) {
           ptx::wgmma_wait<1>();
-          fence_fragments(pa);  // pa stays allocated until P1 V1_R, which reads it, is done
+          ptx::fence_registers(pa);  // pa stays allocated until P1 V1_R, which reads it, is done
           arrive(&smem.free_[1][1]);
         }
         ptx::wgmma_wait<0>();
