@@ -232,6 +232,15 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   return v;
 }
 // Returns the old value; acquire-release at GPU scope.
+// Relaxed atomic add (gpu scope) of `v` at `p + off` whose old value the caller reads later. ptxas turns an atomic add
+// at an address it can prove warp-uniform into a warp-aggregated one (vote, elect, ATOMG, then a SHFL of the result
+// that waits for the atomic at once); an offset it cannot prove uniform (the caller passes one read from shared
+// memory) keeps the plain ATOMG, whose result is waited for only where it is used.
+__device__ __forceinline__ int atomic_add_relaxed_gpu(int* p, int off, int v) {
+  int old;
+  asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p + off), "r"(v) : "memory");
+  return old;
+}
 __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
   int old;
   asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");

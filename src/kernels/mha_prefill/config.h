@@ -87,6 +87,8 @@ struct alignas(1024) SharedStorage {
   alignas(1024) uint8_t k[T::kStages][T::kQKTiles][T::kTileBytes];  // K blocks: 128 keys x d_qk
   alignas(1024) uint8_t v[T::kStages][T::kVTiles][T::kTileBytes];   // V blocks: 128 keys x 128
   TileInfo tile[2];
+  int zero;  // 0 (set at the start): the tile counter's offset, read from here so ptxas cannot prove it uniform
+  int pad_[3];
   uint64_t q_full;
   uint64_t k_full[T::kStages];
   uint64_t k_free[T::kStages];

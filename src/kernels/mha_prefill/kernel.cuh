@@ -376,7 +376,7 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
   load_window(p, win, lane);
   uint32_t k_iter = 0, v_iter = 0;  // blocks loaded into each ring so far (stage = iter % kStages)
   // Finds tile `t` and writes its record into `slot` (an invalid record past the last tile); returns the record and
-  // the sequence's first key row. The next tile number is requested here too, so its latency hides behind the loads.
+  // the sequence's first key row.
   int ticket = 0;
   auto publish = [&](int t, int slot, int& k_begin) {
     TileInfo info;
@@ -385,7 +385,6 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
       info = TileInfo{};
       info.valid = 0;
     }
-    if (have && p.dynamic_tiles && lane == 0) ticket = atomicAdd(p.tile_counter, 1);
     if (lane == 0) smem.tile[slot] = info;
     return info;
   };
@@ -397,6 +396,13 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
   __syncwarp();
   ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);  // record 0 published
   for (uint32_t tile_iter = 0; info.valid; ++tile_iter) {
+    // The tile after this one is requested now and read at this tile's lookup, after its loads. Not atomicAdd: ptxas
+    // made that a warp-aggregated atomic whose shuffle of the result waits for the contended atomic (~2,000 cycles)
+    // at once; at the lookup, just before the exchange, that held both consumer warpgroups at the exchange
+    // (docs/mha-prefill.md, "Where the time goes"). The offset read from shared memory (0) keeps the address
+    // unprovably uniform, so the ATOMG stays plain; issued here, a tile before its result is used and with no barrier
+    // in between, it is complete when the lookup reads it.
+    if (p.dynamic_tiles && lane == 0) ticket = ptx::atomic_add_relaxed_gpu(p.tile_counter, smem.zero, 1);
     // Q is free: the consumers passed the exchange of the previous tile after their last Q K^T of it.
     if (lane == 0) {
       if (info.n_end == 0) {
@@ -560,6 +566,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       if (block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.causal))
         mask_block(s, limit, n * T::kBlockN, frag.col);
       softmax_step(s, p.scale_log2, m, l, a);  // O is still 0: no rescale
+      a[0] = a[1] = 1.f;
       OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, 0, Trace::kBlockSoftmaxDone);
       to_a_fragments<kFp16>(s, pa);
     }
@@ -575,6 +582,10 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       ptx::wgmma_fence();
       issue_qk<T>(s, q_rows, smem.k[ks][0]);
       ptx::wgmma_commit();
+      // O's rescale to the max after block n + 1 (the previous step's softmax; its P V is done) runs while this Q K^T
+      // is on the tensor cores, off the step's chain (FA3's order); the fence orders it before the P V into O.
+      rescale_o(o, a);
+      ptx::wgmma_fence();
       issue_pv<T>(o, pa, smem.v[vs][0]);
       ptx::wgmma_commit();
       turn_end();
@@ -598,8 +609,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       OPENMLA_MHA_STAMP_BLOCK(kWg, tile_iter, info.n_end - 2 - n, Trace::kBlockPvDone);
       release(&smem.v_free[vs]);
       ++v_iter;
-      rescale_o(o, a);  // O (relative to the old max, block n + 1 included) -> relative to the new max
-      to_a_fragments<kFp16>(s, pa);
+      to_a_fragments<kFp16>(s, pa);  // O's rescale by `a` waits for the next step, behind its Q K^T
     }
 
     // ---------------------------------------------------------------- last P V (block 0)
@@ -609,6 +619,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kLastPvReady);
       turn_begin();
       OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kLastPvTurn);
+      rescale_o(o, a);  // to the max after block 0
       ptx::wgmma_fence();
       issue_pv<T>(o, pa, smem.v[vs][0]);
       ptx::wgmma_commit();
@@ -659,6 +670,7 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
     ptx::prefetch_tensormap(&q_map);
     ptx::prefetch_tensormap(&k_map);
     ptx::prefetch_tensormap(&v_map);
+    smem.zero = 0;
     ptx::mbarrier_init(&smem.q_full, 1);
     for (int s = 0; s < T::kStages; ++s) {
       ptx::mbarrier_init(&smem.k_full[s], 1);
