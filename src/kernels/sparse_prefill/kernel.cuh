@@ -161,6 +161,8 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
   const int64_t kv_row_bytes = p.kv_stride_s * 2;
   // Every kv row is read by both head tiles of a token (h_q = 128) and by other tokens: keep them in L2.
   const uint64_t policy = ptx::make_l2_evict_last_policy();
+  // Q is read once per tile (docs/sparse-prefill.md, decision sparse-prefill-v7).
+  const uint64_t q_policy = ptx::make_l2_evict_first_policy();
   uint32_t use[2] = {0, 0};  // fills of each K buffer so far: free/full parity
 
   // Fills tile group `grp` of buffer `buf` with this thread's 4 rows x the group's tiles (row indices in `ridx`,
@@ -205,7 +207,7 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
       ptx::mbarrier_arrive_expect_tx(&smem.q_full, T::kNumTiles * T::kTileBytes);
 #pragma unroll
       for (int t = 0; t < T::kNumTiles; ++t)
-        ptx::tma_load_4d(smem.q[t], q_map, &smem.q_full, t * T::kTileCols, w.head0, w.token, 0);
+        ptx::tma_load_4d(smem.q[t], q_map, &smem.q_full, t * T::kTileCols, w.head0, w.token, 0, q_policy);
     }
     for (int blk0 = 0; blk0 < w.num_blocks; blk0 += 2) {
       const bool has_k1 = blk0 + 1 < w.num_blocks;
@@ -627,17 +629,19 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
 #pragma unroll
         for (int k = 0; k < 4; ++k) v[k] = pack_bf16(o[(4 * m + k) * 4 + 2 * i], o[(4 * m + k) * 4 + 2 * i + 1]);
         tile::quad_transpose4(v, q4);
-        if (live) *reinterpret_cast<uint4*>(out + (col_base + (4 * m + q4) * 8) * 2) = make_uint4(v[0], v[1], v[2], v[3]);
+        if (live) ptx::st_global_cs(out + (col_base + (4 * m + q4) * 8) * 2, make_uint4(v[0], v[1], v[2], v[3]));
       }
       if (live && q4 == 0) {
         const bool empty = !(total[i] > 0.f);
         constexpr float kLn2 = 0.69314718055994531f;
         if constexpr (kWg == 0) {
-          p.lse[static_cast<int64_t>(w.token) * p.lse_stride_s + static_cast<int64_t>(head) * p.lse_stride_h] =
-              empty ? INFINITY : (m_run[i] + log2f(total[i])) * kLn2;
+          ptx::st_global_cs(p.lse + static_cast<int64_t>(w.token) * p.lse_stride_s +
+                                static_cast<int64_t>(head) * p.lse_stride_h,
+                            empty ? INFINITY : (m_run[i] + log2f(total[i])) * kLn2);
         } else {
-          p.max_logits[static_cast<int64_t>(w.token) * p.max_logits_stride_s +
-                       static_cast<int64_t>(head) * p.max_logits_stride_h] = empty ? -INFINITY : m_run[i] * kLn2;
+          ptx::st_global_cs(p.max_logits + static_cast<int64_t>(w.token) * p.max_logits_stride_s +
+                                static_cast<int64_t>(head) * p.max_logits_stride_h,
+                            empty ? -INFINITY : m_run[i] * kLn2);
         }
       }
     }
