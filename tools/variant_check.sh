@@ -38,7 +38,7 @@ for t in "${trees[@]}"; do
       cmake --build build-ab -j "$(nproc)" --target openmla_sanitize >"$out/san_build_$t.log" 2>&1) || ok=0
   for tool in ${SANITIZE_TOOLS-racecheck synccheck memcheck}; do
     [[ -n $sanitizer ]] || { el "$t $tool: compute-sanitizer not found"; ok=0; continue; }
-    (cd ".ab/$t" && timeout 150 "$sanitizer" --tool "$tool" --error-exitcode 86 ./build-ab/openmla_sanitize "$family" \
+    (cd ".ab/$t" && timeout "${SANITIZE_TIMEOUT:-150}" "$sanitizer" --tool "$tool" --error-exitcode 86 ./build-ab/openmla_sanitize "$family" \
         >"$out/${tool}_$t.txt" 2>&1) || ok=0
     el "$t $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.txt" | tail -1 | sed 's/^=* *//')"
   done
