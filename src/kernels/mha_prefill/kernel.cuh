@@ -396,12 +396,11 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
   __syncwarp();
   ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads);  // record 0 published
   for (uint32_t tile_iter = 0; info.valid; ++tile_iter) {
-    // The tile after this one is requested now and read at this tile's lookup, after its loads. Not atomicAdd: ptxas
-    // made that a warp-aggregated atomic whose shuffle of the result waits for the contended atomic (~2,000 cycles)
-    // at once; at the lookup, just before the exchange, that held both consumer warpgroups at the exchange
-    // (docs/mha-prefill.md, "Where the time goes"). The offset read from shared memory (0) keeps the address
-    // unprovably uniform, so the ATOMG stays plain; issued here, a tile before its result is used and with no barrier
-    // in between, it is complete when the lookup reads it.
+    // The tile after this one is requested now and read at this tile's lookup, after its loads, so the atomic's
+    // latency is off the lookup. Not atomicAdd: ptxas makes that a warp-aggregated atomic whose result shuffle waits
+    // for the atomic on the spot; the offset read from shared memory (0) keeps the address unprovably uniform, so the
+    // ATOMG stays plain. Measured equal to the aggregated form at the lookup (docs/mha-prefill.md, decision
+    // mha-v0.10): the wait the trace showed before the exchange was not the atomic's.
     if (p.dynamic_tiles && lane == 0) ticket = ptx::atomic_add_relaxed_gpu(p.tile_counter, smem.zero, 1);
     // Q is free: the consumers passed the exchange of the previous tile after their last Q K^T of it.
     if (lane == 0) {
