@@ -8,7 +8,8 @@
 #
 # FAMILY is the sanitize family (tests/gpu/sanitize_<family>.cpp); SANITIZE_TOOLS (default "racecheck synccheck
 # memcheck"; empty: none); SKIP_TESTS=1 times only; TRUSTED_TREES="base" skips the tests of those trees (already
-# tested code); AB_CMAKE_ARGS as in
+# tested code); PYTEST_TIMEOUT (default 120 s) and SANITIZE_TIMEOUT (90 s) bound a variant that hangs (a new
+# protocol can deadlock; the consumers' waits have no watchdog); AB_CMAKE_ARGS as in
 # ab_bench.sh (a family switched off builds faster). Prints one line per tree and step, then the A/B table. Logs under
 # ${OUT:-build-gpu/variants}.
 set -uo pipefail
@@ -31,14 +32,14 @@ passed=()
 for t in "${trees[@]}"; do
   if [[ -n ${SKIP_TESTS:-} || " ${TRUSTED_TREES:-} " == *" $t "* ]]; then passed+=(".ab/$t"); el "$t: tests skipped"; continue; fi
   ok=1
-  (cd ".ab/$t" && PYTHONPATH=python:$root/.deps/py timeout "${PYTEST_TIMEOUT:-300}" "$py" -m pytest -q -x -p no:cacheprovider \
+  (cd ".ab/$t" && PYTHONPATH=python:$root/.deps/py timeout "${PYTEST_TIMEOUT:-120}" "$py" -m pytest -q -x -p no:cacheprovider \
       tests/python -k "${PYTEST_K:-$family}" >"$out/pytest_$t.txt" 2>&1) || ok=0
   el "$t pytest: $(tail -1 "$out/pytest_$t.txt")"
   (cd ".ab/$t" && cmake -S . -B build-ab -DOPENMLA_BUILD_TESTS=ON >/dev/null && \
       cmake --build build-ab -j "$(nproc)" --target openmla_sanitize >"$out/san_build_$t.log" 2>&1) || ok=0
   for tool in ${SANITIZE_TOOLS-racecheck synccheck memcheck}; do
     [[ -n $sanitizer ]] || { el "$t $tool: compute-sanitizer not found"; ok=0; continue; }
-    (cd ".ab/$t" && timeout "${SANITIZE_TIMEOUT:-150}" "$sanitizer" --tool "$tool" --error-exitcode 86 ./build-ab/openmla_sanitize "$family" \
+    (cd ".ab/$t" && timeout "${SANITIZE_TIMEOUT:-90}" "$sanitizer" --tool "$tool" --error-exitcode 86 ./build-ab/openmla_sanitize "$family" \
         >"$out/${tool}_$t.txt" 2>&1) || ok=0
     el "$t $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.txt" | tail -1 | sed 's/^=* *//')"
   done
