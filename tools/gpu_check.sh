@@ -57,15 +57,8 @@ skip_bench=${GPU_CHECK_SKIP_BENCH:-0}
 sanitize_tools=${GPU_CHECK_SANITIZE_TOOLS:-memcheck racecheck synccheck}
 
 # ---- stage bookkeeping ------------------------------------------------------------------------------
-stages=()
-declare -A result detail seconds
-elapsed() { local s=$(( $(date +%s) - t_start )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
-begin() { stage=$1; stage_t0=$(date +%s); echo "=== $stage [$(elapsed)]"; }
-record() {  # result detail
-  stages+=("$stage"); result[$stage]=$1; detail[$stage]=$2; seconds[$stage]=$(( $(date +%s) - stage_t0 ))
-  echo "    $stage: $1${2:+ ($2)}"
-}
-skip() { stage=$1; stage_t0=$(date +%s); record skipped "$2"; }
+# shellcheck source=tools/stages.sh
+source "$root/tools/stages.sh"
 
 echo "gpu_check: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $jobs cores"
 

@@ -55,14 +55,8 @@ save_tensors=${COMPARE_SAVE_TENSORS:-1}
 old_commit=${COMPARE_OLD_COMMIT:-20f0c84}
 new_commit=${OPENMLA_GIT_COMMIT:-unknown}
 
-stages=()
-declare -A result detail seconds
-elapsed() { local s=$(( $(date +%s) - t_start )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
-begin() { stage=$1; stage_t0=$(date +%s); echo "=== $stage [$(elapsed)]"; }
-record() {  # result detail
-  stages+=("$stage"); result[$stage]=$1; detail[$stage]=$2; seconds[$stage]=$(( $(date +%s) - stage_t0 ))
-  echo "    $stage: $1${2:+ ($2)}"
-}
+# shellcheck source=tools/stages.sh
+source "$root/tools/stages.sh"
 summary() {
   local any_fail=0 s
   echo

@@ -429,6 +429,24 @@ def same_bytes(torch, a, b) -> bool:
     return bool(torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)))
 
 
+def run_layers(torch, om, call, qs, buffers, repeat):
+    """The decode call on each layer's q with one schedule (`buffers()`: the out= / lse= keywords of a call), and,
+    with `repeat`, layer 0 again on a fresh schedule. Returns ({"out", "lse", "out.layer1", ...}, bitwise equal or
+    None)."""
+    meta, _ = om.get_mla_metadata()
+    outputs = {}
+    for layer, q_l in enumerate(qs):
+        out, lse = call(q_l, meta, **buffers())
+        suffix = "" if layer == 0 else f".layer{layer}"
+        outputs["out" + suffix], outputs["lse" + suffix] = out, lse
+    same = None
+    if repeat:
+        fresh, _ = om.get_mla_metadata()
+        out2, lse2 = call(qs[0], fresh)
+        same = same_bytes(torch, outputs["out"], out2) and same_bytes(torch, outputs["lse"], lse2)
+    return outputs, same
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Dense decode
 # ---------------------------------------------------------------------------------------------------------------
@@ -497,18 +515,8 @@ def run_dense(torch, om, c: DenseCase, seed: int, repeat: bool):
         return om.flash_mla_with_kvcache(q_l, k_cache, block_table, cache_seqlens, D_V, meta, causal=c.causal,
                                          softmax_scale=c.scale, **kw)
 
-    meta, _ = om.get_mla_metadata()
-    outputs = {}
-    for layer, q_l in enumerate(qs):
-        out, lse = call(q_l, meta, **out_buffers(torch, b, c.s_q, c.h_q, dt, c.out_buf))
-        suffix = "" if layer == 0 else f".layer{layer}"
-        outputs["out" + suffix], outputs["lse" + suffix] = out, lse
-    same = None
-    if repeat:
-        fresh, _ = om.get_mla_metadata()
-        out2, lse2 = call(qs[0], fresh)
-        same = same_bytes(torch, outputs["out"], out2) and same_bytes(torch, outputs["lse"], lse2)
-    return inputs, outputs, same
+    return (inputs, *run_layers(torch, om, call, qs, lambda: out_buffers(torch, b, c.s_q, c.h_q, dt, c.out_buf),
+                                repeat))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -663,18 +671,8 @@ def run_sparse(torch, om, c: SparseCase, seed: int, repeat: bool):
             extra_indices_in_kvcache=None if extra is None else extra.indices, topk_length=main.lengths,
             extra_topk_length=None if extra is None else extra.lengths, **kw)
 
-    meta, _ = om.get_mla_metadata()
-    outputs = {}
-    for layer, q_l in enumerate(qs):
-        out, lse = call(q_l, meta, **out_buffers(torch, c.b, c.s_q, c.h_q, torch.bfloat16, c.out_buf))
-        suffix = "" if layer == 0 else f".layer{layer}"
-        outputs["out" + suffix], outputs["lse" + suffix] = out, lse
-    same = None
-    if repeat:
-        fresh, _ = om.get_mla_metadata()
-        out2, lse2 = call(qs[0], fresh)
-        same = same_bytes(torch, outputs["out"], out2) and same_bytes(torch, outputs["lse"], lse2)
-    return inputs, outputs, same
+    return (inputs, *run_layers(torch, om, call, qs,
+                                lambda: out_buffers(torch, c.b, c.s_q, c.h_q, torch.bfloat16, c.out_buf), repeat))
 
 
 # ---------------------------------------------------------------------------------------------------------------

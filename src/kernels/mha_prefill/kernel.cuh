@@ -51,12 +51,6 @@ inline constexpr int kExchangeThreads = kConsumerWarps * 32 + 32;
 // ---------------------------------------------------------------------------------------------------
 // PTX and small helpers used by this kernel only
 // ---------------------------------------------------------------------------------------------------
-__device__ __forceinline__ uint64_t make_l2_evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
 // Blocks until the phase of `bar` with parity `parity` has completed.
 __device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
   while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
@@ -369,7 +363,7 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
                                         int lane) {
   using T = Traits<kDQK, kFp16>;
   // Q is read by one CTA; K and V of a head by every CTA working on that head's query blocks: keep them in L2.
-  const uint64_t q_policy = make_l2_evict_first_policy();
+  const uint64_t q_policy = ptx::make_l2_evict_first_policy();
   const uint64_t kv_policy = ptx::make_l2_evict_last_policy();
   SeqWindow win{};
   win.carry_end = first_query_end(__ldg(p.cu_seqlens_qo), p.total_q);
