@@ -289,6 +289,15 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// Consumer side of a hand-off of shared memory written in the generic proxy by other threads (cp.async, st.shared)
+// and released through an mbarrier this thread has just waited on: orders those writes before this thread's later
+// async-proxy reads (wgmma, TMA stores). The uni-directional acquire form, restricted to synchronisation through
+// shared memory, which the PTX ISA provides for this pattern (8.6+); on sm_90a it compiles to no instruction,
+// where the bidirectional fence_proxy_async_shared is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S.
+__device__ __forceinline__ void fence_proxy_async_acquire_shared() {
+  asm volatile("fence.proxy.async::generic.acquire.sync_restrict::shared::cluster.cluster;" ::: "memory");
+}
+
 // Non-aligned form: the participating warps may reach it from different code (e.g. two warpgroup roles).
 __device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads) {
   asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

@@ -254,6 +254,19 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
 // ---------------------------------------------------------------------------------------------------
 // Consumers
 // ---------------------------------------------------------------------------------------------------
+// After a `full` wait, before the wgmma that read the gathered rows: the producer's cp.async wrote them in the generic
+// proxy and released them through the mbarrier; wgmma reads in the async proxy. The acquire-side proxy fence is the
+// PTX ISA's form for exactly this hand-off and costs no instruction on sm_90a; the bidirectional fence (the base,
+// OPENMLA_SP_ACQUIRE_FENCE 0) is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, which the seesaw's chain pays three times a pair
+// (docs/sparse-prefill.md, "Tried and not kept": dropping it measured +0.8 to +2 %).
+__device__ __forceinline__ void gathered_fence() {
+#if OPENMLA_SP_ACQUIRE_FENCE
+  ptx::fence_proxy_async_acquire_shared();
+#else
+  ptx::fence_proxy_async_shared();
+#endif
+}
+
 // Issues (no commit, no wait) the wgmmas of S += Q K^T over kCount tiles of K buffer `buf` starting at tile kFirst
 // (modulo the tile count), each tile group waited for as it is reached; `init`: the first one overwrites S.
 template <int kDQK, int kFirst, int kCount>
@@ -265,7 +278,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[32], SharedStorage<kDQK>& sm
     const int t = (i + kFirst) % T::kNumTiles;
     if (t % T::kVTilesPerHalf == 0) {
       ptx::mbarrier_wait_parity(&smem.full[buf][t / T::kVTilesPerHalf], phase);
-      ptx::fence_proxy_async_shared();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+      gathered_fence();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     }
 #pragma unroll
     for (int kk = 0; kk < T::kTileCols / 16; ++kk)
@@ -500,7 +513,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         qk_head_issued = false;
         if (has_k1) {
           ptx::mbarrier_wait_parity(&smem.full[1][0], ph1);
-          ptx::fence_proxy_async_shared();
+          gathered_fence();
           ptx::wgmma_fence();
           issue_pv_ss(o, p_tile[1], smem.k[1][0]);
           ptx::wgmma_commit();
@@ -567,7 +580,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         handoff_wait(Handoff::kP0Ready);
         OPENMLA_PREFILL_STAMP(1, pair_count, 5);
         ptx::mbarrier_wait_parity(&smem.full[0][1], ph0);
-        ptx::fence_proxy_async_shared();
+        gathered_fence();
         ptx::wgmma_fence();  // does not wait for P1 V1_R; orders the rescale of O above when there was no K1
         issue_pv_ss(o, p_tile[0], smem.k[0][T::kVTilesPerHalf]);
         ptx::wgmma_commit();
