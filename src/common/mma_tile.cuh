@@ -23,6 +23,18 @@ __device__ __forceinline__ uint64_t desc_k_major(const void* p) {
 __device__ __forceinline__ uint64_t desc_mn_major(const void* p) {
   return ptx::make_smem_desc_sw128(ptx::smem_addr(p), kTileBytes, kSwizzleAtomBytes);
 }
+// The low word of those descriptors: (start address >> 4) in bits 0-13, LBO >> 4 in bits 16-29. Shared memory lies
+// below 256 KB, so moving the start by a byte offset `off` inside a buffer adds off >> 4 without a carry: a kernel
+// that takes the low word of a buffer once and forms each wgmma's descriptor as desc_from_lo(lo + (off >> 4)) pays
+// one add per wgmma instead of an address computation, a mask and a shift.
+__device__ __forceinline__ uint32_t desc_lo_k_major(const void* p) { return (ptx::smem_addr(p) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint32_t desc_lo_mn_major(const void* p) {
+  return (ptx::smem_addr(p) >> 4) | (static_cast<uint32_t>(kTileBytes >> 4) << 16);
+}
+__device__ __forceinline__ uint64_t desc_from_lo(uint32_t lo) {
+  constexpr uint32_t kHi = (kSwizzleAtomBytes >> 4) | (1u << 30);  // SBO; 128B swizzle (bit 62)
+  return (static_cast<uint64_t>(kHi) << 32) | lo;
+}
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row`, and of element (row, col), in one tile.
 __device__ __forceinline__ uint32_t swizzled_chunk(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));

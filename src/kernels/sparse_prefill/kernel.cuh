@@ -22,9 +22,18 @@
 #include "kernels/sparse_prefill/params.h"
 
 
+// Experiment switch of session 13 (docs/history/variants/sparse_prefill3, udesc): 1 forms each wgmma's descriptors as
+// one add to a per-buffer low word (mma_tile.cuh, desc_from_lo) instead of from the address per wgmma.
+#ifndef OPENMLA_SP_UNIFORM_DESC
+#define OPENMLA_SP_UNIFORM_DESC 1
+#endif
+
 namespace openmla::kernels::sparse_prefill {
 
+using tile::desc_from_lo;
 using tile::desc_k_major;
+using tile::desc_lo_k_major;
+using tile::desc_lo_mn_major;
 using tile::desc_mn_major;
 using tile::exponentiate;
 using tile::Fragment;
@@ -280,10 +289,20 @@ __device__ __forceinline__ void issue_qk(float (&s)[32], SharedStorage<kDQK>& sm
       ptx::mbarrier_wait_parity(&smem.full[buf][t / T::kVTilesPerHalf], phase);
       gathered_fence();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     }
+#if OPENMLA_SP_UNIFORM_DESC
+    const uint32_t q_lo = desc_lo_k_major(smem.q[0]), k_lo = desc_lo_k_major(smem.k[buf][0]);
+#pragma unroll
+    for (int kk = 0; kk < T::kTileCols / 16; ++kk) {
+      const uint32_t off = static_cast<uint32_t>(t * T::kTileBytes + kk * 32) >> 4;
+      ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_from_lo(q_lo + off), desc_from_lo(k_lo + off),
+                                      (init && i == 0 && kk == 0) ? 0 : 1);
+    }
+#else
 #pragma unroll
     for (int kk = 0; kk < T::kTileCols / 16; ++kk)
       ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
                                       (init && i == 0 && kk == 0) ? 0 : 1);
+#endif
   }
 }
 
@@ -364,15 +383,21 @@ __device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, int
 // Issues (no fence, commit or wait) O_half += P V_half over 64 slots, P from registers, V = 4 tiles of a K buffer
 // viewed MN-major. `pa` must stay untouched until the wgmmas completed.
 __device__ __forceinline__ void issue_pv_rs(float (&o)[128], const uint32_t (&pa)[4][4], const uint8_t* v_tiles) {
+#if OPENMLA_SP_UNIFORM_DESC
+  const uint32_t v_lo = desc_lo_mn_major(v_tiles);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_from_lo(v_lo + kk * 16 * 128 / 16), 1);
+#else
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_mn_major(v_tiles + kk * 16 * 128), 1);
+#endif
 }
 
 // O_half += P V_half over 64 slots, P from registers, V = 4 tiles of a K buffer viewed MN-major.
 __device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&pa)[4][4], const uint8_t* v_tiles) {
   ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_mn_major(v_tiles + kk * 16 * 128), 1);
+  issue_pv_rs(o, pa, v_tiles);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_registers(o);
@@ -380,9 +405,16 @@ __device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&pa)
 
 // Issues (no fence, commit or wait) O_half += P V_half with P read from shared memory (the other warpgroup's).
 __device__ __forceinline__ void issue_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
+#if OPENMLA_SP_UNIFORM_DESC
+  const uint32_t p_lo = desc_lo_k_major(p_tile), v_lo = desc_lo_mn_major(v_tiles);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    ptx::wgmma_m64n256k16_ss_bf16<1>(o, desc_from_lo(p_lo + kk * 32 / 16), desc_from_lo(v_lo + kk * 16 * 128 / 16), 1);
+#else
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
     ptx::wgmma_m64n256k16_ss_bf16<1>(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * 128), 1);
+#endif
 }
 
 // O_half += P V_half with P read from shared memory (written by the other warpgroup).
