@@ -30,15 +30,9 @@
 #ifndef OPENMLA_MHA_WATCHDOG
 #define OPENMLA_MHA_WATCHDOG 1
 #endif
-// Experiment switch of session 13 (docs/history/variants/mha, udesc): 1 builds the wgmma descriptors from per-buffer
-// low words kept warp-uniform (one uniform add per wgmma) instead of from the address per wgmma (R2UR and masking).
-#ifndef OPENMLA_MHA_UNIFORM_DESC
-#define OPENMLA_MHA_UNIFORM_DESC 1
-#endif
 
 namespace openmla::kernels::mha_prefill {
 
-using tile::desc_k_major;
 using tile::Fragment;
 using tile::make_fragment;
 using tile::quad_max;
@@ -105,13 +99,6 @@ __device__ __forceinline__ void mma_pv(float (&o)[64], const uint32_t (&pa)[4], 
     ptx::wgmma_m64n128k16_rs_f16<1>(o, pa, desc_b, 1);
   else
     ptx::wgmma_m64n128k16_rs_bf16<1>(o, pa, desc_b, 1);
-}
-
-// V block viewed as the MN-major B operand of P V: 64 d_v columns per 128-row tile, the next 64 one tile (LBO) away,
-// the next 8 keys one 1024-byte swizzle atom (SBO) away.
-template <class T>
-__device__ __forceinline__ uint64_t desc_v(const void* p) {
-  return ptx::make_smem_desc_sw128(ptx::smem_addr(p), T::kTileBytes, tile::kSwizzleAtomBytes);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -253,26 +240,20 @@ __device__ __forceinline__ void to_a_fragments(const float (&s)[64], uint32_t (&
   }
 }
 
-#if OPENMLA_MHA_UNIFORM_DESC
-// A shared-memory descriptor is (start address >> 4) in bits 0-13 and LBO >> 4 in bits 16-29 of its low word, SBO and
-// the swizzle mode in the high word; every operand buffer lies below 256 KB, so moving the start by a byte offset
-// inside it adds offset >> 4 to the low word without a carry. Each issue computes its buffers' low words once,
-// broadcast from lane 0 so that ptxas knows them warp-uniform and keeps them, and the one add per wgmma, on the
-// uniform datapath (no R2UR and no masking per wgmma; docs/history/variants/mha, udesc).
+// The low word of a descriptor (mma_tile.cuh, desc_from_lo: one add per wgmma instead of an address computation, a
+// mask and a shift). Each issue computes its buffers' low words once, broadcast from lane 0 so that ptxas knows them
+// warp-uniform and keeps them, and the add, on the uniform datapath: no R2UR per wgmma (docs/mha-prefill.md, decision
+// mha-v0.13). Broadcasting once per kernel instead brought the R2UR back. LBO: 16 B for the K-major Q and K, one
+// 16 KB tile (the next 64 columns) for V viewed MN-major; SBO one 1024-byte swizzle atom.
 template <uint32_t kLboBytes>
 __device__ __forceinline__ uint32_t desc_lo(const void* p) {
   return __shfl_sync(0xffffffffu, (ptx::smem_addr(p) >> 4) | ((kLboBytes >> 4) << 16), 0);
 }
-__device__ __forceinline__ uint64_t desc_from_lo(uint32_t lo) {
-  constexpr uint32_t kHi = (tile::kSwizzleAtomBytes >> 4) | (1u << 30);  // SBO, 128B swizzle (bit 62)
-  return (static_cast<uint64_t>(kHi) << 32) | lo;
-}
-#endif
+using tile::desc_from_lo;
 
 // Issues (no fence, commit or wait) S = Q K^T: this warpgroup's 64 rows of the Q tile against a 128-key K block.
 template <class T>
 __device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, const uint8_t* k_block) {
-#if OPENMLA_MHA_UNIFORM_DESC
   const uint32_t q_lo = desc_lo<16>(q_rows), k_lo = desc_lo<16>(k_block);
 #pragma unroll
   for (int g = 0; g < T::kQKTiles; ++g) {
@@ -282,30 +263,15 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, 
       mma_qk<T::kIsFp16>(s, desc_from_lo(q_lo + off), desc_from_lo(k_lo + off), (g == 0 && kk == 0) ? 0 : 1);
     }
   }
-#else
-#pragma unroll
-  for (int g = 0; g < T::kQKTiles; ++g) {
-#pragma unroll
-    for (int kk = 0; kk < T::kTileCols / 16; ++kk)
-      mma_qk<T::kIsFp16>(s, desc_k_major(q_rows + g * T::kTileBytes + kk * 32),
-                         desc_k_major(k_block + g * T::kTileBytes + kk * 32), (g == 0 && kk == 0) ? 0 : 1);
-  }
-#endif
 }
 
 // Issues (no fence, commit or wait) O += P V over a 128-key V block.
 template <class T>
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8][4], const uint8_t* v_block) {
-#if OPENMLA_MHA_UNIFORM_DESC
   const uint32_t v_lo = desc_lo<T::kTileBytes>(v_block);
 #pragma unroll
   for (int kk = 0; kk < T::kBlockN / 16; ++kk)
     mma_pv<T::kIsFp16>(o, pa[kk], desc_from_lo(v_lo + ((kk * 16 * T::kRowBytes) >> 4)));
-#else
-#pragma unroll
-  for (int kk = 0; kk < T::kBlockN / 16; ++kk)
-    mma_pv<T::kIsFp16>(o, pa[kk], desc_v<T>(v_block + kk * 16 * T::kRowBytes));
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -9,11 +9,6 @@
 // pull half of a neighbouring, unselected 1152-byte (V3.2) or 1024-byte (MODEL1) row into L2. 256 (FlashMLA's
 // choice) measured 1-4 % slower on the rows that miss L2 and equal on the L2-resident ones (docs/sparse-prefill.md,
 // decision sparse-prefill-v6).
-// Experiment switch of session 13 (docs/history/variants/sparse_prefill3): 1 orders the producer's cp.async writes
-// before the consumers' wgmma reads with the acquire-side proxy fence (no SASS) instead of the bidirectional one.
-#ifndef OPENMLA_SP_ACQUIRE_FENCE
-#define OPENMLA_SP_ACQUIRE_FENCE 1
-#endif
 #ifndef OPENMLA_SP_L2_PREFETCH
 #define OPENMLA_SP_L2_PREFETCH 128
 #endif

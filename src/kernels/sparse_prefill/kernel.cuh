@@ -21,20 +21,11 @@
 #include "kernels/sparse_prefill/config.h"
 #include "kernels/sparse_prefill/params.h"
 
-
-// Experiment switch of session 13 (docs/history/variants/sparse_prefill3, udesc): 1 forms each wgmma's descriptors as
-// one add to a per-buffer low word (mma_tile.cuh, desc_from_lo) instead of from the address per wgmma.
-#ifndef OPENMLA_SP_UNIFORM_DESC
-#define OPENMLA_SP_UNIFORM_DESC 1
-#endif
-
 namespace openmla::kernels::sparse_prefill {
 
 using tile::desc_from_lo;
-using tile::desc_k_major;
 using tile::desc_lo_k_major;
 using tile::desc_lo_mn_major;
-using tile::desc_mn_major;
 using tile::exponentiate;
 using tile::Fragment;
 using tile::make_fragment;
@@ -265,15 +256,11 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
 // ---------------------------------------------------------------------------------------------------
 // After a `full` wait, before the wgmma that read the gathered rows: the producer's cp.async wrote them in the generic
 // proxy and released them through the mbarrier; wgmma reads in the async proxy. The acquire-side proxy fence is the
-// PTX ISA's form for exactly this hand-off and costs no instruction on sm_90a; the bidirectional fence (the base,
-// OPENMLA_SP_ACQUIRE_FENCE 0) is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, which the seesaw's chain pays three times a pair
+// PTX ISA's form for exactly this hand-off and costs no instruction on sm_90a; the bidirectional fence (before
+// decision sparse-prefill-v8) is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, which the seesaw's chain pays three times a pair
 // (docs/sparse-prefill.md, "Tried and not kept": dropping it measured +0.8 to +2 %).
 __device__ __forceinline__ void gathered_fence() {
-#if OPENMLA_SP_ACQUIRE_FENCE
   ptx::fence_proxy_async_acquire_shared();
-#else
-  ptx::fence_proxy_async_shared();
-#endif
 }
 
 // Issues (no commit, no wait) the wgmmas of S += Q K^T over kCount tiles of K buffer `buf` starting at tile kFirst
@@ -289,7 +276,6 @@ __device__ __forceinline__ void issue_qk(float (&s)[32], SharedStorage<kDQK>& sm
       ptx::mbarrier_wait_parity(&smem.full[buf][t / T::kVTilesPerHalf], phase);
       gathered_fence();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     }
-#if OPENMLA_SP_UNIFORM_DESC
     const uint32_t q_lo = desc_lo_k_major(smem.q[0]), k_lo = desc_lo_k_major(smem.k[buf][0]);
 #pragma unroll
     for (int kk = 0; kk < T::kTileCols / 16; ++kk) {
@@ -297,12 +283,6 @@ __device__ __forceinline__ void issue_qk(float (&s)[32], SharedStorage<kDQK>& sm
       ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_from_lo(q_lo + off), desc_from_lo(k_lo + off),
                                       (init && i == 0 && kk == 0) ? 0 : 1);
     }
-#else
-#pragma unroll
-    for (int kk = 0; kk < T::kTileCols / 16; ++kk)
-      ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
-                                      (init && i == 0 && kk == 0) ? 0 : 1);
-#endif
   }
 }
 
@@ -383,15 +363,10 @@ __device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, int
 // Issues (no fence, commit or wait) O_half += P V_half over 64 slots, P from registers, V = 4 tiles of a K buffer
 // viewed MN-major. `pa` must stay untouched until the wgmmas completed.
 __device__ __forceinline__ void issue_pv_rs(float (&o)[128], const uint32_t (&pa)[4][4], const uint8_t* v_tiles) {
-#if OPENMLA_SP_UNIFORM_DESC
   const uint32_t v_lo = desc_lo_mn_major(v_tiles);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
     ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_from_lo(v_lo + kk * 16 * 128 / 16), 1);
-#else
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_mn_major(v_tiles + kk * 16 * 128), 1);
-#endif
 }
 
 // O_half += P V_half over 64 slots, P from registers, V = 4 tiles of a K buffer viewed MN-major.
@@ -405,16 +380,10 @@ __device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&pa)
 
 // Issues (no fence, commit or wait) O_half += P V_half with P read from shared memory (the other warpgroup's).
 __device__ __forceinline__ void issue_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
-#if OPENMLA_SP_UNIFORM_DESC
   const uint32_t p_lo = desc_lo_k_major(p_tile), v_lo = desc_lo_mn_major(v_tiles);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
     ptx::wgmma_m64n256k16_ss_bf16<1>(o, desc_from_lo(p_lo + kk * 32 / 16), desc_from_lo(v_lo + kk * 16 * 128 / 16), 1);
-#else
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    ptx::wgmma_m64n256k16_ss_bf16<1>(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * 128), 1);
-#endif
 }
 
 // O_half += P V_half with P read from shared memory (written by the other warpgroup).
