@@ -231,6 +231,15 @@ __device__ __forceinline__ void bulk_store_global(void* gmem_dst, uint32_t smem_
                "r"(bytes)
                : "memory");
 }
+// 5-D tiled store shared -> global by the TMA engine, in this thread's bulk async-group (bulk_commit_group, then
+// bulk_wait_group_read0 before the shared memory is rewritten). Elements outside the map's bounds are not written.
+__device__ __forceinline__ void tma_store_5d(const CUtensorMap* map, uint32_t smem_src, int c0, int c1, int c2, int c3,
+                                             int c4) {
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_group_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 // Waits until every committed bulk group of this thread has COMPLETED (its global writes performed), not only
@@ -307,6 +316,15 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+
+// Stores four 8 x 8 b16 matrices: lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes);
+// register k holds this lane's pair of matrix k (row lane / 4, columns 2 (lane % 4) + {0, 1}), which is the pair of
+// a wgmma accumulator fragment.
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_dst, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_dst), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
 
 // ---------------------------------------------------------------------------------------------------
 // wgmma bookkeeping

@@ -478,8 +478,29 @@ __device__ __forceinline__ void store_rows(const MhaPrefillParams& p, const Tile
   }
 }
 
+#if OPENMLA_MHA_TMA_STORE
+// Stages half `kHalf` of this warpgroup's O (columns 64 kHalf .. + 63, already divided by l) into its 64 x 64
+// 128B-swizzled staging tile, the layout of one TMA box, with four stmatrix.x4 per thread: one per 16 columns,
+// matrices (rows 0-7, chunk 2c), (rows 8-15, chunk 2c), (rows 0-7, chunk 2c + 1), (rows 8-15, chunk 2c + 1) of the
+// warp's 16 rows, i.e. fragment words (4j, 4j + 2) for j = 2c, 2c + 1 of the half. Lane l addresses row
+// warp * 16 + 8 ((l / 8) & 1) + l % 8, chunk 2c + l / 16, which lands at 16-byte slot (l / 16 ^ (row & 7)) ^ 2c.
+template <bool kFp16, int kHalf>
+__device__ __forceinline__ void stage_o_half(const float (&o)[64], uint32_t stage, int wg_tid) {
+  const int lane = wg_tid % 32;
+  const int row = (wg_tid / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+  const uint32_t base = stage + tile::swizzled_chunk(row, lane >> 4);
+  constexpr int h = 32 * kHalf;
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    ptx::stmatrix_x4(base ^ static_cast<uint32_t>(c << 5), pack2<kFp16>(o[h + 8 * c + 0], o[h + 8 * c + 1]),
+                     pack2<kFp16>(o[h + 8 * c + 2], o[h + 8 * c + 3]), pack2<kFp16>(o[h + 8 * c + 4], o[h + 8 * c + 5]),
+                     pack2<kFp16>(o[h + 8 * c + 6], o[h + 8 * c + 7]));
+}
+#endif
+
 template <int kDQK, bool kFp16, int kWg>
-__device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage<kDQK, kFp16>& smem, int tid) {
+__device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage<kDQK, kFp16>& smem, int tid,
+                                        const CUtensorMap* o_map) {
   using T = Traits<kDQK, kFp16>;
   const int lane = tid % 32;
   const Fragment frag = make_fragment(tid % T::kWarpgroupThreads);
@@ -504,10 +525,49 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
   // The exchange with the producer (config.h, kExchangeBarrier): record 0 is published before the first one; each
   // later one follows this warpgroup's last Q K^T of a tile (Q may then be rewritten; the next record is published).
   auto exchange = [&] { ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads); };
+  // Writes this warpgroup's 64 rows of a tile: O (divided by l) and the lse, valid rows only.
+  auto write_out = [&](const TileInfo& info, const float (&o)[64], const int (&row)[2], const float (&lse)[2]) {
+#if OPENMLA_MHA_TMA_STORE
+    // Through the warpgroup's staging tile, 64 columns at a time, by TMA stores that run on while the warpgroup goes
+    // on (docs/history/variants/mha, ots). Before the tile is rewritten, its previous store has read it: thread 0,
+    // which issued it, waits, and the warpgroup's barrier passes that on; a second barrier orders every thread's
+    // stmatrix (and the proxy fence) before thread 0 issues the store. Rows past the sequence's end fall outside the
+    // map (launch.cu, make_ragged_map) and are not written.
+    const int wg_tid = tid % T::kWarpgroupThreads;
+    const uint32_t stage = ptx::smem_addr(smem.o_stage[kWg]);
+    const int first = info.m_block * T::kBlockM + kWg * T::kRowsPerWarpgroup;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (wg_tid == 0) ptx::bulk_wait_group_read0();
+      ptx::named_barrier_sync(kOStageBarrier + kWg, T::kWarpgroupThreads);
+      if (h == 0)
+        stage_o_half<kFp16, 0>(o, stage, wg_tid);
+      else
+        stage_o_half<kFp16, 1>(o, stage, wg_tid);
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(kOStageBarrier + kWg, T::kWarpgroupThreads);
+      if (wg_tid == 0) {
+        ptx::tma_store_5d(o_map, stage, h * T::kTileCols, info.head, static_cast<int>(kMaxRows) - info.s_q + first,
+                          info.q_begin + info.s_q, static_cast<int>(kMaxRows));
+        ptx::bulk_commit_group();
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (row[i] < info.s_q && lane % 4 == 0)
+        p.lse[(static_cast<int64_t>(info.q_begin) + row[i]) * p.lse_stride_t + info.head * p.lse_stride_h] = lse[i];
+#else
+    (void)o_map;
+    store_rows<kFp16>(p, info, o, row, lse, lane);
+#endif
+  };
   exchange();
   for (uint32_t tile_iter = 0;; ++tile_iter) {
     const TileInfo info = smem.tile[tile_iter & 1];
     if (!info.valid) {
+#if OPENMLA_MHA_TMA_STORE
+      if (tid % T::kWarpgroupThreads == 0) ptx::bulk_wait_group_read0();  // the last store has read the staging tile
+#endif
       OPENMLA_MHA_TRACE_CTA_END(tile_iter);
       break;
     }
@@ -526,7 +586,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       exchange();
       OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kExchangePassed);
       const float inf[2] = {INFINITY, INFINITY};
-      store_rows<kFp16>(p, info, o, row, inf, lane);
+      write_out(info, o, row, inf);
       OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kStoresDone);
       continue;
     }
@@ -645,7 +705,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       lse[i] = none ? INFINITY : (m[i] + log2f(total)) * kLn2;
     }
     rescale_o(o, inv);
-    store_rows<kFp16>(p, info, o, row, lse, lane);
+    write_out(info, o, row, lse);
     OPENMLA_MHA_STAMP(kWg, tile_iter, Trace::kStoresDone);
   }
 }
@@ -656,7 +716,8 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
 template <int kDQK, bool kFp16>
 __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
     mha_prefill_kernel(const __grid_constant__ MhaPrefillParams p, const __grid_constant__ CUtensorMap q_map,
-                       const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
+                       const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+                       const __grid_constant__ CUtensorMap o_map) {
   using T = Traits<kDQK, kFp16>;
   using Smem = SharedStorage<kDQK, kFp16>;
   extern __shared__ uint8_t smem_raw[];
@@ -669,6 +730,7 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
     ptx::prefetch_tensormap(&q_map);
     ptx::prefetch_tensormap(&k_map);
     ptx::prefetch_tensormap(&v_map);
+    ptx::prefetch_tensormap(&o_map);
     smem.zero = 0;
     ptx::mbarrier_init(&smem.q_full, 1);
     for (int s = 0; s < T::kStages; ++s) {
@@ -690,11 +752,11 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
     return;
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<T::kRegsConsumer>();
-    consume<kDQK, kFp16, 0>(p, smem, tid);
+    consume<kDQK, kFp16, 0>(p, smem, tid, &o_map);
     return;
   } else {
     ptx::setmaxnreg_inc<T::kRegsConsumer>();
-    consume<kDQK, kFp16, 1>(p, smem, tid);
+    consume<kDQK, kFp16, 1>(p, smem, tid, &o_map);
     return;
   }
 }

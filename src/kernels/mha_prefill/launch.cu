@@ -65,7 +65,7 @@ Status make_ragged_map(const RaggedOperand& op, CUtensorMap* map, const char* wh
   spec.byte_strides[3] = (uint64_t{1} << 34) - row_bytes;
   spec.box[0] = 64;
   spec.box[1] = 1;
-  spec.box[2] = static_cast<uint32_t>(kBlockM);
+  spec.box[2] = static_cast<uint32_t>(op.box_rows);
   spec.box[3] = 1;
   spec.box[4] = 1;
   spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;

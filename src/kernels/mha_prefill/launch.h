@@ -43,7 +43,8 @@ Status mha_prefill_trace(int d_qk, bool fp16, unsigned long long* host, size_t c
 namespace mha_prefill {
 
 // The TMA map of one packed (rows, heads, cols) operand, addressed per sequence (docs/mha-prefill.md, "Loads"):
-// rows past a sequence's end are outside the map and load as zeros. Box: 64 columns x 1 head x 128 rows.
+// rows past a sequence's end are outside the map (loads read zeros, stores skip them). Box: 64 columns x 1 head x
+// box_rows rows.
 // `stride_t` / `stride_h`: element strides of the token and head dimensions (multiples of 8, < 2^33).
 struct RaggedOperand {
   const void* base;
@@ -52,6 +53,7 @@ struct RaggedOperand {
   int64_t stride_t;
   int64_t stride_h;
   bool fp16;
+  int box_rows = 128;  // rows per TMA box: a tile (kBlockM, loads) or a warpgroup's 64 (O's stores)
 };
 Status make_ragged_map(const RaggedOperand& op, CUtensorMap* map, const char* what);
 

@@ -56,14 +56,6 @@ __device__ __forceinline__ void cp_async_16_hint(uint32_t smem_dst, const void* 
 __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
-// Stores four 8 x 8 b16 matrices: lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes);
-// register k holds this lane's pair of matrix k (row lane / 4, columns 2 (lane % 4) + {0, 1}), which is the pair of
-// a wgmma accumulator fragment.
-__device__ __forceinline__ void stmatrix_x4(uint32_t smem_dst, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_dst), "r"(r0), "r"(r1),
-               "r"(r2), "r"(r3)
-               : "memory");
-}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -353,7 +345,7 @@ __device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, int
   const uint32_t base = ptx::smem_addr(tile) + tile::swizzled_chunk(row, lane >> 4);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    stmatrix_x4(base ^ static_cast<uint32_t>(c << 5), pack_bf16(s[8 * c + 0], s[8 * c + 1]),
+    ptx::stmatrix_x4(base ^ static_cast<uint32_t>(c << 5), pack_bf16(s[8 * c + 0], s[8 * c + 1]),
                 pack_bf16(s[8 * c + 2], s[8 * c + 3]), pack_bf16(s[8 * c + 4], s[8 * c + 5]),
                 pack_bf16(s[8 * c + 6], s[8 * c + 7]));
   }
