@@ -56,6 +56,12 @@ Status sparse_prefill(const SparsePrefillArgs& args, cudaStream_t stream);
 // clamp(cu[i], 0, total), end = clamp(cu[i + 1], begin, total)), so bad values can never make it touch memory outside
 // the views (they remain a caller error: the result is then that of the clamped ranges).
 
+// How O leaves the kernel. kAuto: through shared memory and TMA stores when the sequences are short (at most 2048
+// query rows per sequence on average, where the epilogue is a large part of the work), else by stores from the
+// registers (docs/mha-prefill.md, decision mha-v0.14). The others force one kernel (tests, tuning); the results are
+// the same bits either way.
+enum class MhaPrefillEpilogue { kAuto = 0, kRegisters = 1, kStaged = 2 };
+
 // Static description of a call: what the variant, the grid and the workspace depend on.
 struct MhaPrefillProblem {
   int64_t batch = 0;          // sequences, >= 1 (cu_seqlens have batch + 1 entries)
@@ -67,6 +73,7 @@ struct MhaPrefillProblem {
   bool causal = false;        // bottom-right aligned
   int64_t max_seqlen_qo = 0;  // optional bound on every s_q,i (0: unknown); only sizes the grid, never trusted
   int num_sms = 0;            // SMs to run on (persistent CTAs); 0: the current device's count
+  MhaPrefillEpilogue epilogue = MhaPrefillEpilogue::kAuto;  // how O is stored (above)
 };
 
 struct MhaPrefillWorkspaceSizes {

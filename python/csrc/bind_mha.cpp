@@ -27,8 +27,18 @@ DType dtype_from_name(const std::string& name) {
       ("argument 'dtype': unknown dtype name '" + name + "'; expected 'bfloat16' or 'float16'").c_str());
 }
 
+// problem.epilogue by its name.
+MhaPrefillEpilogue epilogue_from_name(const std::string& name) {
+  if (name == "auto") return MhaPrefillEpilogue::kAuto;
+  if (name == "registers") return MhaPrefillEpilogue::kRegisters;
+  if (name == "staged") return MhaPrefillEpilogue::kStaged;
+  throw nb::value_error(
+      ("argument 'epilogue': unknown epilogue '" + name + "'; expected 'auto', 'registers' or 'staged'").c_str());
+}
+
 MhaPrefillProblem make_problem(int64_t batch, int64_t h_q, int64_t h_kv, int64_t d_qk, int64_t d_v,
-                               const std::string& dtype, bool causal, int64_t max_seqlen_qo, int num_sms) {
+                               const std::string& dtype, bool causal, int64_t max_seqlen_qo, int num_sms,
+                               const std::string& epilogue = "auto") {
   return MhaPrefillProblem{.batch = batch,
                            .h_q = h_q,
                            .h_kv = h_kv,
@@ -37,7 +47,8 @@ MhaPrefillProblem make_problem(int64_t batch, int64_t h_q, int64_t h_kv, int64_t
                            .dtype = dtype_from_name(dtype),
                            .causal = causal,
                            .max_seqlen_qo = max_seqlen_qo,
-                           .num_sms = num_sms};
+                           .num_sms = num_sms,
+                           .epilogue = epilogue_from_name(epilogue)};
 }
 
 size_t workspace_size(int64_t batch, int64_t h_q, int64_t h_kv, int64_t d_qk, int64_t d_v, const std::string& dtype,
@@ -51,8 +62,9 @@ size_t workspace_size(int64_t batch, int64_t h_q, int64_t h_kv, int64_t d_qk, in
 void forward(const Array& q, const Array& k, const Array& v, const Array& cu_seqlens_qo, const Array& cu_seqlens_kv,
              const Array& workspace, const Array& out, const Array& lse, int64_t batch, int64_t h_q, int64_t h_kv,
              int64_t d_qk, int64_t d_v, const std::string& dtype, bool causal, int64_t max_seqlen_qo,
-             float softmax_scale, int num_sms, uintptr_t stream) {
-  const MhaPrefillProblem problem = make_problem(batch, h_q, h_kv, d_qk, d_v, dtype, causal, max_seqlen_qo, num_sms);
+             float softmax_scale, int num_sms, const std::string& epilogue, uintptr_t stream) {
+  const MhaPrefillProblem problem =
+      make_problem(batch, h_q, h_kv, d_qk, d_v, dtype, causal, max_seqlen_qo, num_sms, epilogue);
   MhaPrefillArgs args;
   args.q = to_tensor_ref(q, "q");
   args.k = to_tensor_ref(k, "k");
@@ -84,14 +96,16 @@ void bind_mha(nb::module_& m) {
       "mha_prefill", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_seqlens_qo"),
       nb::arg("cu_seqlens_kv"), nb::arg("workspace"), nb::arg("out"), nb::arg("lse"), nb::kw_only(), nb::arg("batch"),
       nb::arg("h_q"), nb::arg("h_kv"), nb::arg("d_qk"), nb::arg("d_v"), nb::arg("dtype"), nb::arg("causal") = false,
-      nb::arg("max_seqlen_qo") = 0, nb::arg("softmax_scale") = 0.f, nb::arg("num_sms") = 0, nb::arg("stream") = 0,
+      nb::arg("max_seqlen_qo") = 0, nb::arg("softmax_scale") = 0.f, nb::arg("num_sms") = 0,
+      nb::arg("epilogue") = "auto", nb::arg("stream") = 0,
       "mha_prefill(q, k, v, cu_seqlens_qo, cu_seqlens_kv, workspace, out, lse, *, batch, h_q, h_kv, d_qk, d_v, dtype, "
-      "causal=False, max_seqlen_qo=0, softmax_scale=0.0, num_sms=0, stream=0)\n\n"
+      "causal=False, max_seqlen_qo=0, softmax_scale=0.0, num_sms=0, epilogue='auto', stream=0)\n\n"
       "Dense varlen MHA prefill forward on `stream` (a cudaStream_t as int). q: (total_q, h_q, d_qk); k: (total_k, "
       "h_kv, d_qk); v: (total_k, h_kv, d_v), dtype 'bfloat16' or 'float16', (d_qk, d_v) = (192, 128) or (128, 128); "
       "cu_seqlens_qo/k: (batch + 1,) int32; workspace: >= get_mha_prefill_workspace_size bytes; out: (total_q, h_q, "
       "d_v), written; lse: (total_q, h_q) float32, written (natural log; +inf for a row without keys). "
-      "softmax_scale 0 means d_qk ** -0.5.");
+      "softmax_scale 0 means d_qk ** -0.5. epilogue: how O is stored, 'auto' (by the mean sequence length), "
+      "'registers' or 'staged' (shared memory and TMA stores); the same bits either way.");
 #if defined(OPENMLA_HAS_TRACE)
   // Diagnostics build only (CMake -DOPENMLA_TRACE=ON): the clock64 trace of the last launch of the (d_qk, fp16)
   // variant, flat: a layout header, then the traced CTAs (src/kernels/mha_prefill/config.h, struct Trace).

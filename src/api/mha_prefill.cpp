@@ -50,6 +50,9 @@ Status check_problem(const MhaPrefillProblem& p) {
     return invalid_field("dtype", problem_dtype_name(p.dtype), "must be bfloat16 or float16");
   if (p.max_seqlen_qo < 0) return invalid_field("max_seqlen_qo", p.max_seqlen_qo, "must be >= 0 (0: unknown)");
   if (p.num_sms < 0) return invalid_field("num_sms", p.num_sms, "must be >= 0 (0: the current device's SM count)");
+  const int epilogue = static_cast<int>(p.epilogue);
+  if (epilogue < 0 || epilogue > 2)
+    return invalid_field("epilogue", epilogue, "must be MhaPrefillEpilogue kAuto (0), kRegisters (1) or kStaged (2)");
   return Status::ok();
 }
 
@@ -215,6 +218,7 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
     p.lse_stride_h = a.lse.stride[1];
     p.grid = plan.grid;
     p.dynamic_tiles = plan.dynamic_tiles;
+    p.staged_out = plan.staged_out;
     p.tile_counter = static_cast<int*>(a.workspace.data);
   }
   return Status::ok();

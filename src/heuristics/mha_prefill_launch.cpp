@@ -19,6 +19,8 @@ MhaPrefillLaunchPlan plan_mha_prefill_launch(const MhaPrefillProblem& problem, i
   plan.max_tiles = mha_prefill_max_tiles(problem.batch, total_q, problem.h_q, problem.max_seqlen_qo);
   plan.grid = static_cast<int>(std::min<int64_t>(std::max(num_sms, 0), plan.max_tiles));
   plan.dynamic_tiles = problem.causal || problem.batch > 1;
+  plan.staged_out = problem.epilogue == MhaPrefillEpilogue::kStaged ||
+                    (problem.epilogue == MhaPrefillEpilogue::kAuto && total_q <= kMhaPrefillStagedRows * problem.batch);
   return plan;
 }
 

@@ -2,8 +2,7 @@
 // problem (no CUDA call), unit-tested on the CPU (tests/cpp/test_mha_prefill_api.cpp). The tile order itself is in
 // kernels/mha_prefill/tile_math.h, shared with the kernel.
 //
-// NOTE: none of these choices has been measured yet (the kernel has not run on a GPU); each names what it rests on
-// and what to measure (docs/mha-prefill.md, "Decisions").
+// Each choice names the measurement it rests on (docs/mha-prefill.md, "Decisions").
 #pragma once
 
 #include <cstddef>
@@ -30,7 +29,15 @@ struct MhaPrefillLaunchPlan {
   // device). Round-robin over tiles of unequal cost leaves CTAs idle at the end: with b = 2, s = 4096, causal, 132
   // CTAs, CTA c would take query blocks 31 - (c + 4 k) mod 32, a fifth more work for some CTAs than for others.
   bool dynamic_tiles = false;
+  // O leaves through shared memory and TMA stores (the staged kernel) when problem.epilogue says so, or, with kAuto,
+  // when the sequences are short: total_q <= kMhaPrefillStagedRows * batch. There the epilogue, in which both consumer
+  // warpgroups store while the tensor cores idle, is a large part of a tile (b 16 x s 1024: +3 to +3.5 %); on long
+  // sequences the staged kernel measured 1.3-1.5 % slower than the direct stores (docs/mha-prefill.md, decision
+  // mha-v0.14).
+  bool staged_out = false;
 };
+
+inline constexpr int64_t kMhaPrefillStagedRows = 2048;
 
 // `total_q`: rows of q; `num_sms` > 0: the SMs to run on.
 MhaPrefillLaunchPlan plan_mha_prefill_launch(const MhaPrefillProblem& problem, int64_t total_q, int num_sms);

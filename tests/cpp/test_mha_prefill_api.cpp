@@ -176,6 +176,8 @@ TEST(MhaPrefillApi, ProblemFields) {
   expect_error([](auto& p, auto&) { p.dtype = DType::kFloat32; }, "'problem.dtype' is float32");
   expect_error([](auto& p, auto&) { p.max_seqlen_qo = -1; }, "'problem.max_seqlen_qo' is -1");
   expect_error([](auto& p, auto&) { p.num_sms = -2; }, "'problem.num_sms' is -2");
+  expect_error([](auto& p, auto&) { p.epilogue = static_cast<MhaPrefillEpilogue>(3); },
+               "'problem.epilogue' is 3; must be MhaPrefillEpilogue kAuto (0), kRegisters (1) or kStaged (2)");
 }
 
 TEST(MhaPrefillApi, QKV) {
@@ -360,6 +362,20 @@ TEST(MhaPrefillLaunch, GridAndTileHandOut) {
   plan = heuristics::plan_mha_prefill_launch(p, 200, 132);
   EXPECT_EQ(plan.grid, 2);
   EXPECT_EQ(heuristics::plan_mha_prefill_launch(p, 0, 132).grid, 0);
+}
+
+TEST(MhaPrefillLaunch, EpilogueChoice) {
+  MhaPrefillProblem p = valid_problem();
+  p.batch = 16;
+  EXPECT_TRUE(heuristics::plan_mha_prefill_launch(p, 16 * 1024, 132).staged_out);  // short sequences: staged
+  EXPECT_TRUE(heuristics::plan_mha_prefill_launch(p, 16 * 2048, 132).staged_out);
+  EXPECT_FALSE(heuristics::plan_mha_prefill_launch(p, 16 * 2048 + 1, 132).staged_out);
+  p.batch = 2;
+  EXPECT_FALSE(heuristics::plan_mha_prefill_launch(p, 2 * 4096, 132).staged_out);  // long: from the registers
+  p.epilogue = MhaPrefillEpilogue::kStaged;
+  EXPECT_TRUE(heuristics::plan_mha_prefill_launch(p, 2 * 4096, 132).staged_out);
+  p.epilogue = MhaPrefillEpilogue::kRegisters;
+  EXPECT_FALSE(heuristics::plan_mha_prefill_launch(p, 16, 132).staged_out);
 }
 
 // ---- Tile arithmetic against brute force ---------------------------------------------------------------------------

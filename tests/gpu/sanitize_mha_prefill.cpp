@@ -49,7 +49,7 @@ bool close(float got, double want, double abs_tol, double rel_tol) {
   return err <= abs_tol || err <= rel_tol * std::fabs(want);
 }
 
-bool run_case(const Case& c) {
+bool run_case(const Case& c, openmla::MhaPrefillEpilogue epilogue) {
   const int d_v = 128, batch = static_cast<int>(c.s_q.size());
   const uint16_t nan16 = c.fp16 ? 0x7e00 : 0x7fc0;
   std::vector<int32_t> cu_q{0}, cu_k{0};
@@ -112,7 +112,8 @@ bool run_case(const Case& c) {
                                 .dtype = dt,
                                 .causal = c.causal,
                                 .max_seqlen_qo = 0,
-                                .num_sms = c.num_sms};
+                                .num_sms = c.num_sms,
+                                .epilogue = epilogue};
   openmla::MhaPrefillArgs a;
   a.q = make_tensor(c.packed ? static_cast<void*>(base) : dq.ptr, dt, {total_q, c.h_q, c.d_qk}, {q_row, q_head, 1});
   a.k = make_tensor(c.packed ? static_cast<void*>(base + c.d_qk) : dk.ptr, dt, {total_k, c.h_kv, c.d_qk},
@@ -257,11 +258,15 @@ int run_mha_prefill_sanitize_cases() {
     ++failed;
     std::printf("  FAILED: dense MHA prefill with out-of-order and out-of-range cu_seqlens\n");
   }
+  // Each case through both kernels: O from the registers and O staged through shared memory (TMA stores).
   for (const Case& c : cases) {
-    if (!run_case(c)) {
-      ++failed;
-      std::printf("  FAILED: dense MHA prefill case '%s' (d_qk %d, %s, h_q %d, h_kv %d, causal %d, sms %d)\n", c.name,
-                  c.d_qk, c.fp16 ? "fp16" : "bf16", c.h_q, c.h_kv, c.causal, c.num_sms);
+    for (const auto epilogue : {openmla::MhaPrefillEpilogue::kRegisters, openmla::MhaPrefillEpilogue::kStaged}) {
+      if (!run_case(c, epilogue)) {
+        ++failed;
+        std::printf("  FAILED: dense MHA prefill case '%s' (d_qk %d, %s, h_q %d, h_kv %d, causal %d, sms %d, %s)\n",
+                    c.name, c.d_qk, c.fp16 ? "fp16" : "bf16", c.h_q, c.h_kv, c.causal, c.num_sms,
+                    epilogue == openmla::MhaPrefillEpilogue::kStaged ? "staged O" : "O from the registers");
+      }
     }
   }
   return failed;

@@ -166,14 +166,31 @@ def compared_rows(case: Case, cu_q):
     return [t for i in range(len(case.s_q)) if i not in case.poison for t in range(cu_q[i], cu_q[i + 1])]
 
 
-def run_and_check(mha, case: Case, seed=0, rows=None):
-    """Runs the kernel (before the reference allocates anything), then compares with the fp32 reference."""
+def call_with_epilogue(q, k, v, cu_q_t, cu_k_t, case: Case, out, lse, epilogue):
+    """The C binding with problem.epilogue forced ('registers' or 'staged'), so that both kernels run every case (the
+    flash_mla layer lets the launch plan choose by the mean sequence length)."""
+    torch = _torch()
+    problem = dict(batch=len(case.s_q), h_q=case.h_q, h_kv=case.h_kv, d_qk=case.d_qk, d_v=128,
+                   dtype="float16" if case.fp16 else "bfloat16", causal=case.causal, max_seqlen_qo=max(case.s_q))
+    workspace = torch.empty(openmla._openmla.get_mha_prefill_workspace_size(**problem), dtype=torch.uint8,
+                            device=DEVICE)
+    openmla._openmla.mha_prefill(q, k, v, cu_q_t, cu_k_t, workspace, out, lse,
+                                 softmax_scale=0.0 if case.softmax_scale is None else case.softmax_scale,
+                                 epilogue=epilogue, stream=torch.cuda.current_stream().cuda_stream, **problem)
+
+
+def run_and_check(mha, case: Case, seed=0, rows=None, epilogue=None):
+    """Runs the kernel (before the reference allocates anything), then compares with the fp32 reference. `epilogue`:
+    through the C binding with that kernel forced (call_with_epilogue)."""
     torch = _torch()
     q, k, v, cu_q, cu_k, cu_q_t, cu_k_t = make_inputs(case, seed)
     out, lse = nan_outputs(q.shape[0], case.h_q, q.dtype)
-    res = mha.flash_attn_varlen_func(q, k, v, cu_q_t, cu_k_t, max(case.s_q), max(case.s_k), causal=case.causal,
-                                     softmax_scale=case.softmax_scale, out=out, lse=lse)
-    assert res[0] is out and res[1] is lse
+    if epilogue is None:
+        res = mha.flash_attn_varlen_func(q, k, v, cu_q_t, cu_k_t, max(case.s_q), max(case.s_k), causal=case.causal,
+                                         softmax_scale=case.softmax_scale, out=out, lse=lse)
+        assert res[0] is out and res[1] is lse
+    else:
+        call_with_epilogue(q, k, v, cu_q_t, cu_k_t, case, out, lse, epilogue)
     torch.cuda.synchronize()
     scale = case.softmax_scale if case.softmax_scale is not None else case.d_qk ** -0.5
     wanted = compared_rows(case, cu_q) if rows is None else rows
@@ -281,6 +298,31 @@ def test_exported_and_in_features():
 @pytest.mark.parametrize("case", MATRIX, ids=str)
 def test_matrix(mha, case):
     run_and_check(mha, case)
+
+
+@gpu
+@pytest.mark.parametrize("epilogue", ("registers", "staged"))
+@pytest.mark.parametrize("case", MATRIX[::2] + EACH_LENGTH[-2:], ids=str)
+def test_both_epilogues(mha, case, epilogue):
+    """Each kernel (O from the registers, O staged through shared memory) on the same cases, whichever the launch plan
+    would pick."""
+    run_and_check(mha, case, epilogue=epilogue)
+
+
+@gpu
+@pytest.mark.parametrize("case", [MATRIX[1], MATRIX[6], EACH_LENGTH[-1]], ids=str)
+def test_epilogues_give_the_same_bits(mha, case):
+    torch = _torch()
+    q, k, v, cu_q, cu_k, cu_q_t, cu_k_t = make_inputs(case)
+    res = {}
+    for epilogue in ("registers", "staged"):
+        out, lse = nan_outputs(q.shape[0], case.h_q, q.dtype)
+        call_with_epilogue(q, k, v, cu_q_t, cu_k_t, case, out, lse, epilogue)
+        torch.cuda.synchronize()
+        res[epilogue] = (out, lse)
+    (o1, l1), (o2, l2) = res["registers"], res["staged"]
+    assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)), f"out differs [{case}]"
+    assert torch.equal(l1.contiguous().view(torch.int32), l2.contiguous().view(torch.int32)), f"lse differs [{case}]"
 
 
 @gpu

@@ -60,6 +60,8 @@ def test_bad_softmax_scale_and_dtype_name():
         C.mha_prefill(*args(), softmax_scale=-2.0, stream=0, **PROBLEM)
     with pytest.raises(ValueError, match=r"argument 'dtype': unknown dtype name 'bf17'"):
         C.mha_prefill(*args(), softmax_scale=0.0, stream=0, **dict(PROBLEM, dtype="bf17"))
+    with pytest.raises(ValueError, match=r"argument 'epilogue': unknown epilogue 'tma'; expected 'auto', 'registers'"):
+        C.mha_prefill(*args(), softmax_scale=0.0, stream=0, epilogue="tma", **PROBLEM)
 
 
 def test_workspace_size():

@@ -7,12 +7,6 @@
 
 #include "kernels/mha_prefill/tile_math.h"
 
-// Experiment switch of session 13 (docs/history/variants/mha): 1 writes O through shared memory (stmatrix) and TMA
-// stores, 64 columns at a time per warpgroup, instead of 16-byte stores from the registers.
-#ifndef OPENMLA_MHA_TMA_STORE
-#define OPENMLA_MHA_TMA_STORE 1
-#endif
-
 namespace openmla::kernels::mha_prefill {
 
 // kDQK: the Q/K head dimension (192: MLA's 128 NoPE + 64 RoPE; 128); d_v is 128 in both. kFp16: fp16 operands
@@ -83,7 +77,7 @@ struct TileInfo {
 // published). A symmetric barrier rather than an mbarrier arrive / wait pair: both order the record's accesses in the
 // PTX memory model, but compute-sanitizer racecheck follows only barriers every side waits on (docs/mha-prefill.md).
 inline constexpr int kExchangeBarrier = 1;
-// Named barriers 2 and 3: warpgroup w's own (128 threads) around its O staging (OPENMLA_MHA_TMA_STORE).
+// Named barriers 2 and 3: warpgroup w's own (128 threads) around its O staging (the staged-O kernels only).
 inline constexpr int kOStageBarrier = 2;
 inline constexpr int kConsumerWarps = 8;
 inline constexpr int kWarpsPerWarpgroup = 4;
@@ -94,10 +88,6 @@ struct alignas(1024) SharedStorage {
   alignas(1024) uint8_t q[T::kQKTiles][T::kTileBytes];              // Q tile: 128 rows x d_qk, 128B-swizzled
   alignas(1024) uint8_t k[T::kStages][T::kQKTiles][T::kTileBytes];  // K blocks: 128 keys x d_qk
   alignas(1024) uint8_t v[T::kStages][T::kVTiles][T::kTileBytes];   // V blocks: 128 keys x 128
-#if OPENMLA_MHA_TMA_STORE
-  // O's staging per consumer warpgroup: 64 rows x 64 columns (half of its O), 128B-swizzled, one TMA store box.
-  alignas(1024) uint8_t o_stage[2][T::kRowsPerWarpgroup * T::kRowBytes];
-#endif
   TileInfo tile[2];
   int zero;  // 0 (set at the start): the tile counter's offset, read from here so ptxas cannot prove it uniform
   int pad_[3];
@@ -167,11 +157,19 @@ struct Trace {
   };
 };
 
-// The dynamic shared memory a launch asks for: the plan plus the slack that aligns it to 1024 bytes.
+// O's staging in the staged-O kernels (kStagedO; docs/mha-prefill.md, decision mha-v0.14): per consumer warpgroup
+// 64 rows x 64 columns (half of its O), 128B-swizzled, one TMA store box. It follows SharedStorage, whose size is a
+// multiple of 1024, so each tile is 1024-aligned; the direct-store kernels do not ask for it.
 template <int kDQK, bool kFp16>
-inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage<kDQK, kFp16>)) + 1024;
+inline constexpr int kOStageTileBytes = Traits<kDQK, kFp16>::kRowsPerWarpgroup * Traits<kDQK, kFp16>::kRowBytes;
+static_assert(sizeof(SharedStorage<192, false>) % 1024 == 0 && sizeof(SharedStorage<128, false>) % 1024 == 0);
 
-static_assert(kSmemBytes<192, false> <= 232448, "d_qk 192 plan exceeds 227 KB");
-static_assert(kSmemBytes<128, false> <= 232448, "d_qk 128 plan exceeds 227 KB");
+// The dynamic shared memory a launch asks for: the plan (and O's staging) plus the slack that aligns it to 1024 bytes.
+template <int kDQK, bool kFp16, bool kStagedO>
+inline constexpr int kSmemBytes =
+    static_cast<int>(sizeof(SharedStorage<kDQK, kFp16>)) + (kStagedO ? 2 * kOStageTileBytes<kDQK, kFp16> : 0) + 1024;
+
+static_assert(kSmemBytes<192, false, true> <= 232448, "d_qk 192 plan exceeds 227 KB");
+static_assert(kSmemBytes<128, false, true> <= 232448, "d_qk 128 plan exceeds 227 KB");
 
 }  // namespace openmla::kernels::mha_prefill

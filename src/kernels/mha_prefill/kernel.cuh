@@ -478,7 +478,6 @@ __device__ __forceinline__ void store_rows(const MhaPrefillParams& p, const Tile
   }
 }
 
-#if OPENMLA_MHA_TMA_STORE
 // Stages half `kHalf` of this warpgroup's O (columns 64 kHalf .. + 63, already divided by l) into its 64 x 64
 // 128B-swizzled staging tile, the layout of one TMA box, with four stmatrix.x4 per thread: one per 16 columns,
 // matrices (rows 0-7, chunk 2c), (rows 8-15, chunk 2c), (rows 0-7, chunk 2c + 1), (rows 8-15, chunk 2c + 1) of the
@@ -496,9 +495,10 @@ __device__ __forceinline__ void stage_o_half(const float (&o)[64], uint32_t stag
                      pack2<kFp16>(o[h + 8 * c + 2], o[h + 8 * c + 3]), pack2<kFp16>(o[h + 8 * c + 4], o[h + 8 * c + 5]),
                      pack2<kFp16>(o[h + 8 * c + 6], o[h + 8 * c + 7]));
 }
-#endif
 
-template <int kDQK, bool kFp16, int kWg>
+// kStagedO: O leaves through the staging tiles after SharedStorage (config.h, kOStageTileBytes) and TMA stores on
+// `o_map`; else by 16-byte stores from the registers (o_map unused).
+template <int kDQK, bool kFp16, int kWg, bool kStagedO>
 __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage<kDQK, kFp16>& smem, int tid,
                                         const CUtensorMap* o_map) {
   using T = Traits<kDQK, kFp16>;
@@ -527,47 +527,47 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
   auto exchange = [&] { ptx::named_barrier_sync_unaligned(kExchangeBarrier, kExchangeThreads); };
   // Writes this warpgroup's 64 rows of a tile: O (divided by l) and the lse, valid rows only.
   auto write_out = [&](const TileInfo& info, const float (&o)[64], const int (&row)[2], const float (&lse)[2]) {
-#if OPENMLA_MHA_TMA_STORE
-    // Through the warpgroup's staging tile, 64 columns at a time, by TMA stores that run on while the warpgroup goes
-    // on (docs/history/variants/mha, ots). Before the tile is rewritten, its previous store has read it: thread 0,
-    // which issued it, waits, and the warpgroup's barrier passes that on; a second barrier orders every thread's
-    // stmatrix (and the proxy fence) before thread 0 issues the store. Rows past the sequence's end fall outside the
-    // map (launch.cu, make_ragged_map) and are not written.
-    const int wg_tid = tid % T::kWarpgroupThreads;
-    const uint32_t stage = ptx::smem_addr(smem.o_stage[kWg]);
-    const int first = info.m_block * T::kBlockM + kWg * T::kRowsPerWarpgroup;
+    if constexpr (kStagedO) {
+      // Through the warpgroup's staging tile, 64 columns at a time, by TMA stores that run on while the warpgroup
+      // goes on (docs/mha-prefill.md, decision mha-v0.14). Before the tile is rewritten, its previous store has read
+      // it: thread 0, which issued it, waits, and the warpgroup's barrier passes that on; a second barrier orders
+      // every thread's stmatrix (and the proxy fence) before thread 0 issues the store. Rows past the sequence's end
+      // fall outside the map (launch.cu, make_ragged_map) and are not written.
+      const int wg_tid = tid % T::kWarpgroupThreads;
+      const uint32_t stage = ptx::smem_addr(&smem) + static_cast<uint32_t>(sizeof(smem)) +
+                             static_cast<uint32_t>(kWg * kOStageTileBytes<kDQK, kFp16>);
+      const int first = info.m_block * T::kBlockM + kWg * T::kRowsPerWarpgroup;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (wg_tid == 0) ptx::bulk_wait_group_read0();
-      ptx::named_barrier_sync(kOStageBarrier + kWg, T::kWarpgroupThreads);
-      if (h == 0)
-        stage_o_half<kFp16, 0>(o, stage, wg_tid);
-      else
-        stage_o_half<kFp16, 1>(o, stage, wg_tid);
-      ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(kOStageBarrier + kWg, T::kWarpgroupThreads);
-      if (wg_tid == 0) {
-        ptx::tma_store_5d(o_map, stage, h * T::kTileCols, info.head, static_cast<int>(kMaxRows) - info.s_q + first,
-                          info.q_begin + info.s_q, static_cast<int>(kMaxRows));
-        ptx::bulk_commit_group();
+      for (int h = 0; h < 2; ++h) {
+        if (wg_tid == 0) ptx::bulk_wait_group_read0();
+        ptx::named_barrier_sync(kOStageBarrier + kWg, T::kWarpgroupThreads);
+        if (h == 0)
+          stage_o_half<kFp16, 0>(o, stage, wg_tid);
+        else
+          stage_o_half<kFp16, 1>(o, stage, wg_tid);
+        ptx::fence_proxy_async_shared();
+        ptx::named_barrier_sync(kOStageBarrier + kWg, T::kWarpgroupThreads);
+        if (wg_tid == 0) {
+          ptx::tma_store_5d(o_map, stage, h * T::kTileCols, info.head, static_cast<int>(kMaxRows) - info.s_q + first,
+                            info.q_begin + info.s_q, static_cast<int>(kMaxRows));
+          ptx::bulk_commit_group();
+        }
       }
-    }
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-      if (row[i] < info.s_q && lane % 4 == 0)
-        p.lse[(static_cast<int64_t>(info.q_begin) + row[i]) * p.lse_stride_t + info.head * p.lse_stride_h] = lse[i];
-#else
-    (void)o_map;
-    store_rows<kFp16>(p, info, o, row, lse, lane);
-#endif
+      for (int i = 0; i < 2; ++i)
+        if (row[i] < info.s_q && lane % 4 == 0)
+          p.lse[(static_cast<int64_t>(info.q_begin) + row[i]) * p.lse_stride_t + info.head * p.lse_stride_h] = lse[i];
+    } else {
+      (void)o_map;
+      store_rows<kFp16>(p, info, o, row, lse, lane);
+    }
   };
   exchange();
   for (uint32_t tile_iter = 0;; ++tile_iter) {
     const TileInfo info = smem.tile[tile_iter & 1];
     if (!info.valid) {
-#if OPENMLA_MHA_TMA_STORE
-      if (tid % T::kWarpgroupThreads == 0) ptx::bulk_wait_group_read0();  // the last store has read the staging tile
-#endif
+      if constexpr (kStagedO)  // the last store has read the staging tile before the CTA's shared memory goes
+        if (tid % T::kWarpgroupThreads == 0) ptx::bulk_wait_group_read0();
       OPENMLA_MHA_TRACE_CTA_END(tile_iter);
       break;
     }
@@ -713,11 +713,10 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
-template <int kDQK, bool kFp16>
-__global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
-    mha_prefill_kernel(const __grid_constant__ MhaPrefillParams p, const __grid_constant__ CUtensorMap q_map,
-                       const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
-                       const __grid_constant__ CUtensorMap o_map) {
+// The body of both kernels; `o_map` is null in the direct-store one.
+template <int kDQK, bool kFp16, bool kStagedO>
+__device__ __forceinline__ void kernel_body(const MhaPrefillParams& p, const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                            const CUtensorMap* v_map, const CUtensorMap* o_map) {
   using T = Traits<kDQK, kFp16>;
   using Smem = SharedStorage<kDQK, kFp16>;
   extern __shared__ uint8_t smem_raw[];
@@ -727,10 +726,10 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, tid / T::kWarpgroupThreads, 0);
 
   if (tid == 0) {
-    ptx::prefetch_tensormap(&q_map);
-    ptx::prefetch_tensormap(&k_map);
-    ptx::prefetch_tensormap(&v_map);
-    ptx::prefetch_tensormap(&o_map);
+    ptx::prefetch_tensormap(q_map);
+    ptx::prefetch_tensormap(k_map);
+    ptx::prefetch_tensormap(v_map);
+    if constexpr (kStagedO) ptx::prefetch_tensormap(o_map);
     smem.zero = 0;
     ptx::mbarrier_init(&smem.q_full, 1);
     for (int s = 0; s < T::kStages; ++s) {
@@ -748,17 +747,34 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
   // Each role ends in its own exit so that ptxas keeps the register budgets apart.
   if (wg == 2) {
     ptx::setmaxnreg_dec<T::kRegsProducer>();
-    if (tid / 32 == 2 * T::kWarpgroupThreads / 32) produce<kDQK, kFp16>(p, smem, &q_map, &k_map, &v_map, tid % 32);
+    if (tid / 32 == 2 * T::kWarpgroupThreads / 32) produce<kDQK, kFp16>(p, smem, q_map, k_map, v_map, tid % 32);
     return;
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<T::kRegsConsumer>();
-    consume<kDQK, kFp16, 0>(p, smem, tid, &o_map);
+    consume<kDQK, kFp16, 0, kStagedO>(p, smem, tid, o_map);
     return;
   } else {
     ptx::setmaxnreg_inc<T::kRegsConsumer>();
-    consume<kDQK, kFp16, 1>(p, smem, tid, &o_map);
+    consume<kDQK, kFp16, 1, kStagedO>(p, smem, tid, o_map);
     return;
   }
+}
+
+// O by 16-byte stores from the registers: long sequences (heuristics/mha_prefill_launch.h, staged_out).
+template <int kDQK, bool kFp16>
+__global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
+    mha_prefill_kernel(const __grid_constant__ MhaPrefillParams p, const __grid_constant__ CUtensorMap q_map,
+                       const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
+  kernel_body<kDQK, kFp16, false>(p, &q_map, &k_map, &v_map, nullptr);
+}
+
+// O through shared memory and TMA stores: short sequences, where the epilogue is a large part of a tile.
+template <int kDQK, bool kFp16>
+__global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
+    mha_prefill_staged_kernel(const __grid_constant__ MhaPrefillParams p, const __grid_constant__ CUtensorMap q_map,
+                              const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+                              const __grid_constant__ CUtensorMap o_map) {
+  kernel_body<kDQK, kFp16, true>(p, &q_map, &k_map, &v_map, &o_map);
 }
 
 }  // namespace openmla::kernels::mha_prefill

@@ -42,6 +42,7 @@ struct MhaPrefillParams {
   int grid;
   bool dynamic_tiles;
   int* tile_counter;  // workspace, may be null when !dynamic_tiles
+  bool staged_out;    // O through shared memory and TMA stores (the staged kernel) rather than from the registers
 };
 
 // Launches the kernel on `stream` (grid params.grid, 384 threads). Builds the Q, K and V tensor maps.
