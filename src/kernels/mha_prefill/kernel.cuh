@@ -172,8 +172,9 @@ __device__ __forceinline__ void trace_cta_end(uint32_t tiles) {
 // Row operations on a 64 x 128 accumulator fragment (m64n128: element j * 4 + 2 i + e is row f.row[i], column
 // 8 j + f.col + e)
 // ---------------------------------------------------------------------------------------------------
-// This thread's two row maxima of S, reduced over the quad. A tree (5 levels of FMNMX per row) rather than tile::row_max's
-// chain of 16 dependent FMNMX: the maximum starts the softmax's critical path. Exact: the same value as the chain.
+// This thread's two row maxima of S, reduced over the quad. A tree (5 levels of FMNMX per row) rather than
+// tile::row_max's chain of 16 dependent FMNMX: the maximum starts the softmax's critical path. Exact: the same value
+// as the chain (docs/mha-prefill.md, decision mha-v0.16).
 __device__ __forceinline__ void row_max_tree(const float (&s)[64], float (&mx)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -730,8 +731,9 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
 // ---------------------------------------------------------------------------------------------------
 // The body of both kernels; `o_map` is null in the direct-store one.
 template <int kDQK, bool kFp16, bool kStagedO>
-__device__ __forceinline__ void kernel_body(const MhaPrefillParams& p, const CUtensorMap* q_map, const CUtensorMap* k_map,
-                                            const CUtensorMap* v_map, const CUtensorMap* o_map) {
+__device__ __forceinline__ void kernel_body(const MhaPrefillParams& p, const CUtensorMap* q_map,
+                                            const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                            const CUtensorMap* o_map) {
   using T = Traits<kDQK, kFp16>;
   using Smem = SharedStorage<kDQK, kFp16>;
   extern __shared__ uint8_t smem_raw[];
