@@ -21,33 +21,28 @@ Status launch_mha_prefill_typed(const MhaPrefillParams& p, cudaStream_t stream) 
                                                        "dense MHA prefill k"));
   OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map({p.v, T::kHeadDimV, p.h_kv, p.v_stride_t, p.v_stride_h, kFp16},
                                                        &v_map, "dense MHA prefill v"));
-  static detail::DynamicSmemLimit smem_limit, staged_smem_limit;  // set once per device (common/dynamic_smem.h)
-  if (!p.staged_out) {
-    auto kernel = mha_prefill::mha_prefill_kernel<kDQK, kFp16>;
-    constexpr int smem_bytes = mha_prefill::kSmemBytes<kDQK, kFp16, false>;
-    return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
+  // Launches `kernel` on the maps given, asking for `smem_bytes` of dynamic shared memory (the limit is set once per
+  // device and kernel: common/dynamic_smem.h).
+  auto launch = [&](auto kernel, int smem_bytes, detail::DynamicSmemLimit& limit, const auto&... maps) {
+    return detail::launch_with_dynamic_smem(limit, reinterpret_cast<const void*>(kernel), smem_bytes,
                                             "dense MHA prefill: setting the shared-memory size",
                                             "dense MHA prefill kernel launch", [&] {
-                                              kernel<<<p.grid, T::kThreads, smem_bytes, stream>>>(p, q_map, k_map,
-                                                                                                  v_map);
+                                              kernel<<<p.grid, T::kThreads, smem_bytes, stream>>>(p, maps...);
                                               return cudaPeekAtLastError();
                                             });
-  }
+  };
+  static detail::DynamicSmemLimit smem_limit, staged_smem_limit;
+  if (!p.staged_out)
+    return launch(mha_prefill::mha_prefill_kernel<kDQK, kFp16>, mha_prefill::kSmemBytes<kDQK, kFp16, false>, smem_limit,
+                  q_map, k_map, v_map);
   // O through shared memory and TMA stores of 64 rows x 64 columns per warpgroup (rows past a sequence's end fall
   // outside the map and are not written).
   CUtensorMap o_map;
   OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map(
       {p.out, T::kHeadDimV, p.h_q, p.out_stride_t, p.out_stride_h, kFp16, T::kRowsPerWarpgroup}, &o_map,
       "dense MHA prefill out"));
-  auto kernel = mha_prefill::mha_prefill_staged_kernel<kDQK, kFp16>;
-  constexpr int smem_bytes = mha_prefill::kSmemBytes<kDQK, kFp16, true>;
-  return detail::launch_with_dynamic_smem(staged_smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
-                                          "dense MHA prefill: setting the shared-memory size",
-                                          "dense MHA prefill kernel launch", [&] {
-                                            kernel<<<p.grid, T::kThreads, smem_bytes, stream>>>(p, q_map, k_map,
-                                                                                                v_map, o_map);
-                                            return cudaPeekAtLastError();
-                                          });
+  return launch(mha_prefill::mha_prefill_staged_kernel<kDQK, kFp16>, mha_prefill::kSmemBytes<kDQK, kFp16, true>,
+                staged_smem_limit, q_map, k_map, v_map, o_map);
 }
 
 #if defined(OPENMLA_HAS_TRACE)
