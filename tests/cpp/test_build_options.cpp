@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "api/trace.h"
+#include "mha_prefill_fixture.h"
 #include "openmla/capability.h"
 #include "openmla/decode.h"
 #include "openmla/kv_cache.h"
@@ -154,23 +155,8 @@ SparsePrefillArgs sparse_prefill_args() {
   return a;
 }
 
-// 4 sequences packed into 1000 query rows and 1500 key rows, h_q = 16, h_kv = 2, (d_qk, d_v) = (192, 128).
-MhaPrefillProblem mha_problem() {
-  return MhaPrefillProblem{
-      .batch = 4, .h_q = 16, .h_kv = 2, .d_qk = 192, .d_v = 128, .dtype = DType::kBFloat16, .num_sms = kSms};
-}
-MhaPrefillArgs mha_args() {
-  MhaPrefillArgs a;
-  a.q = make_tensor(fake_ptr(1), DType::kBFloat16, {1000, 16, 192});
-  a.k = make_tensor(fake_ptr(2), DType::kBFloat16, {1500, 2, 192});
-  a.v = make_tensor(fake_ptr(3), DType::kBFloat16, {1500, 2, 128});
-  a.cu_seqlens_qo = make_tensor(fake_ptr(4), DType::kInt32, {5});
-  a.cu_seqlens_kv = make_tensor(fake_ptr(5), DType::kInt32, {5});
-  a.workspace = make_tensor(fake_ptr(6), DType::kUInt8, {16});
-  a.out = make_tensor(fake_ptr(7), DType::kBFloat16, {1000, 16, 128});
-  a.lse = make_tensor(fake_ptr(8), DType::kFloat32, {1000, 16});
-  return a;
-}
+MhaPrefillProblem mha_problem() { return testing::mha_fixture_problem(kSms); }
+MhaPrefillArgs mha_args() { return testing::mha_fixture_args(fake_ptr); }
 
 TensorRef bf16_pages(int64_t blocks) { return make_tensor(fake_ptr(1), DType::kBFloat16, {blocks, 64, 1, 576}); }
 TensorRef fp8_pages(int64_t blocks) { return make_tensor(fake_ptr(2), DType::kUInt8, {blocks, 64, 1, 656}); }

@@ -15,6 +15,7 @@
 #include "api/mha_prefill_internal.h"
 #include "heuristics/mha_prefill_launch.h"
 #include "kernels/mha_prefill/tile_math.h"
+#include "mha_prefill_fixture.h"
 #include "openmla/capability.h"
 #include "openmla/prefill.h"
 
@@ -25,32 +26,8 @@ namespace mp = kernels::mha_prefill;
 
 void* fake_ptr(int i) { return reinterpret_cast<void*>(uintptr_t{0x10000000} + uintptr_t(i) * 0x10000000); }
 
-MhaPrefillProblem valid_problem() {
-  return MhaPrefillProblem{.batch = 4,
-                           .h_q = 16,
-                           .h_kv = 2,
-                           .d_qk = 192,
-                           .d_v = 128,
-                           .dtype = DType::kBFloat16,
-                           .causal = true,
-                           .max_seqlen_qo = 0,
-                           .num_sms = 132};
-}
-
-// A valid call: 4 sequences packed into 1000 query rows and 1500 key rows, h_q = 16, h_kv = 2 (GQA 8), 192 / 128.
-MhaPrefillArgs valid_args() {
-  MhaPrefillArgs a;
-  a.q = make_tensor(fake_ptr(1), DType::kBFloat16, {1000, 16, 192});
-  a.k = make_tensor(fake_ptr(2), DType::kBFloat16, {1500, 2, 192});
-  a.v = make_tensor(fake_ptr(3), DType::kBFloat16, {1500, 2, 128});
-  a.cu_seqlens_qo = make_tensor(fake_ptr(4), DType::kInt32, {5});
-  a.cu_seqlens_kv = make_tensor(fake_ptr(5), DType::kInt32, {5});
-  a.softmax_scale = 0.125f;
-  a.workspace = make_tensor(fake_ptr(6), DType::kUInt8, {16});
-  a.out = make_tensor(fake_ptr(7), DType::kBFloat16, {1000, 16, 128});
-  a.lse = make_tensor(fake_ptr(8), DType::kFloat32, {1000, 16}, {1, 1000});  // flash_mla's transposed lse
-  return a;
-}
+MhaPrefillProblem valid_problem() { return testing::mha_fixture_problem(132); }
+MhaPrefillArgs valid_args() { return testing::mha_fixture_args(fake_ptr); }
 
 void expect_error(const std::function<void(MhaPrefillProblem&, MhaPrefillArgs&)>& mutate, const std::string& needle,
                   StatusCode code = StatusCode::kInvalidArgument) {
