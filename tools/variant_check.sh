@@ -11,7 +11,8 @@
 # tested code); PYTEST_TIMEOUT (default 120 s) and SANITIZE_TIMEOUT (90 s) bound a variant that hangs (a new
 # protocol can deadlock; the consumers' waits have no watchdog); AB_CMAKE_ARGS as in
 # ab_bench.sh (a family switched off builds faster). Prints one line per tree and step, then the A/B table. Logs under
-# ${OUT:-build-gpu/variants}.
+# ${OUT:-build-gpu/variants}; with $OUT set (the device tool, which brings back at most 8 files) they are packed into
+# $OUT/variant_check.tgz at the end, the A/B JSON included.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -22,6 +23,13 @@ mkdir -p "$out"
 py=$(command -v python3)
 t0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - t0 )) s] $*"; }
+# The device tool brings back at most 8 files: on any exit, one archive of everything under $OUT.
+pack() {
+  [[ -n ${OUT:-} ]] || return 0
+  tar czf "/tmp/variant_check.$$.tgz" -C "$out" . && rm -rf "${out:?}"/* && mv "/tmp/variant_check.$$.tgz" \
+    "$out/variant_check.tgz"
+}
+trap pack EXIT
 bash tools/setup_deps.sh --offline >"$out/deps.log" 2>&1 || { tail -20 "$out/deps.log"; exit 1; }
 paths=(); for t in "${trees[@]}"; do paths+=(".ab/$t"); done
 OUT=$out/ab AB_BUILD_ONLY=1 AB_TREES="${paths[*]}" bash tools/ab_bench.sh >"$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
