@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/mha_prefill/params.h"
+#include "kernels/mha_prefill/tile_math.h"
 #include "openmla/status.h"
 #if defined(OPENMLA_HAS_TRACE)
 #include <cstddef>
@@ -53,7 +54,7 @@ struct RaggedOperand {
   int64_t stride_t;
   int64_t stride_h;
   bool fp16;
-  int box_rows = 128;  // rows per TMA box: a tile (kBlockM, loads) or a warpgroup's 64 (O's stores)
+  int box_rows = kBlockM;  // rows per TMA box: a tile (loads) or a warpgroup's 64 (O's stores)
 };
 Status make_ragged_map(const RaggedOperand& op, CUtensorMap* map, const char* what);
 

@@ -346,8 +346,8 @@ __device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, int
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     ptx::stmatrix_x4(base ^ static_cast<uint32_t>(c << 5), pack_bf16(s[8 * c + 0], s[8 * c + 1]),
-                pack_bf16(s[8 * c + 2], s[8 * c + 3]), pack_bf16(s[8 * c + 4], s[8 * c + 5]),
-                pack_bf16(s[8 * c + 6], s[8 * c + 7]));
+                     pack_bf16(s[8 * c + 2], s[8 * c + 3]), pack_bf16(s[8 * c + 4], s[8 * c + 5]),
+                     pack_bf16(s[8 * c + 6], s[8 * c + 7]));
   }
   ptx::fence_proxy_async_shared();
 }
