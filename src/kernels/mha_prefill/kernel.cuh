@@ -260,7 +260,10 @@ __device__ __forceinline__ void to_a_fragments(const float (&s)[64], uint32_t (&
 // mask and a shift). Each issue computes its buffers' low words once, broadcast from lane 0 so that ptxas knows them
 // warp-uniform and keeps them, and the add, on the uniform datapath: no R2UR per wgmma (docs/mha-prefill.md, decision
 // mha-v0.13). Broadcasting once per kernel instead brought the R2UR back. LBO: 16 B for the K-major Q and K, one
-// 16 KB tile (the next 64 columns) for V viewed MN-major; SBO one 1024-byte swizzle atom.
+// 16 KB tile (the next 64 columns) for V viewed MN-major; SBO one 1024-byte swizzle atom. Each wgmma's descriptor is
+// the buffer's full descriptor plus the offset >> 4 as a 64-bit add (the same value: the low word never carries):
+// one UIADD3.64 per operand, where adding to the low word first made ptxas rewrite the constant high word with a
+// UMOV per operand (decision mha-v0.17: d128 loop 644 -> 620 instructions).
 template <uint32_t kLboBytes>
 __device__ __forceinline__ uint32_t desc_lo(const void* p) {
   return __shfl_sync(0xffffffffu, (ptx::smem_addr(p) >> 4) | ((kLboBytes >> 4) << 16), 0);
@@ -276,7 +279,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, 
 #pragma unroll
     for (int kk = 0; kk < T::kTileCols / 16; ++kk) {
       const uint32_t off = (g * T::kTileBytes + kk * 32) >> 4;
-      mma_qk<T::kIsFp16>(s, desc_from_lo(q_lo + off), desc_from_lo(k_lo + off), (g == 0 && kk == 0) ? 0 : 1);
+      mma_qk<T::kIsFp16>(s, desc_from_lo(q_lo) + off, desc_from_lo(k_lo) + off, (g == 0 && kk == 0) ? 0 : 1);
     }
   }
 }
@@ -287,7 +290,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8]
   const uint32_t v_lo = desc_lo<T::kTileBytes>(v_block);
 #pragma unroll
   for (int kk = 0; kk < T::kBlockN / 16; ++kk)
-    mma_pv<T::kIsFp16>(o, pa[kk], desc_from_lo(v_lo + ((kk * 16 * T::kRowBytes) >> 4)));
+    mma_pv<T::kIsFp16>(o, pa[kk], desc_from_lo(v_lo) + ((kk * 16 * T::kRowBytes) >> 4));
 }
 
 // ---------------------------------------------------------------------------------------------------
