@@ -67,11 +67,11 @@ struct TileInfo {
   int pad;
 };
 
-// Mbarriers: the Q buffer (one per CTA), the K and V rings, and the consumers' GEMM turns.
+// Mbarriers: the Q buffer (one per CTA) and the K and V rings. (No GEMM turns between the consumer warpgroups since
+// decision mha-v0.18, docs/mha-prefill.md.)
 //   q_full:   producer -> consumers, 1 arrival (+ Q's TMA bytes; a plain arrival for a tile without keys)
 //   k_full/v_full[s]: producer -> consumers, 1 arrival + the block's TMA bytes
 //   k_free/v_free[s]: consumers -> producer, one arrival per consumer warp (8) after the wgmma reading the stage
-//   turn[w]:  the other consumer warpgroup -> warpgroup w, one arrival per warp (4): "your GEMMs may be issued"
 // Named barrier kExchangeBarrier (producer warp + both consumer warpgroups, bar.sync on both sides): once before the
 // first tile, then once per tile when the consumers are past its last Q K^T (Q may be rewritten, the next record is
 // published). A symmetric barrier rather than an mbarrier arrive / wait pair: both order the record's accesses in the
@@ -80,7 +80,6 @@ inline constexpr int kExchangeBarrier = 1;
 // Named barriers 2 and 3: warpgroup w's own (128 threads) around its O staging (the staged-O kernels only).
 inline constexpr int kOStageBarrier = 2;
 inline constexpr int kConsumerWarps = 8;
-inline constexpr int kWarpsPerWarpgroup = 4;
 
 template <int kDQK, bool kFp16>
 struct alignas(1024) SharedStorage {
@@ -96,7 +95,6 @@ struct alignas(1024) SharedStorage {
   uint64_t k_free[T::kStages];
   uint64_t v_full[T::kStages];
   uint64_t v_free[T::kStages];
-  uint64_t turn[2];
 };
 
 // Layout of the trace of a trace build (CMake -DOPENMLA_TRACE=ON; kernel.cuh stamps it, launch_impl.cuh reads it,
@@ -127,16 +125,16 @@ struct Trace {
     kExchangeEnter = 2,  // after the tile's last Q K^T, before the exchange barrier
     kExchangePassed = 3,
     kLastPvReady = 4,    // the last P V step: V(0) full passed
-    kLastPvTurn = 5,     // its turn acquired
-    kLastPvIssued = 6,   // its P V issued, turn handed over
+    kLastPvTurn = 5,     // its issue begins (the ping-pong turn was acquired here before decision mha-v0.18)
+    kLastPvIssued = 6,   // its P V issued
     kLastPvDone = 7,     // its P V done: the epilogue starts
     kStoresDone = 8,     // out and lse stored
   };
   // Events of a consumer warpgroup's visited block j (the step that issues Q K^T of block j, with P V of j - 1).
   enum BlockEvent : int {
     kBlockDataReady = 0,  // K(j) (and V(j - 1)) full passed
-    kBlockTurn = 1,       // turn acquired
-    kBlockIssued = 2,     // the step's GEMMs issued, turn handed over
+    kBlockTurn = 1,       // the issue begins (the ping-pong turn was acquired here before decision mha-v0.18)
+    kBlockIssued = 2,     // the step's GEMMs issued
     kBlockQkDone = 3,     // S = Q K(j)^T done
     kBlockSoftmaxDone = 4,  // mask (where needed) and the online-softmax step done
     kBlockPvDone = 5,     // O += P(j) V(j) done (stamped in step j + 1, or the last P V step)
