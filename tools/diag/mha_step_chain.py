@@ -19,6 +19,8 @@ The input is a `--dump` file of tools/diag/trace_mha_prefill.py (plain or gzippe
 
 A warpgroup's period is about turnwait + qk_from_turn + softmax + post: when that exceeds the tensor cores' work
 for both warpgroups, the softmax chain (not the GEMMs) sets the pace (docs/mha-prefill.md, "Measurements").
+Since decision mha-v0.18 the kernel has no turns: the "turn" stamp marks the start of the issue, so turnwait is the
+stamps' own cost (~50 cycles) and "turn" below reads "issue start".
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ where a value is per consumer warpgroup; all times in SM cycles):
               defers the wait), so entered -> passed reads ~100 cycles whatever the others do
   epi         epilogue: last P V done -> out and lse stored
   mask        median (softmax done - Q K^T done) of the masked blocks minus that of the unmasked ones
-  turn        median wait for the GEMM turn (data ready -> turn acquired) over the tile's blocks
+  turn        median wait for the GEMM turn (data ready -> turn acquired) over the tile's blocks; since decision
+              mha-v0.18 (no turns) the stamp marks the issue's start and this column is the stamps' own cost
   overhead    tile time (this tile start -> next tile start, WG0) minus blocks x period
 
 then a summary table (medians over every traced tile of every traced CTA; switch values over tiles after the first)
