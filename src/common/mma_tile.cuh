@@ -28,8 +28,10 @@ __device__ __forceinline__ uint64_t desc_mn_major(const void* p) {
 // that takes the low word of a buffer once and forms each wgmma's descriptor as desc_from_lo(lo + (off >> 4)) pays
 // one add per wgmma instead of an address computation, a mask and a shift.
 __device__ __forceinline__ uint32_t desc_lo_k_major(const void* p) { return (ptx::smem_addr(p) >> 4) | (1u << 16); }
+// kLboBytes: the distance to the next 64 columns (one 8 KB tile here; other tilings pass theirs).
+template <uint32_t kLboBytes = kTileBytes>
 __device__ __forceinline__ uint32_t desc_lo_mn_major(const void* p) {
-  return (ptx::smem_addr(p) >> 4) | (static_cast<uint32_t>(kTileBytes >> 4) << 16);
+  return (ptx::smem_addr(p) >> 4) | ((kLboBytes >> 4) << 16);
 }
 __device__ __forceinline__ uint64_t desc_from_lo(uint32_t lo) {
   constexpr uint32_t kHi = (kSwizzleAtomBytes >> 4) | (1u << 30);  // SBO; 128B swizzle (bit 62)

@@ -256,24 +256,22 @@ __device__ __forceinline__ void to_a_fragments(const float (&s)[64], uint32_t (&
   }
 }
 
-// The low word of a descriptor (mma_tile.cuh, desc_from_lo: one add per wgmma instead of an address computation, a
-// mask and a shift). Each issue computes its buffers' low words once, broadcast from lane 0 so that ptxas knows them
-// warp-uniform and keeps them, and the add, on the uniform datapath: no R2UR per wgmma (docs/mha-prefill.md, decision
-// mha-v0.13). Broadcasting once per kernel instead brought the R2UR back. LBO: 16 B for the K-major Q and K, one
-// 16 KB tile (the next 64 columns) for V viewed MN-major; SBO one 1024-byte swizzle atom. Each wgmma's descriptor is
+// The wgmma descriptors' low words (mma_tile.cuh, desc_lo_k_major / desc_lo_mn_major / desc_from_lo: one add per
+// wgmma instead of an address computation, a mask and a shift). Each issue computes its buffers' low words once,
+// broadcast from lane 0 (`from_lane0`) so that ptxas knows them warp-uniform and keeps them, and the add, on the
+// uniform datapath: no R2UR per wgmma (docs/mha-prefill.md, decision mha-v0.13). Broadcasting once per kernel instead
+// brought the R2UR back. LBO: 16 B for the K-major Q and K, one 16 KB tile (the next 64 columns; this kernel's tiles
+// are 128 rows) for V viewed MN-major; SBO one 1024-byte swizzle atom. Each wgmma's descriptor is
 // the buffer's full descriptor plus the offset >> 4 as a 64-bit add (the same value: the low word never carries):
 // one UIADD3.64 per operand, where adding to the low word first made ptxas rewrite the constant high word with a
 // UMOV per operand (decision mha-v0.17: d128 loop 644 -> 620 instructions).
-template <uint32_t kLboBytes>
-__device__ __forceinline__ uint32_t desc_lo(const void* p) {
-  return __shfl_sync(0xffffffffu, (ptx::smem_addr(p) >> 4) | ((kLboBytes >> 4) << 16), 0);
-}
+__device__ __forceinline__ uint32_t from_lane0(uint32_t v) { return __shfl_sync(0xffffffffu, v, 0); }
 using tile::desc_from_lo;
 
 // Issues (no fence, commit or wait) S = Q K^T: this warpgroup's 64 rows of the Q tile against a 128-key K block.
 template <class T>
 __device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, const uint8_t* k_block) {
-  const uint32_t q_lo = desc_lo<16>(q_rows), k_lo = desc_lo<16>(k_block);
+  const uint32_t q_lo = from_lane0(tile::desc_lo_k_major(q_rows)), k_lo = from_lane0(tile::desc_lo_k_major(k_block));
 #pragma unroll
   for (int g = 0; g < T::kQKTiles; ++g) {
 #pragma unroll
@@ -287,7 +285,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, 
 // Issues (no fence, commit or wait) O += P V over a 128-key V block.
 template <class T>
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[8][4], const uint8_t* v_block) {
-  const uint32_t v_lo = desc_lo<T::kTileBytes>(v_block);
+  const uint32_t v_lo = from_lane0(tile::desc_lo_mn_major<T::kTileBytes>(v_block));
 #pragma unroll
   for (int kk = 0; kk < T::kBlockN / 16; ++kk)
     mma_pv<T::kIsFp16>(o, pa[kk], desc_from_lo(v_lo) + ((kk * 16 * T::kRowBytes) >> 4));
@@ -475,6 +473,11 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
 // ---------------------------------------------------------------------------------------------------
 // Writes this thread's two rows of a tile (4 x 16 bytes each across the quad) from O (already divided by l) and the
 // lse, valid rows only. `o` is 64 x 128 fp32 in the m64n128 accumulator layout.
+// The lse of query row `row` of the tile's sequence.
+__device__ __forceinline__ void store_lse(const MhaPrefillParams& p, const TileInfo& info, int row, float lse) {
+  p.lse[(static_cast<int64_t>(info.q_begin) + row) * p.lse_stride_t + info.head * p.lse_stride_h] = lse;
+}
+
 template <bool kFp16>
 __device__ __forceinline__ void store_rows(const MhaPrefillParams& p, const TileInfo& info, const float (&o)[64],
                                            const int (&row)[2], const float (&lse)[2], int lane) {
@@ -493,7 +496,7 @@ __device__ __forceinline__ void store_rows(const MhaPrefillParams& p, const Tile
       quad_transpose4(v, q4);
       if (live) *reinterpret_cast<uint4*>(dst + (4 * m + q4) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
     }
-    if (live && q4 == 0) p.lse[token * p.lse_stride_t + info.head * p.lse_stride_h] = lse[i];
+    if (live && q4 == 0) store_lse(p, info, row[i], lse[i]);
   }
 }
 
@@ -568,8 +571,7 @@ __device__ __forceinline__ void consume(const MhaPrefillParams& p, SharedStorage
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        if (row[i] < info.s_q && lane % 4 == 0)
-          p.lse[(static_cast<int64_t>(info.q_begin) + row[i]) * p.lse_stride_t + info.head * p.lse_stride_h] = lse[i];
+        if (row[i] < info.s_q && lane % 4 == 0) store_lse(p, info, row[i], lse[i]);
     } else {
       (void)o_map;
       store_rows<kFp16>(p, info, o, row, lse, lane);
