@@ -471,13 +471,13 @@ __device__ __forceinline__ void produce(const MhaPrefillParams& p, SharedStorage
 // ---------------------------------------------------------------------------------------------------
 // Consumers
 // ---------------------------------------------------------------------------------------------------
-// Writes this thread's two rows of a tile (4 x 16 bytes each across the quad) from O (already divided by l) and the
-// lse, valid rows only. `o` is 64 x 128 fp32 in the m64n128 accumulator layout.
-// The lse of query row `row` of the tile's sequence.
+// The lse of query row `row` of the tile's sequence (both epilogues).
 __device__ __forceinline__ void store_lse(const MhaPrefillParams& p, const TileInfo& info, int row, float lse) {
   p.lse[(static_cast<int64_t>(info.q_begin) + row) * p.lse_stride_t + info.head * p.lse_stride_h] = lse;
 }
 
+// Writes this thread's two rows of a tile (4 x 16 bytes each across the quad) from O (already divided by l) and the
+// lse, valid rows only. `o` is 64 x 128 fp32 in the m64n128 accumulator layout.
 template <bool kFp16>
 __device__ __forceinline__ void store_rows(const MhaPrefillParams& p, const TileInfo& info, const float (&o)[64],
                                            const int (&row)[2], const float (&lse)[2], int lane) {
