@@ -96,7 +96,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int
     if (t % C::kVTilesPerHalf == 0) ptx::mbarrier_wait_parity(&smem.k_bar[buf][tile_group(t)], phase);
 #pragma unroll
     for (int kk = 0; kk < C::kTileCols / 16; ++kk) {
-      Element<kIsFp16>::template mma_qk<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
+      Element<kIsFp16>::template mma_ss<64, 0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
                                            (i | kk) != 0);
     }
   }
