@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "common/ptx.cuh"
+#include "common/seesaw.h"
 
 // Hang detector of the waits that depend on another role's progress (wait_or_trap): a wait that has not completed
 // after kWatchdogNs traps, so a kernel whose other role stopped fails its launch with an error instead of hanging the

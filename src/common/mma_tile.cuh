@@ -23,16 +23,10 @@ __device__ __forceinline__ uint64_t desc_k_major(const void* p) {
 __device__ __forceinline__ uint64_t desc_mn_major(const void* p) {
   return ptx::make_smem_desc_sw128(ptx::smem_addr(p), kTileBytes, kSwizzleAtomBytes);
 }
-// The low word of those descriptors: (start address >> 4) in bits 0-13, LBO >> 4 in bits 16-29. Shared memory lies
-// below 256 KB, so moving the start by a byte offset `off` inside a buffer adds off >> 4 without a carry: a kernel
-// that takes the low word of a buffer once and forms each wgmma's descriptor as desc_from_lo(lo + (off >> 4)) pays
-// one add per wgmma instead of an address computation, a mask and a shift.
-__device__ __forceinline__ uint32_t desc_lo_k_major(const void* p) { return (ptx::smem_addr(p) >> 4) | (1u << 16); }
-// kLboBytes: the distance to the next 64 columns (one 8 KB tile here; other tilings pass theirs).
-template <uint32_t kLboBytes = kTileBytes>
-__device__ __forceinline__ uint32_t desc_lo_mn_major(const void* p) {
-  return (ptx::smem_addr(p) >> 4) | ((kLboBytes >> 4) << 16);
-}
+// The descriptor whose low word is `lo`: (start address >> 4) in bits 0-13, LBO >> 4 in bits 16-29 (the high word: SBO
+// one swizzle atom, 128B swizzle). The issue loops of common/tile_gemm.cuh form descriptors from low words (DescLowWord,
+// DescUniform64): moving the start by a byte offset `off` inside a buffer adds off >> 4 to the low word without a carry
+// (shared memory lies below 256 KB), one add per wgmma instead of an address computation, a mask and a shift.
 __device__ __forceinline__ uint64_t desc_from_lo(uint32_t lo) {
   constexpr uint32_t kHi = (kSwizzleAtomBytes >> 4) | (1u << 30);  // SBO; 128B swizzle (bit 62)
   return (static_cast<uint64_t>(kHi) << 32) | lo;

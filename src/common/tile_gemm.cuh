@@ -8,10 +8,7 @@
 // prefill: 8 KB) or 128 (dense MHA prefill: 16 KB); the MN-major view steps to the next 64 columns by one tile
 // (LBO = the tile's bytes).
 //
-// The issue loops form each wgmma's descriptor from the buffer's descriptor low word plus the slice's offset >> 4
-// (mma_tile.cuh, desc_lo_*), in one of two measured styles (the Desc policies below). The seesaw P V steps of dense
-// decode (gemm_pv_rs / gemm_pv_ss) compute full descriptors per wgmma: its pair loop's SASS is the decode guard's
-// (docs/dense-decode.md, decision dense-v17).
+// The issue loops form each wgmma's descriptor in one of three measured styles (the Desc policies below).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -111,34 +108,58 @@ __device__ __forceinline__ void stmatrix_tile(const float (&x)[kElems], uint32_t
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Issue loops on descriptor low words (no fence, commit or wait: the kernel's pipeline places those)
+// Issue loops (no fence, commit or wait unless named gemm_*: the kernel's pipeline places those)
 // ---------------------------------------------------------------------------------------------------
-// Desc policies: how a wgmma's descriptor is formed from a buffer's low word `lo` (desc_lo_*) and a slice's byte
-// offset >> 4 (`off`; the low word never carries, shared memory lies below 256 KB).
-//   DescLowWord: the offset is added to the low word (one 32-bit add per operand). Sparse prefill, where the 64-bit
-//       form lengthened the consumer loop (docs/sparse-prefill.md, decision sparse-prefill-v8).
-//   DescUniform64: the low word is broadcast from lane 0 (so ptxas knows it warp-uniform and keeps it, and the add,
-//       on the uniform datapath: no R2UR per wgmma), and the offset is added to the full 64-bit descriptor (one
-//       UIADD3.64 per operand; adding to the low word made ptxas rewrite the constant high word per operand). Dense MHA
-//       prefill (docs/mha-prefill.md, decisions mha-v0.13 and mha-v0.17).
+// Desc policies: how a wgmma's descriptor is formed. base<kLbo>(p) is computed once per buffer from its shared address
+// (kLbo: the distance to the next 64 columns, 16 for a K-major operand, one tile for an MN-major view); at(base, off)
+// is the descriptor of the operand `off` bytes further. Each style is the one measured best for its kernels:
+//   DescAddress: the full descriptor from the address per wgmma (make_smem_desc_sw128). Dense decode, whose pair
+//       loop's SASS is the decode guard's (docs/dense-decode.md, decision dense-v17).
+//   DescLowWord: the base is the descriptor's low word (mma_tile.cuh, desc_lo_*) and the offset >> 4 is added to it
+//       (one 32-bit add per operand; the low word never carries, shared memory lies below 256 KB). Sparse prefill,
+//       where the 64-bit form lengthened the consumer loop (docs/sparse-prefill.md, decision sparse-prefill-v8).
+//   DescUniform64: the low word broadcast from lane 0 (so ptxas knows it warp-uniform and keeps it, and the add, on
+//       the uniform datapath: no R2UR per wgmma), the offset added to the full 64-bit descriptor (one UIADD3.64 per
+//       operand; adding to the low word made ptxas rewrite the constant high word per operand). Dense MHA prefill
+//       (docs/mha-prefill.md, decisions mha-v0.13 and mha-v0.17).
+inline constexpr uint32_t kLboKMajor = 16;
+struct DescAddress {
+  template <uint32_t kLbo>
+  struct Base {
+    const uint8_t* p;
+  };
+  template <uint32_t kLbo>
+  __device__ __forceinline__ static Base<kLbo> base(const void* p) {
+    return Base<kLbo>{static_cast<const uint8_t*>(p)};
+  }
+  template <uint32_t kLbo>
+  __device__ __forceinline__ static uint64_t at(Base<kLbo> b, uint32_t off) {
+    return ptx::make_smem_desc_sw128(ptx::smem_addr(b.p + off), kLbo, kSwizzleAtomBytes);
+  }
+};
 struct DescLowWord {
-  __device__ __forceinline__ static uint32_t base(uint32_t lo) { return lo; }
-  __device__ __forceinline__ static uint64_t at(uint32_t lo, uint32_t off) { return desc_from_lo(lo + off); }
+  template <uint32_t kLbo>
+  __device__ __forceinline__ static uint32_t base(const void* p) {
+    return (ptx::smem_addr(p) >> 4) | ((kLbo >> 4) << 16);
+  }
+  __device__ __forceinline__ static uint64_t at(uint32_t lo, uint32_t off) { return desc_from_lo(lo + (off >> 4)); }
 };
 struct DescUniform64 {
-  __device__ __forceinline__ static uint32_t base(uint32_t lo) { return __shfl_sync(0xffffffffu, lo, 0); }
-  __device__ __forceinline__ static uint64_t at(uint32_t lo, uint32_t off) { return desc_from_lo(lo) + off; }
+  template <uint32_t kLbo>
+  __device__ __forceinline__ static uint32_t base(const void* p) {
+    return __shfl_sync(0xffffffffu, DescLowWord::base<kLbo>(p), 0);
+  }
+  __device__ __forceinline__ static uint64_t at(uint32_t lo, uint32_t off) { return desc_from_lo(lo) + (off >> 4); }
 };
 
-// S (+)= Q K^T over the four k16 slices of one 64-column tile `t` of Q and K (K-major, tiles kTileBytes apart):
-// q_lo / k_lo are the Desc::base of the buffers' first tiles. `overwrite`: the first slice overwrites S.
-template <bool kIsFp16, class Desc, int kN, int kTileBytes>
-__device__ __forceinline__ void issue_qk_tile(float (&s)[kN / 2], uint32_t q_lo, uint32_t k_lo, int t, bool overwrite) {
+// S (+)= Q K^T over the four k16 slices of one 64-column tile `t` of Q and K (K-major, tiles kTileBytes apart): q / k
+// are the Desc bases (base<kLboKMajor>) of the buffers' first tiles. `overwrite`: the first slice overwrites S.
+template <bool kIsFp16, class Desc, int kN, int kTileBytes, class Base>
+__device__ __forceinline__ void issue_qk_tile(float (&s)[kN / 2], Base q, Base k, int t, bool overwrite) {
 #pragma unroll
   for (int kk = 0; kk < kRowBytes / 32; ++kk) {
-    const uint32_t off = static_cast<uint32_t>(t * kTileBytes + kk * 32) >> 4;
-    Element16<kIsFp16>::template mma_ss<kN, 0>(s, Desc::at(q_lo, off), Desc::at(k_lo, off),
-                                               (overwrite && kk == 0) ? 0 : 1);
+    const uint32_t off = static_cast<uint32_t>(t * kTileBytes + kk * 32);
+    Element16<kIsFp16>::template mma_ss<kN, 0>(s, Desc::at(q, off), Desc::at(k, off), (overwrite && kk == 0) ? 0 : 1);
   }
 }
 
@@ -146,46 +167,39 @@ __device__ __forceinline__ void issue_qk_tile(float (&s)[kN / 2], uint32_t q_lo,
 // starting at `v` (slice kk starts kk * 16 rows in).
 template <bool kIsFp16, class Desc, int kTileBytes, int kN, int kSlices>
 __device__ __forceinline__ void issue_pv_rs(float (&o)[kN / 2], const uint32_t (&pa)[kSlices][4], const uint8_t* v) {
-  const uint32_t v_lo = Desc::base(desc_lo_mn_major<kTileBytes>(v));
+  const auto v_base = Desc::template base<kTileBytes>(v);
 #pragma unroll
   for (int kk = 0; kk < kSlices; ++kk)
-    Element16<kIsFp16>::template mma_rs<kN, 1>(o, pa[kk], Desc::at(v_lo, (kk * 16 * kRowBytes) >> 4), 1);
+    Element16<kIsFp16>::template mma_rs<kN, 1>(o, pa[kk], Desc::at(v_base, kk * 16 * kRowBytes), 1);
 }
 
 // O += P V over kSlices k16 slices with P read from a K-major shared tile (the other warpgroup's).
 template <bool kIsFp16, class Desc, int kTileBytes, int kN, int kSlices>
 __device__ __forceinline__ void issue_pv_ss(float (&o)[kN / 2], const uint8_t* p_tile, const uint8_t* v) {
-  const uint32_t p_lo = Desc::base(desc_lo_k_major(p_tile)), v_lo = Desc::base(desc_lo_mn_major<kTileBytes>(v));
+  const auto p_base = Desc::template base<kLboKMajor>(p_tile);
+  const auto v_base = Desc::template base<kTileBytes>(v);
 #pragma unroll
   for (int kk = 0; kk < kSlices; ++kk)
-    Element16<kIsFp16>::template mma_ss<kN, 1>(o, Desc::at(p_lo, (kk * 32) >> 4),
-                                               Desc::at(v_lo, (kk * 16 * kRowBytes) >> 4), 1);
+    Element16<kIsFp16>::template mma_ss<kN, 1>(o, Desc::at(p_base, kk * 32), Desc::at(v_base, kk * 16 * kRowBytes), 1);
 }
 
-// ---------------------------------------------------------------------------------------------------
-// The seesaw P V steps of dense decode (docs/dense-decode.md, "Warp roles"): each warpgroup owns a 64 x 256 O half;
-// V is the MN-major view of 4 K tiles. Full descriptors per wgmma. Each waits for its result.
-// ---------------------------------------------------------------------------------------------------
-// O_half += P V_half over 64 tokens: P from registers.
-template <bool kIsFp16>
+// The seesaw's P V steps (docs/dense-decode.md, "Warp roles"; sparse prefill's too): each warpgroup owns a 64 x 256 O
+// half, V_half is 4 tiles of 64 rows viewed MN-major, 64 keys (4 slices) a step. Each waits for its result.
+// O_half += P V_half, P from registers.
+template <bool kIsFp16, class Desc = DescAddress>
 __device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], const uint8_t* v_tiles) {
   ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    Element16<kIsFp16>::template mma_rs<256, 1>(o, p[kk], desc_mn_major(v_tiles + kk * 16 * kRowBytes), 1);
+  issue_pv_rs<kIsFp16, Desc, kTileBytes, 256>(o, p, v_tiles);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_registers(o);
 }
 
 // O_half += P V_half with P read from shared memory (written by the other warpgroup).
-template <bool kIsFp16>
+template <bool kIsFp16, class Desc = DescAddress>
 __device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
   ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    Element16<kIsFp16>::template mma_ss<256, 1>(o, desc_k_major(p_tile + kk * 32),
-                                                desc_mn_major(v_tiles + kk * 16 * kRowBytes), 1);
+  issue_pv_ss<kIsFp16, Desc, kTileBytes, 256, 4>(o, p_tile, v_tiles);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_registers(o);

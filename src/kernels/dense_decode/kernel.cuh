@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     ptx::prefetch_tensormap(&k_map_rope);
     for (int b = 0; b < 2; ++b)
       for (int g = 0; g < C::kNumTileGroups; ++g) ptx::mbarrier_init(&smem.k_bar[b][g], 1);
-    for (int h = 0; h < static_cast<int>(Handoff::kCount); ++h)
+    for (int h = 0; h < kHandoffs; ++h)
       ptx::mbarrier_init(&smem.handoff[h], C::kWarpgroupThreads);
     ptx::mbarrier_init(&smem.merge_bar, 1);
     ptx::mbarrier_init(&smem.q_bar, 1);

@@ -145,10 +145,9 @@ using Desc = tile::DescUniform64;
 // S = Q K^T: this warpgroup's 64 rows of the Q tile against a 128-key K block.
 template <class T>
 __device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, const uint8_t* k_block) {
-  const uint32_t q_lo = Desc::base(tile::desc_lo_k_major(q_rows)), k_lo = Desc::base(tile::desc_lo_k_major(k_block));
+  const uint32_t q = Desc::base<tile::kLboKMajor>(q_rows), k = Desc::base<tile::kLboKMajor>(k_block);
 #pragma unroll
-  for (int g = 0; g < T::kQKTiles; ++g)
-    tile::issue_qk_tile<T::kIsFp16, Desc, T::kBlockN, T::kTileBytes>(s, q_lo, k_lo, g, g == 0);
+  for (int g = 0; g < T::kQKTiles; ++g) tile::issue_qk_tile<T::kIsFp16, Desc, T::kBlockN, T::kTileBytes>(s, q, k, g, g == 0);
 }
 
 // O += P V over a 128-key V block (8 k16 slices).
