@@ -23,6 +23,7 @@
 #include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
 #include "common/q_tile.cuh"
+#include "common/seesaw.cuh"
 #include "common/tile_gemm.cuh"
 #include "kernels/sparse_prefill/config.h"
 #include "kernels/sparse_prefill/params.h"
@@ -370,22 +371,8 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         OPENMLA_PREFILL_STAMP(0, pair_count, 1);
         if (last_pair) arrive(&smem.q_free);
         mask::by_valid_bits(s, *reinterpret_cast<const uint64_t*>(smem.valid[0]), frag.col);
-        float mx[2], m0[2], a0[2], sum[2];
-        row_max(s, mx);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          m0[i] = softmax::new_max(m_run[i], mx[i], p.scale_log2);
-          a0[i] = softmax::rescale_factor(m_run[i], m0[i]);
-        }
-        exponentiate(s, p.scale_log2, m0, sum);
-        softmax::update_row_sums(l_run, a0, sum);
-        if (lane % 4 == 0) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            smem.max0[frag.row[i]] = m0[i];
-            smem.scale0[frag.row[i]] = a0[i];
-          }
-        }
+        float a0[2];
+        seesaw::wg0_softmax(s, p.scale_log2, m_run, l_run, smem, frag, lane, a0);
         handoff.arrive(Handoff::kMax0Ready);
         OPENMLA_PREFILL_STAMP(0, pair_count, 2);
         scale_rows_if_changed(o, a0[0], a0[1]);
@@ -446,19 +433,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         handoff.wait(Handoff::kMax0Ready);
         OPENMLA_PREFILL_STAMP(1, pair_count, 2);
         float m1[2], a1[2], a01[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float m0 = smem.max0[frag.row[i]];
-          const float a0 = smem.scale0[frag.row[i]];
-          m1[i] = softmax::new_max(m0, mx[i], p.scale_log2);
-          a1[i] = softmax::rescale_factor(m0, m1[i]);
-          a01[i] = a0 * a1[i];
-          m_run[i] = m1[i];
-          if (lane % 4 == 0) {
-            smem.scale1[frag.row[i]] = a1[i];
-            smem.max1[frag.row[i]] = m1[i];
-          }
-        }
+        seesaw::wg1_rescale(mx, p.scale_log2, m_run, smem, frag, lane, m1, a1, a01);
         // m1 and a1 go out before the exponentials: WG0 rescales and stores P0 while this warpgroup computes P1.
         handoff.arrive(Handoff::kScale1Ready);
         if (has_k1) {
