@@ -144,8 +144,10 @@ const dlpack::ExchangeApi* exchange_api_of(PyObject* obj) {
 }
 
 TensorRef TensorReader::read(nb::handle obj, const char* name) {
+  last_route_ = nullptr;
   if (obj.is_none()) return TensorRef{};
   if (const dlpack::ExchangeApi* api = exchange_api_of(obj.ptr())) {
+    last_route_ = api;
     dlpack::DLTensor dl{};
     if (api->dltensor_from_py_object_no_sync(obj.ptr(), &dl) != 0) throw nb::python_error();
     if (api_ == nullptr) api_ = api;
