@@ -187,6 +187,7 @@ struct DecodeCall {
   // not check it).
   template <class... Prefix>
   void check(const nb::object& checks, Prefix... prefix) const {
+    if (!checks.is_valid()) throw std::runtime_error("openmla: a decode entry used after the garbage collector cleared it");
     checks(prefix..., q, k_cache, block_table, cache_seqlens, head_dim_v, causal, is_fp8_kvcache, indices,
            attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length);
   }
@@ -366,6 +367,25 @@ class DecodeStep {
 
   // The stream of the last plan or call (as an int), for tests.
   uintptr_t last_stream() const { return reinterpret_cast<uintptr_t>(order_.last_stream()); }
+
+  // Garbage-collector support: the step holds Python objects (its config, the check function and what it refers
+  // to), which may refer back to the object that holds the step.
+  static int traverse(PyObject* self, visitproc visit, void* arg) {
+    Py_VISIT(Py_TYPE(self));
+    if (!nb::inst_ready(self)) return 0;
+    const DecodeStep* step = nb::inst_ptr<DecodeStep>(self);
+    Py_VISIT(step->config_.ptr());
+    Py_VISIT(step->checks_.ptr());
+    Py_VISIT(step->owners_.ptr());
+    return 0;
+  }
+
+  static int clear(PyObject* self) {
+    DecodeStep* step = nb::inst_ptr<DecodeStep>(self);
+    step->config_ = nb::object();
+    step->checks_ = nb::object();
+    return 0;
+  }
 
  private:
   // The planned call's tests of a dense call; fills args' tensors and the outputs.
@@ -588,6 +608,7 @@ class TensorStyleDecode {
         "TensorStyleDecode.decode", [&] { return accept(c, metadata, num_splits, out, lse, stream, reader, &call); },
         [&] { c.check(check_call_, metadata, num_splits); });
     const int device_id = call.q.device_id;
+    call.dense_problem.num_sms = call.sparse_problem.num_sms = device_sm_count(device_id);
     const CallStream s = call_stream(reader.api(), stream, device_id);
     const DecodeWorkspaceSizes sizes = call.sparse ? decode_workspace_sizes(call.sparse_problem)
                                                    : decode_workspace_sizes(call.dense_problem);
@@ -635,7 +656,7 @@ class TensorStyleDecode {
   }
 
  private:
-  // One call's problem and tensors (the split-KV scratch comes later, from the pool).
+  // One call's problem and tensors (the SM count and the split-KV scratch come later).
   struct Call {
     bool sparse = false;
     int64_t d_v = 0;
@@ -666,7 +687,6 @@ class TensorStyleDecode {
     const dlpack::ExchangeApi* route = reader.last_route();
     if (!q.defined() || q.device != DeviceType::kCUDA || q.ndim != 4) return "q is not a 4-dimensional CUDA tensor";
     if (route == nullptr && stream.is_none()) return "q is not a tensor of a framework with the DLPack exchange API";
-    const int num_sms = device_sm_count(q.device_id);
     if (!call->sparse) {
       if (!read_required(reader, c.k_cache, "k_cache", 4, route, &call->k_cache))
         return "k_cache is not a 4-dimensional CUDA tensor of q's framework";
@@ -674,7 +694,7 @@ class TensorStyleDecode {
       call->dense_problem = DenseDecodeProblem{.batch = q.shape[0], .s_q = q.shape[1], .h_q = q.shape[2],
                                                .h_kv = k.shape[2], .d_qk = q.shape[3], .d_v = call->d_v,
                                                .page_block_size = k.shape[1], .cache_format = dense_format(q),
-                                               .causal = truthy(c.causal), .num_sms = num_sms};
+                                               .causal = truthy(c.causal)};
       call->block_table = reader.read(c.block_table, "block_table");
       call->cache_seqlens = reader.read(c.cache_seqlens, "cache_seqlens");
     } else {
@@ -692,7 +712,7 @@ class TensorStyleDecode {
           .batch = q.shape[0], .s_q = q.shape[1], .h_q = q.shape[2], .d_qk = q.shape[3], .d_v = call->d_v,
           .page_block_size = call->k_cache.shape[1], .cache_format = format, .topk = call->indices.shape[2],
           .extra_topk = has_extra ? call->extra_indices.shape[2] : 0,
-          .extra_page_block_size = has_extra ? call->extra_k_cache.shape[1] : 0, .num_sms = num_sms};
+          .extra_page_block_size = has_extra ? call->extra_k_cache.shape[1] : 0};
       call->topk_length = reader.read(c.topk_length, "topk_length");
       call->attn_sink = reader.read(c.attn_sink, "attn_sink");
       call->extra_topk_length = reader.read(c.extra_topk_length, "extra_topk_length");
@@ -725,9 +745,13 @@ nb::tuple read_tensor(nb::handle obj) {
 }  // namespace
 
 void bind_decode_step(nb::module_& m) {
+  static PyType_Slot step_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(&DecodeStep::traverse)},
+                                     {Py_tp_clear, reinterpret_cast<void*>(&DecodeStep::clear)},
+                                     {0, nullptr}};
   nb::class_<DecodeStep>(m, "DecodeStep",
                          "The problem and schedule of one decoding step (the object style's FlashMLASchedMeta): "
-                         "every call of the step goes through decode(). Built by python/openmla/decode.py.")
+                         "every call of the step goes through decode(). Built by python/openmla/decode.py.",
+                         nb::type_slots(step_slots))
       .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::object, nb::object,
                     const nb::kwargs&>(),
            nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"), nb::arg("merge_counters"), nb::arg("partial_o"),
