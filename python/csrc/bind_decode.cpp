@@ -133,9 +133,10 @@ void bind_decode(nb::module_& m) {
 
   m.def("get_decode_workspace_sizes", &workspace_sizes,
         "get_decode_workspace_sizes(**problem) -> dict\n\n"
-        "Sizes of the caller-owned decode workspace for a problem given as keyword arguments (batch, s_q, h_q, "
-        "h_kv, d_qk, d_v, page_block_size, cache_format ('bf16', 'fp16', 'fp8_v32', 'fp8_model1'), causal, "
-        "sparse, topk, extra_topk, extra_page_block_size, num_sms (0: the current device's SM count)).\n"
+        "Sizes of the caller-owned decode workspace for a problem given as keyword arguments, the fields of its "
+        "family's struct: batch, s_q, h_q, d_qk, d_v, page_block_size, cache_format ('bf16', 'fp16', 'fp8_v32', "
+        "'fp8_model1'), num_sms (0: the current device's SM count); dense: h_kv, causal, max_blocks_per_seq; "
+        "sparse (sparse=True): topk, extra_topk, extra_page_block_size.\n"
         "Returns {num_sm_parts, metadata_ints, num_splits_ints, partial_rows, partial_o_bytes, "
         "partial_lse_bytes}. Host-only: launches nothing.");
 
@@ -174,9 +175,9 @@ void bind_decode(nb::module_& m) {
         "sparse_decode(q, k_cache, indices, tile_scheduler_metadata, num_splits, partial_o, partial_lse, out, lse, "
         "topk_length=None, attn_sink=None, extra_k_cache=None, extra_indices=None, extra_topk_length=None, "
         "softmax_scale=0.0, stream=0, **problem)\n\n"
-        "Sparse top-k MLA decode over an FP8 paged cache, main kernel plus combine, on `stream`. The problem has "
-        "sparse=True, cache_format 'fp8_v32' (d_qk 576) or 'fp8_model1' (d_qk 512), h_kv=1, topk, and "
-        "extra_topk / extra_page_block_size when an extra cache is given.\n"
+        "Sparse top-k MLA decode over an FP8 paged cache, main kernel plus combine, on `stream`. The problem is "
+        "SparseDecodeProblem's fields: cache_format 'fp8_v32' (d_qk 576) or 'fp8_model1' (d_qk 512), topk, and "
+        "extra_topk / extra_page_block_size when an extra cache is given (sparse=True and h_kv=1 accepted).\n"
         "q: (b, s_q, h_q, d_qk) bf16; k_cache: (num_blocks, page_block_size, 1, 656 | 584) uint8 / int8 / "
         "float8_e4m3 bytes, any page stride (multiple of 16 bytes); indices: (b, s_q, topk) int32, index = page * "
         "page_block_size + offset, -1 or out of range = skipped; topk_length: (b,) int32 slots used per request; "
