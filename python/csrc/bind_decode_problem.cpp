@@ -48,31 +48,48 @@ KVCacheFormat cache_format_from_name(const std::string& name) {
 }
 
 FamilyDecodeProblem decode_problem_from_kwargs(const nb::kwargs& kwargs, DecodeFamily family, const char* entry) {
+  using D = DenseDecodeProblem;
+  using S = SparseDecodeProblem;
+  // The int64 fields: where each goes (null: not a field of that family's struct).
+  struct IntField {
+    const char* name;
+    int64_t D::*dense;
+    int64_t S::*sparse;
+  };
+  static constexpr IntField kIntFields[] = {
+      {"batch", &D::batch, &S::batch},
+      {"s_q", &D::s_q, &S::s_q},
+      {"h_q", &D::h_q, &S::h_q},
+      {"d_qk", &D::d_qk, &S::d_qk},
+      {"d_v", &D::d_v, &S::d_v},
+      {"page_block_size", &D::page_block_size, &S::page_block_size},
+      {"h_kv", &D::h_kv, nullptr},
+      {"max_blocks_per_seq", &D::max_blocks_per_seq, nullptr},
+      {"topk", nullptr, &S::topk},
+      {"extra_topk", nullptr, &S::extra_topk},
+      {"extra_page_block_size", nullptr, &S::extra_page_block_size},
+  };
   FamilyDecodeProblem p;
-  DenseDecodeProblem& d = p.dense;
-  SparseDecodeProblem& s = p.sparse_problem;
+  D& d = p.dense;
+  S& s = p.sparse_problem;
   bool sparse = family == DecodeFamily::kSparse, format_given = false;
   KVCacheFormat format = KVCacheFormat::kBFloat16;
   for (auto [k, v] : kwargs) {
     const std::string key = nb::cast<std::string>(k);
-    // Fields of both families.
-    if (key == "batch") {
-      d.batch = s.batch = int_field(v, key);
-    } else if (key == "s_q") {
-      d.s_q = s.s_q = int_field(v, key);
-    } else if (key == "h_q") {
-      d.h_q = s.h_q = int_field(v, key);
-    } else if (key == "d_qk") {
-      d.d_qk = s.d_qk = int_field(v, key);
-    } else if (key == "d_v") {
-      d.d_v = s.d_v = int_field(v, key);
-    } else if (key == "page_block_size") {
-      d.page_block_size = s.page_block_size = int_field(v, key);
+    const IntField* field = nullptr;
+    for (const IntField& f : kIntFields)
+      if (key == f.name) field = &f;
+    if (field != nullptr) {
+      const int64_t value = int_field(v, key);
+      if (field->dense != nullptr) d.*field->dense = value;
+      if (field->sparse != nullptr) s.*field->sparse = value;
     } else if (key == "cache_format") {
       format = cache_format_from_name(nb::cast<std::string>(v));
       format_given = true;
     } else if (key == "num_sms") {
       d.num_sms = s.num_sms = static_cast<int>(int_field(v, key));
+    } else if (key == "causal") {  // dense only
+      d.causal = bool_field(v, key);
     } else if (key == "sparse") {
       const bool named = bool_field(v, key);
       if (family == DecodeFamily::kByKeyword)
@@ -80,20 +97,6 @@ FamilyDecodeProblem decode_problem_from_kwargs(const nb::kwargs& kwargs, DecodeF
       else if (named != sparse)
         throw_if_error(detail::invalid(std::string("argument 'problem.sparse' is ") + (named ? "True" : "False") +
                                        "; " + entry + " takes a " + (sparse ? "sparse" : "dense") + " problem"));
-    // Dense only.
-    } else if (key == "h_kv") {
-      d.h_kv = int_field(v, key);
-    } else if (key == "causal") {
-      d.causal = bool_field(v, key);
-    } else if (key == "max_blocks_per_seq") {
-      d.max_blocks_per_seq = int_field(v, key);
-    // Sparse only.
-    } else if (key == "topk") {
-      s.topk = int_field(v, key);
-    } else if (key == "extra_topk") {
-      s.extra_topk = int_field(v, key);
-    } else if (key == "extra_page_block_size") {
-      s.extra_page_block_size = int_field(v, key);
     } else {
       throw nb::type_error(
           ("unknown keyword argument '" + key + "'; the decode problem fields are: " + kProblemFields).c_str());

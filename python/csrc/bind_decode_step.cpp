@@ -338,29 +338,16 @@ class DecodeStep {
     TensorReader reader;
     CallOutputs o;
     auto check = [&] { c.check(checks_, config_); };
-    const int device = planned_.device_id;
     if (indices.is_none()) {
       DenseDecodeArgs args;
       accept_or_raise("DecodeStep.decode", [&] { return accept_dense(c, reader, &args, out, lse, &o); }, check);
       DenseDecodeProblem problem = dense_;
       problem.cache_format = dense_format(args.q);  // bf16 or fp16: q's (the C++ API checks the cache's)
-      args.softmax_scale = scale_or_default(softmax_scale, planned_.d_qk);
-      args.schedule = schedule_;
-      args.split = split_;
-      args.out = o.out_ref;
-      args.lse = o.lse_ref;
-      const CallStream s = call_stream(reader.api(), stream, device);
-      launch_on(device, s, &order_, [&] { return dense_decode(problem, args, s.stream); });
+      launch(reader, o, softmax_scale, stream, &args, [&](cudaStream_t s) { return dense_decode(problem, args, s); });
     } else {
       SparseDecodeArgs args;
       accept_or_raise("DecodeStep.decode", [&] { return accept_sparse(c, reader, &args, out, lse, &o); }, check);
-      args.softmax_scale = scale_or_default(softmax_scale, planned_.d_qk);
-      args.schedule = schedule_;
-      args.split = split_;
-      args.out = o.out_ref;
-      args.lse = o.lse_ref;
-      const CallStream s = call_stream(reader.api(), stream, device);
-      launch_on(device, s, &order_, [&] { return sparse_decode(sparse_, args, s.stream); });
+      launch(reader, o, softmax_scale, stream, &args, [&](cudaStream_t s) { return sparse_decode(sparse_, args, s); });
     }
     return nb::make_tuple(o.out, o.lse);
   }
@@ -368,26 +355,43 @@ class DecodeStep {
   // The stream of the last plan or call (as an int), for tests.
   uintptr_t last_stream() const { return reinterpret_cast<uintptr_t>(order_.last_stream()); }
 
-  // Garbage-collector support: the step holds Python objects (its config, the check function and what it refers
-  // to), which may refer back to the object that holds the step.
-  static int traverse(PyObject* self, visitproc visit, void* arg) {
-    Py_VISIT(Py_TYPE(self));
-    if (!nb::inst_ready(self)) return 0;
-    const DecodeStep* step = nb::inst_ptr<DecodeStep>(self);
-    Py_VISIT(step->config_.ptr());
-    Py_VISIT(step->checks_.ptr());
-    Py_VISIT(step->owners_.ptr());
+  // Garbage-collector support (gc_slots): the step holds Python objects (its config, the check function and what
+  // it refers to), which may refer back to the object that holds the step.
+  int visit(visitproc visit, void* arg) const {
+    Py_VISIT(config_.ptr());
+    Py_VISIT(checks_.ptr());
+    Py_VISIT(owners_.ptr());
     return 0;
   }
 
-  static int clear(PyObject* self) {
-    DecodeStep* step = nb::inst_ptr<DecodeStep>(self);
-    step->config_ = nb::object();
-    step->checks_ = nb::object();
-    return 0;
+  void clear() {
+    config_ = nb::object();
+    checks_ = nb::object();
   }
 
  private:
+  // Completes a call's arguments (the scale, the step's schedule and split buffers, the outputs) and runs `run` on
+  // the call's stream, in the step's stream order.
+  template <class Args, class Run>
+  void launch(const TensorReader& reader, const CallOutputs& o, nb::handle softmax_scale, nb::handle stream,
+              Args* args, Run&& run) {
+    args->softmax_scale = scale_or_default(softmax_scale, planned_.d_qk);
+    args->schedule = schedule_;
+    args->split = split_;
+    args->out = o.out_ref;
+    args->lse = o.lse_ref;
+    const CallStream s = call_stream(reader.api(), stream, planned_.device_id);
+    launch_on(planned_.device_id, s, &order_, [&] { return run(s.stream); });
+  }
+
+  // The caller's outputs, or new ones of the planned shapes; the refusal when they cannot be allocated here.
+  const char* planned_outputs(TensorReader& reader, nb::handle out, nb::handle lse, DType dtype, CallOutputs* o) const {
+    return prepare_outputs(reader, out, lse, planned_.device_id, dtype, planned_.b, planned_.s_q, planned_.h_q,
+                           planned_.d_v, o)
+               ? nullptr
+               : "outputs to allocate without the framework's allocator";
+  }
+
   // The planned call's tests of a dense call; fills args' tensors and the outputs.
   const char* accept_dense(const DecodeCall& c, TensorReader& reader, DenseDecodeArgs* args, nb::handle out,
                            nb::handle lse, CallOutputs* o) const {
@@ -403,10 +407,7 @@ class DecodeStep {
     if (args->k_cache.device_id != args->q.device_id) return "k_cache is on another device than q";
     args->block_table = reader.read(c.block_table, "block_table");
     args->cache_seqlens = reader.read(c.cache_seqlens, "cache_seqlens");
-    if (!prepare_outputs(reader, out, lse, planned_.device_id, args->q.dtype, planned_.b, planned_.s_q, planned_.h_q,
-                         planned_.d_v, o))
-      return "outputs to allocate without the framework's allocator";
-    return nullptr;
+    return planned_outputs(reader, out, lse, args->q.dtype, o);
   }
 
   // The planned call's tests of a sparse call; fills args' tensors and the outputs.
@@ -442,10 +443,7 @@ class DecodeStep {
     args->topk_length = reader.read(c.topk_length, "topk_length");
     args->extra_topk_length = reader.read(c.extra_topk_length, "extra_topk_length");
     args->attn_sink = reader.read(c.attn_sink, "attn_sink");
-    if (!prepare_outputs(reader, out, lse, planned_.device_id, args->q.dtype, planned_.b, planned_.s_q, planned_.h_q,
-                         planned_.d_v, o))
-      return "outputs to allocate without the framework's allocator";
-    return nullptr;
+    return planned_outputs(reader, out, lse, args->q.dtype, o);
   }
 
   const PlannedCall planned_;
@@ -636,23 +634,18 @@ class TensorStyleDecode {
 
   size_t pool_size() const { return pool_.size(); }
 
-  // Garbage-collector support: the entry holds Python objects (the allocator and the check functions, which refer
-  // back to the module that holds the entry), so the cycle must be visible to Python's collector.
-  static int traverse(PyObject* self, visitproc visit, void* arg) {
-    Py_VISIT(Py_TYPE(self));
-    if (!nb::inst_ready(self)) return 0;
-    const TensorStyleDecode* entry = nb::inst_ptr<TensorStyleDecode>(self);
-    Py_VISIT(entry->check_call_.ptr());
-    Py_VISIT(entry->check_plan_.ptr());
-    return entry->pool_.visit(visit, arg);
+  // Garbage-collector support (gc_slots): the entry holds Python objects (the allocator and the check functions,
+  // which refer back to the module that holds the entry), so the cycle must be visible to Python's collector.
+  int visit(visitproc visit, void* arg) const {
+    Py_VISIT(check_call_.ptr());
+    Py_VISIT(check_plan_.ptr());
+    return pool_.visit(visit, arg);
   }
 
-  static int clear(PyObject* self) {
-    TensorStyleDecode* entry = nb::inst_ptr<TensorStyleDecode>(self);
-    entry->check_call_ = nb::object();
-    entry->check_plan_ = nb::object();
-    entry->pool_.clear();
-    return 0;
+  void clear() {
+    check_call_ = nb::object();
+    check_plan_ = nb::object();
+    pool_.clear();
   }
 
  private:
@@ -727,6 +720,29 @@ class TensorStyleDecode {
   nb::object check_call_, check_plan_;
 };
 
+// The type slots of a bound class T that holds Python objects, for Python's cycle collector: T::visit reports them,
+// T::clear drops them.
+template <class T>
+int gc_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  return nb::inst_ptr<T>(self)->visit(visit, arg);
+}
+
+template <class T>
+int gc_clear(PyObject* self) {
+  nb::inst_ptr<T>(self)->clear();
+  return 0;
+}
+
+template <class T>
+PyType_Slot* gc_slots() {
+  static PyType_Slot slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(&gc_traverse<T>)},
+                                {Py_tp_clear, reinterpret_cast<void*>(&gc_clear<T>)},
+                                {0, nullptr}};
+  return slots;
+}
+
 // What the reader makes of one object (tests): (data pointer, shape, strides, dtype name, device, device id,
 // read through the exchange API).
 nb::tuple read_tensor(nb::handle obj) {
@@ -745,13 +761,10 @@ nb::tuple read_tensor(nb::handle obj) {
 }  // namespace
 
 void bind_decode_step(nb::module_& m) {
-  static PyType_Slot step_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(&DecodeStep::traverse)},
-                                     {Py_tp_clear, reinterpret_cast<void*>(&DecodeStep::clear)},
-                                     {0, nullptr}};
   nb::class_<DecodeStep>(m, "DecodeStep",
                          "The problem and schedule of one decoding step (the object style's FlashMLASchedMeta): "
                          "every call of the step goes through decode(). Built by python/openmla/decode.py.",
-                         nb::type_slots(step_slots))
+                         nb::type_slots(gc_slots<DecodeStep>()))
       .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::object, nb::object,
                     const nb::kwargs&>(),
            nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"), nb::arg("merge_counters"), nb::arg("partial_o"),
@@ -769,14 +782,11 @@ void bind_decode_step(nb::module_& m) {
            "planned one raises the error flash_mla_with_kvcache names for it.")
       .def_prop_ro("last_stream", &DecodeStep::last_stream, "cudaStream_t (int) of the last plan or call.");
 
-  static PyType_Slot tensor_style_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(&TensorStyleDecode::traverse)},
-                                             {Py_tp_clear, reinterpret_cast<void*>(&TensorStyleDecode::clear)},
-                                             {0, nullptr}};
   nb::class_<TensorStyleDecode>(m, "TensorStyleDecode",
                                 "The tensor style's entry (get_mla_metadata(cache_seqlens, ...)): plan() makes the "
                                 "schedule tensors, decode() is every call that passes them; the split-KV scratch of "
                                 "those calls comes from a pool kept per (device, stream).",
-                                nb::type_slots(tensor_style_slots))
+                                nb::type_slots(gc_slots<TensorStyleDecode>()))
       .def(nb::init<nb::object, nb::object, nb::object>(), nb::arg("allocate"), nb::arg("check_call"),
            nb::arg("check_plan"))
       .def("plan", &TensorStyleDecode::plan, nb::arg("like").none(), nb::arg("cache_seqlens").none(),
