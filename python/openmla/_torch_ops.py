@@ -3,7 +3,8 @@
 Registered through ``torch.library`` when ``openmla`` is imported and torch is importable (building OpenMLA needs
 no torch). Each op has a fake (meta) implementation and a schema that declares what it writes, so that
 ``torch.compile(fullgraph=True)`` traces them without a graph break, CUDA-graph capture works, and
-``torch.library.opcheck`` passes. The CUDA implementations are the package's own functions; under
+``torch.library.opcheck`` passes. The CUDA implementations are the package's own paths (the decode ops: the tensor
+style's, ``decode._plan_metadata`` and ``decode._tensor_style``, the same entry as flash_mla_with_kvcache's); under
 ``torch.compile`` the package's ``get_mla_metadata`` / ``flash_mla_with_kvcache`` turn into these ops by
 themselves (both schedule styles), so engines need not call them directly.
 
