@@ -187,7 +187,8 @@ struct DecodeCall {
   // not check it).
   template <class... Prefix>
   void check(const nb::object& checks, Prefix... prefix) const {
-    if (!checks.is_valid()) throw std::runtime_error("openmla: a decode entry used after the garbage collector cleared it");
+    if (!checks.is_valid())
+      throw std::runtime_error("openmla: a decode entry used after the garbage collector cleared it");
     checks(prefix..., q, k_cache, block_table, cache_seqlens, head_dim_v, causal, is_fp8_kvcache, indices,
            attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length);
   }

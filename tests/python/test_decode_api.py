@@ -655,7 +655,8 @@ def test_tensor_style_entry_serves_a_valid_call():
 
 @pytest.mark.parametrize("sparse,overrides", [
     (False, dict(tile_scheduler_metadata=dec.FlashMLASchedMeta())), (False, dict(tile_scheduler_metadata=None)),
-    (False, dict(tile_scheduler_metadata=b"12345678")), (False, dict(tile_scheduler_metadata=lambda: fake_cuda((1, 8)))),
+    (False, dict(tile_scheduler_metadata=b"12345678")),
+    (False, dict(tile_scheduler_metadata=lambda: fake_cuda((1, 8)))),
     (False, dict(num_splits=None)),
     (False, dict(attn_sink=lambda: fake_cuda((16,), "fp32"))), (False, dict(is_fp8_kvcache=True)),
     (False, dict(block_table=None)), (False, dict(head_dim_v="x")),

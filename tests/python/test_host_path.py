@@ -383,7 +383,8 @@ def _same_error_either_way(monkeypatch, call):
 def test_refusing_object_style_entry_raises_the_checks_error(monkeypatch):
     """A planned object's entry (DecodeStep.decode) turns each of these calls down and raises what the layer's
     checks raise for it: the error of the same call with the checks run first and, where the error is the call's own
-    (not a difference from the plan), the error of a fresh object's first call, which runs the checks before planning."""
+    (not a difference from the plan), the error of a fresh object's first call, which runs the checks before
+    planning."""
     q, k, bt, lens = dense_inputs(b=4, s_q=1, h_q=64)
     sq, cache, skw = sparse_inputs(b=4, s_q=1, h_q=64)
     dense_meta, _ = openmla.get_mla_metadata()

@@ -282,7 +282,8 @@ def main():
             for _ in range(4):
                 step.decode(*dense_args, out, lse)
             torch.cuda.synchronize()
-        busy("DecodeStep.decode dense, out= lse= given (after the profiler)", lambda: step.decode(*dense_args, out, lse))
+        busy("DecodeStep.decode dense, out= lse= given (after the profiler)",
+             lambda: step.decode(*dense_args, out, lse))
         busy("flash_mla_with_kvcache dense (after the profiler)",
              lambda: openmla.flash_mla_with_kvcache(q, k_cache, block_table, seqlens, D_V, meta, causal=True))
         if probe is not None:
