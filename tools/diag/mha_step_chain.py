@@ -18,7 +18,7 @@ The input is a `--dump` file of tools/diag/trace_mha_prefill.py (plain or gzippe
   idle          WG1's S done -> WG0's next turn: the tensor cores run WG1's P V, then wait for WG0
 
 A warpgroup's period is about turnwait + qk_from_turn + softmax + post: when that exceeds the tensor cores' work
-for both warpgroups, the softmax chain (not the GEMMs) sets the pace (docs/mha-prefill.md, "Measurements").
+for both warpgroups, the softmax chain (not the GEMMs) sets the pace (docs/history/mha-prefill-sessions.md, "Where the time goes").
 Since decision mha-v0.18 the kernel has no turns: the "turn" stamp marks the start of the issue, so turnwait is the
 stamps' own cost (~50 cycles) and "turn" below reads "issue start".
 """
