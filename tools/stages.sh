@@ -1,4 +1,4 @@
-# Stage bookkeeping of the GPU-machine scripts (tools/gpu_check.sh, tools/diag/compare_builds.sh), sourced by them:
+# Stage bookkeeping of the GPU-machine scripts (tools/gpu_check.sh, tools/compare_builds.sh), sourced by them:
 # `begin NAME` starts a stage, `record RESULT [DETAIL]` ends it, `skip NAME [WHY]` records one that did not run; the
 # script's summary reads stages[] with result[], detail[] and seconds[]. The caller sets t_start.
 stages=()

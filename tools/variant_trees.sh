@@ -4,8 +4,8 @@
 # in order (git am), written by git archive (no .git). Switch overrides: NAME=REV[:PATCH...]@MACRO=VALUE,... sets
 # `#define MACRO VALUE` lines in the tree's sources (for the patch series whose switches are compile definitions).
 #
-#   bash tools/variant_trees.sh base=HEAD tkt=HEAD:docs/history/variants/mha/0005-*.patch
-#   bash tools/variant_trees.sh qef=HEAD:docs/history/variants/sparse_prefill2/0001-*.patch
+#   bash tools/variant_trees.sh base=9e3b392 st3=9e3b392:docs/history/variants/mha/0013-*.patch
+#   bash tools/variant_trees.sh "q2=62e8fe0:docs/history/variants/mha/000[1-3]-*.patch"
 #
 # Patches are read from this checkout (so they may name files of HEAD even when REV is older).
 set -euo pipefail

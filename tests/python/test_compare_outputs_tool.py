@@ -1,4 +1,4 @@
-"""tools/diag/compare_outputs.py and tools/diag/compare_builds.sh without a GPU: the case list, --help and --list
+"""tools/compare_outputs.py and tools/compare_builds.sh without a GPU: the case list, --help and --list
 without torch, the --check logic on hand-made recordings (identical, differing, missing, failed, non-deterministic,
 other inputs, saved tensors with their max abs diff), and the argument errors of both tools."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOOL = os.path.join(ROOT, "tools", "diag", "compare_outputs.py")
-BUILDS = os.path.join(ROOT, "tools", "diag", "compare_builds.sh")
+TOOL = os.path.join(ROOT, "tools", "compare_outputs.py")
+BUILDS = os.path.join(ROOT, "tools", "compare_builds.sh")
 
 
 @pytest.fixture(scope="module")

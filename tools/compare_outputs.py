@@ -6,12 +6,12 @@ flash_mla_with_kvcache (dense and sparse), quantize_kv_cache, dequantize_kv_cach
 and records for every output tensor its shape, dtype and the sha256 of its bytes in a JSON file. Run it once under
 each build (separate processes), then compare the two files:
 
-    PYTHONPATH=python:.deps/py python3 tools/diag/compare_outputs.py --out now.json [--save-tensors DIR]
-    PYTHONPATH=.ab/pre/python:.deps/py python3 tools/diag/compare_outputs.py --out pre.json [--save-tensors DIR]
-    python3 tools/diag/compare_outputs.py --check pre.json now.json      # exit status 1 on any difference
-    python3 tools/diag/compare_outputs.py --list                         # the case names (no torch, no GPU)
+    PYTHONPATH=python:.deps/py python3 tools/compare_outputs.py --out now.json [--save-tensors DIR]
+    PYTHONPATH=.ab/pre/python:.deps/py python3 tools/compare_outputs.py --out pre.json [--save-tensors DIR]
+    python3 tools/compare_outputs.py --check pre.json now.json      # exit status 1 on any difference
+    python3 tools/compare_outputs.py --list                         # the case names (no torch, no GPU)
 
-tools/diag/compare_builds.sh does all of it on the GPU machine, both builds included (docs/architecture.md,
+tools/compare_builds.sh does all of it on the GPU machine, both builds included (docs/architecture.md,
 "Device layer").
 
 The inputs are the same for every build: seeded per case (from the case's name), drawn on the GPU with a

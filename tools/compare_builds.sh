@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Question: do this tree and an older one give bit-identical outputs on the GPU (tools/diag/compare_outputs.py)?
+# Question: do this tree and an older one give bit-identical outputs on the GPU (tools/compare_outputs.py)?
 #
 # On the GPU machine, from the repository root, with the older tree extracted beforehand (the tree sent there has no
 # .git; `.ab/` is ignored by git, so carry it):
 #   here:  mkdir -p .ab/pre && git archive 20f0c84 | tar -x -C .ab/pre
-#   there: OPENMLA_GIT_COMMIT=<short sha> bash tools/diag/compare_builds.sh .ab/pre     # carry .deps/wheels .ab/pre
+#   there: OPENMLA_GIT_COMMIT=<short sha> bash tools/compare_builds.sh .ab/pre     # carry .deps/wheels .ab/pre
 #
 # It (1) installs each tree's dependencies offline from the carried .deps/wheels (the older tree runs its own
 # tools/setup_deps.sh, e.g. for the CUTLASS headers its CMakeLists requires), (2) builds only the Python extension of
@@ -22,7 +22,7 @@
 # Environment (optional): COMPARE_FILTER=<regex> (a subset of the cases), COMPARE_OLD_COMMIT (the label of the older
 # build, default 20f0c84), COMPARE_ALL_FAMILIES=1, COMPARE_SAVE_TENSORS=0.
 set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 2
+cd "$(dirname "$0")/.." || exit 2
 root=$PWD
 t_start=$(date +%s)
 
@@ -172,7 +172,7 @@ run_one() {  # name tree
       'import openmla, sys; print("openmla from", openmla.__file__, "commit", openmla.build_commit())' \
       >"$out/run_$name.log" 2>&1
   PYTHONPATH="$tree/python:$root/.deps/py" timeout -k 5 "${COMPARE_RUN_TIMEOUT:-240}" "$py" \
-      tools/diag/compare_outputs.py "${args[@]}" >>"$out/run_$name.log" 2>&1
+      tools/compare_outputs.py "${args[@]}" >>"$out/run_$name.log" 2>&1
   local rc=$?
   local line errors
   line=$(grep -E '^compare_outputs: ' "$out/run_$name.log" | tail -1 | sed 's/ -> .*//; s/^compare_outputs: //')
@@ -190,7 +190,7 @@ run_one new "$root"
 # ---- 4. compare --------------------------------------------------------------------------------------------------
 begin check
 if [[ -f $out/old.json && -f $out/new.json ]]; then
-  PYTHONPATH="$root/.deps/py" "$py" tools/diag/compare_outputs.py --check "$out/old.json" "$out/new.json" \
+  PYTHONPATH="$root/.deps/py" "$py" tools/compare_outputs.py --check "$out/old.json" "$out/new.json" \
       >"$out/check.txt" 2>&1
   rc=$?
   verdict=$(grep -E '^all ' "$out/check.txt" | awk '{print $3 " of " $2 " identical, " $4 " different"}')
