@@ -351,6 +351,19 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[M][N]) {
     for (int j = 0; j < N; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
+// Launders a value through a mov ptxas cannot see through, so that what the kernel derives from it is recomputed
+// where it is used instead of being hoisted out of the loop (and kept live, i.e. spilled, across it): wgmma
+// descriptors built once per block from a laundered base (sparse decode), thread-index-derived addresses and
+// fragment rows (sparse decode, sparse prefill). 64-bit and 32-bit forms.
+__device__ __forceinline__ uint64_t launder(uint64_t x) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(x));
+  return x;
+}
+__device__ __forceinline__ int launder32(int x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
+}
+
 // Shared-memory matrix descriptor for wgmma (PTX ISA "Matrix Descriptor Format").
 //   swizzle 128B (layout type 1); start/LBO/SBO are byte values, encoded >> 4.
 __device__ __forceinline__ uint64_t make_smem_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes,

@@ -56,6 +56,13 @@ struct Common {
   static constexpr int kTokensPerGroup = 8;
 };
 
+// Named barriers (id 0 is __syncthreads).
+enum class NamedBarrier : int {
+  kConsumers = 1,  // WG0 and WG1 (256 threads): request switches; barrier.sync (unaligned: two roles' code)
+  kProducer = 2,   // the producer warpgroup (128 threads): its shared-memory stores before a bulk copy to the peer
+  kInit = 3,       // the whole CTA, once, after the mbarrier setup (plain kernel; the crossover syncs the cluster)
+};
+
 template <Layout L>
 struct Traits;
 

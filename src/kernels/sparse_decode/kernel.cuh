@@ -168,19 +168,10 @@ using tile::swizzled_chunk;
 static_assert(Co::kTileBytes == tile::kTileBytes && Co::kRowBytes == tile::kRowBytes &&
               Co::kSwizzleAtomBytes == tile::kSwizzleAtomBytes, "one tile convention");
 
-// Descriptors are built once per block from a laundered base and advanced by constant offsets (the start
-// address field is addr >> 4 in the low bits; shared addresses stay far below its 14-bit range). Without the
-// laundering ptxas may hoist the loop-invariant descriptors out of the block loop and run out of registers.
-__device__ __forceinline__ uint64_t launder(uint64_t x) {
-  asm volatile("mov.b64 %0, %0;" : "+l"(x));
-  return x;
-}
-// Same for 32-bit values: thread-index-derived addresses recomputed inside a loop instead of being hoisted
-// (and kept live, i.e. spilled, across the whole request loop).
-__device__ __forceinline__ int launder32(int x) {
-  asm volatile("mov.b32 %0, %0;" : "+r"(x));
-  return x;
-}
+// Descriptors are built once per block from a laundered base (ptx::launder) and advanced by constant offsets (the
+// start address field is addr >> 4 in the low bits; shared addresses stay far below its 14-bit range). Without the
+// laundering ptxas may hoist the loop-invariant descriptors out of the block loop and run out of registers; the
+// same for thread-index-derived addresses (ptx::launder32), which would be kept live across the request loop.
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 
 // K buffer addressing (config.h, Common::kGroupTiles): byte offset of 16-byte chunk `chunk` of row `row` of
@@ -205,11 +196,11 @@ __device__ __forceinline__ uint64_t desc_v_group(const void* p) {
 using KRing = pipeline::BarrierRing<2>;
 using QRing = pipeline::BarrierRing<1>;
 
-// The two consumer warpgroups only (named barrier 1). They reach it from different code (one instantiation per
-// role), so the non-aligned barrier.sync is used (bar.sync = barrier.sync.aligned; synccheck flags it).
+// The two consumer warpgroups only (NamedBarrier::kConsumers). They reach it from different code (one instantiation
+// per role), so the non-aligned barrier.sync is used (bar.sync = barrier.sync.aligned; synccheck flags it).
 __device__ __forceinline__ void consumer_barrier() {
   __syncwarp();
-  ptx::named_barrier_sync_unaligned(1, 2 * Common::kWarpgroupThreads);
+  ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kConsumers), 2 * Common::kWarpgroupThreads);
 }
 
 using epilogue::pack_bf16;
@@ -422,7 +413,7 @@ __device__ __forceinline__ void load_q_tile(const SparseDecodeParams& p, SharedS
   const uint8_t* q_req = q + 2 * (static_cast<int64_t>(req) * p.q_stride_b + static_cast<int64_t>(blockIdx.y) * p.q_stride_s);
   constexpr int kChunksPerRow = T::kHeadDimQK / 8;
 #pragma unroll 1
-  for (int i = launder32(first); i < T::kBlockM * kChunksPerRow; i += stride) {
+  for (int i = ptx::launder32(first); i < T::kBlockM * kChunksPerRow; i += stride) {
     const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
     const int head = head0 + row;
     uint8_t* dst = smem.q[chunk / 8] + swizzled_chunk(row, chunk % 8);
@@ -511,7 +502,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
     for (int blk = w.blk_begin; blk < w.blk_end; ++blk, ++it) {
       const int buf = KRing::slot(it);
       const uint32_t phase = KRing::parity(it);
-      const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
+      const Fragment frag = make_fragment(ptx::launder32(tid) % T::kWarpgroupThreads);
       static_assert(!T::kPInRopeTile || T::kRopeTile == Co::kGroupTiles, "P reuses the plain RoPE tile");
       uint8_t* p_tile = T::kPInRopeTile ? smem.k[buf] + Co::kGroupBytes : smem.p[T::kPInRopeTile ? 0 : buf];
       if constexpr (wg == 0) {
@@ -520,9 +511,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         OPENMLA_TRACE(0, it, 1);
         if (it == 0) OPENMLA_TIMELINE(kFirstFull);
         float s[32];
-        const uint64_t q_desc = launder(desc_k_major(smem.q[0]));
-        const uint64_t k_desc = launder(desc_k_group(smem.k[buf]));
-        const uint64_t r_desc = T::kNumTiles > Co::kGroupTiles ? launder(desc_k_major(smem.k[buf] + Co::kGroupBytes)) : 0;
+        const uint64_t q_desc = ptx::launder(desc_k_major(smem.q[0]));
+        const uint64_t k_desc = ptx::launder(desc_k_group(smem.k[buf]));
+        const uint64_t r_desc = T::kNumTiles > Co::kGroupTiles ? ptx::launder(desc_k_major(smem.k[buf] + Co::kGroupBytes)) : 0;
         ptx::wgmma_fence();
 #pragma unroll
         for (int t = 0; t < T::kNumTiles; ++t) {
@@ -587,7 +578,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         OPENMLA_TRACE(0, it, 3);
         // O_L = a O_L + P V_L.
         scale_rows(o, a[0], a[1]);
-        const uint64_t v_desc = launder(desc_v_group(smem.k[buf]));
+        const uint64_t v_desc = ptx::launder(desc_v_group(smem.k[buf]));
         ptx::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)  // 16 tokens = two 8-token groups per step
@@ -604,9 +595,9 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         OPENMLA_TRACE(1, it, 1);
         scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
         ptx::mbarrier_arrive(&smem.scale_free[buf]);  // every WG1 thread (each read its own rows)
-        const uint64_t p_desc = launder(desc_k_major(p_tile));
+        const uint64_t p_desc = ptx::launder(desc_k_major(p_tile));
         static_assert(T::kVTilesPerHalf == Co::kHalfTiles, "V_R is the second half of the group-major tiles");
-        const uint64_t v_desc = launder(desc_v_group(smem.k[buf] + Co::kHalfBytes));
+        const uint64_t v_desc = ptx::launder(desc_v_group(smem.k[buf] + Co::kHalfBytes));
         ptx::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -633,7 +624,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
 
     // ---- epilogue: WG0 owns the softmax statistics and hands the output scale to WG1.
     if (req == rec.end_req) ptx::griddep_launch_dependents();
-    const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
+    const Fragment frag = make_fragment(ptx::launder32(tid) % T::kWarpgroupThreads);
     float total[2] = {0.f, 0.f};
     if (wg == 0) {
 #pragma unroll
@@ -711,7 +702,6 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
   const int wg_tid = tid % T::kWarpgroupThreads;
   const int s_idx = blockIdx.y;
   constexpr int kCtas = kCrossover ? 2 : 1;
-  constexpr int kInitBarrier = 3;  // named barriers: 1 the consumers, 2 the producer warpgroup, 3 the whole CTA
   if (tid == 0) OPENMLA_TIMELINE(kEntry);
 
   // The kernel head is a chain of dependent loads (schedule record, indices, tokens; docs/sparse-decode.md, "Where
@@ -763,7 +753,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     if constexpr (kCrossover) {
       if (publish) ptx::cluster_sync(); else ptx::cluster_sync_relaxed_arrive();
     } else {
-      ptx::named_barrier_sync_unaligned(kInitBarrier, T::kThreads);
+      ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kInit), T::kThreads);
     }
     if (tid == 0) OPENMLA_TIMELINE(kInitDone);
   };
@@ -791,7 +781,6 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
     // Of which two bulk copies (one per half): its 32 tokens x 4 tiles each (the rest comes by st.async).
     constexpr uint32_t kBulkBytes = T::kTokensPerRound / Co::kTokensPerGroup * Co::kGroupStride;
     static_assert(kBulkBytes == T::kTokensPerRound * Co::kHalfTiles * T::kRowBytes, "32 tokens x 4 tiles");
-    constexpr int kProducerBarrier = 2;  // named barrier of the producer warpgroup (1: the consumers)
     // Software pipeline over the partition's blocks (docs/sparse-decode.md, decisions sparse-v2, sparse-v4): indices
     // are loaded three blocks ahead, the tokens of the block two ahead are prefetched into L2, and the gathers of
     // the next unit (the next block, or this block's second round) are in flight in registers while this unit is
@@ -879,7 +868,7 @@ __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(cons
       // stores to it are fenced (one bulk copy, completing on the peer's full barrier).
       auto send_half = [&](int half) {
         ptx::fence_proxy_async_shared();
-        ptx::named_barrier_sync(kProducerBarrier, T::kWarpgroupThreads);
+        ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kProducer), T::kWarpgroupThreads);
         if (wg_tid == 0) {
           const uint32_t off = static_cast<uint32_t>(half * Co::kHalfBytes + tok_base / Co::kTokensPerGroup * Co::kGroupStride);
           ptx::bulk_copy_to_peer(k_base + off + peer_delta, k_base + off, kBulkBytes, wr.peer_full);
