@@ -19,7 +19,7 @@ int combine_slices(int64_t batch, int64_t s_q, int64_t h_q) {
 }
 
 DenseDecodeLaunchPlan plan_dense_decode_launch(const DenseDecodeProblem& problem, const TensorRef& q) {
-  constexpr int64_t kRows = kernels::dense_decode::Config::kBlockM;  // rows of one CTA tile
+  constexpr int64_t kRows = kernels::dense_decode::Traits::kBlockM;  // rows of one CTA tile
   constexpr int64_t kElemsPer16B = 8;                                // 16-bit elements
   const int64_t q_per_kv = problem.h_q / problem.h_kv;
   const kernels::DenseQMapStrides s =

@@ -9,7 +9,9 @@
 
 namespace openmla::kernels::dense_decode {
 
-struct Config {
+// The kernel's compile-time constants. A plain struct: none depends on a template parameter (the element type, the
+// kernels' one, only selects the wgmma instructions), where the other kernels' Traits take their layout or shape.
+struct Traits {
   static constexpr int kHeadDimQK = 576;  // 512 NoPE + 64 RoPE
   static constexpr int kHeadDimV = 512;   // V = first 512 dims of K
   static constexpr int kBlockM = 64;      // query rows of one CTA tile (one wgmma M)
@@ -67,17 +69,17 @@ enum MergeMode : int {
 
 // Shared memory. Tiles are 1024-byte aligned for the 128B swizzle (TMA and wgmma agree on it).
 struct alignas(1024) SharedStorage {
-  alignas(1024) uint8_t q[Config::kNumTiles][Config::kTileBytes];  // Q tile, 64 x 576, K-major swizzled
+  alignas(1024) uint8_t q[Traits::kNumTiles][Traits::kTileBytes];  // Q tile, 64 x 576, K-major swizzled
   // Two KV blocks (K0 = even, K1 = odd block of a pair), 64 x 576 each. The RoPE tile of each buffer is
   // dead after its QK^T and doubles as the P buffer the other warpgroup reads (P0 in K0, P1 in K1).
   // After a request's main loop the whole area is the output staging buffer.
-  alignas(1024) uint8_t k[2][Config::kNumTiles][Config::kTileBytes];
-  float max0[Config::kBlockM];    // m0 of the current pair (scaled base-2 units)
-  float scale0[Config::kBlockM];  // a0 = 2^(m_prev - m0)
-  float max1[Config::kBlockM];    // m1
-  float scale1[Config::kBlockM];  // a1 = 2^(m0 - m1)
-  float row_sum[2][Config::kBlockM];
-  alignas(8) uint64_t k_bar[2][Config::kNumTileGroups];  // one TMA completion barrier per tile group
+  alignas(1024) uint8_t k[2][Traits::kNumTiles][Traits::kTileBytes];
+  float max0[Traits::kBlockM];    // m0 of the current pair (scaled base-2 units)
+  float scale0[Traits::kBlockM];  // a0 = 2^(m_prev - m0)
+  float max1[Traits::kBlockM];    // m1
+  float scale1[Traits::kBlockM];  // a1 = 2^(m0 - m1)
+  float row_sum[2][Traits::kBlockM];
+  alignas(8) uint64_t k_bar[2][Traits::kNumTileGroups];  // one TMA completion barrier per tile group
   uint64_t handoff[kHandoffs];
   uint64_t merge_bar;  // the other chunk's partial rows landed in the staging area (bulk loads, tx bytes)
   uint64_t q_bar;      // TMA path: a request's Q tile landed (9 box loads, tx bytes)
@@ -85,7 +87,7 @@ struct alignas(1024) SharedStorage {
   int q_waits;  // TMA path: completions of q_bar waited for so far (thread 0 counts)
 };
 
-static_assert(sizeof(SharedStorage::k) >= Config::kBlockM * Config::kStageF32Pitch * 4, "fp32 staging fits in K");
+static_assert(sizeof(SharedStorage::k) >= Traits::kBlockM * Traits::kStageF32Pitch * 4, "fp32 staging fits in K");
 static_assert(sizeof(SharedStorage) + 1024 <= 232448, "227 KB opt-in shared memory limit of sm_90");
 
 }  // namespace openmla::kernels::dense_decode

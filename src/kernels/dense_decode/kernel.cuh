@@ -56,7 +56,7 @@ __device__ __forceinline__ void dense_stamp(int k, int ev, long long value = -1)
 #define OPENMLA_DENSE_VALUE(k, ev, v) ((void)0)
 #endif
 
-using C = Config;
+using T = Traits;  // T names the traits in every kernel (elsewhere T = Traits<layout or shape>)
 
 // Element type glue (bf16 or fp16) and the P V steps of the seesaw: common/tile_gemm.cuh.
 template <bool kIsFp16>
@@ -78,13 +78,13 @@ using tile::row_max;
 using tile::exponentiate;
 using tile::scale_rows;
 using tile::swizzled_offset;
-static_assert(C::kTileBytes == tile::kTileBytes && C::kRowBytes == tile::kRowBytes &&
-              C::kSwizzleAtomBytes == tile::kSwizzleAtomBytes, "one tile convention");
+static_assert(T::kTileBytes == tile::kTileBytes && T::kRowBytes == tile::kRowBytes &&
+              T::kSwizzleAtomBytes == tile::kSwizzleAtomBytes, "one tile convention");
 
 // ---------------------------------------------------------------------------------------------------
 // Building blocks of the pair step
 // ---------------------------------------------------------------------------------------------------
-__device__ __forceinline__ constexpr int tile_group(int t) { return t / C::kVTilesPerHalf; }  // 0, 1 or 2
+__device__ __forceinline__ constexpr int tile_group(int t) { return t / T::kVTilesPerHalf; }  // 0, 1 or 2
 
 // S = Q K^T over the 9 tiles of one KV buffer, waiting tile by tile so the GEMM starts on the first
 // arrival. `kFirstTile` rotates the order (WG1 starts with the tiles refilled first).
@@ -92,11 +92,11 @@ template <bool kIsFp16, int kFirstTile>
 __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int buf, uint32_t phase) {
   ptx::wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < C::kNumTiles; ++i) {
-    const int t = (i + kFirstTile) % C::kNumTiles;
-    if (t % C::kVTilesPerHalf == 0) ptx::mbarrier_wait_parity(&smem.k_bar[buf][tile_group(t)], phase);
+  for (int i = 0; i < T::kNumTiles; ++i) {
+    const int t = (i + kFirstTile) % T::kNumTiles;
+    if (t % T::kVTilesPerHalf == 0) ptx::mbarrier_wait_parity(&smem.k_bar[buf][tile_group(t)], phase);
 #pragma unroll
-    for (int kk = 0; kk < C::kTileCols / 16; ++kk) {
+    for (int kk = 0; kk < T::kTileCols / 16; ++kk) {
       Element<kIsFp16>::template mma_ss<64, 0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
                                            (i | kk) != 0);
     }
@@ -109,7 +109,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int
 // Logits of keys at or beyond a row's border (exclusive key index) become -inf. Overwrite, never add:
 // the K rows past the sequence may hold NaN.
 __device__ __forceinline__ void mask_logits(float (&s)[32], const Fragment& f, int block_token0, const int (&border)[2]) {
-  if (block_token0 + C::kBlockN <= min(border[0], border[1])) return;
+  if (block_token0 + T::kBlockN <= min(border[0], border[1])) return;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -124,15 +124,15 @@ __device__ __forceinline__ void mask_logits(float (&s)[32], const Fragment& f, i
 // Rows past the sequence end inside a partial block may hold NaN; 0 * NaN would poison P V. Zero them in
 // the 4 V tiles this warpgroup is about to read, then make the writes visible to its wgmma.
 __device__ __forceinline__ void zero_tail_rows(uint8_t* v_tiles, int first_row, int wg_tid, NamedBarrier bar) {
-  const int rows = C::kBlockN - first_row;
-  const int chunks_per_tile = rows * (C::kRowBytes / 16);
-  for (int i = wg_tid; i < chunks_per_tile * C::kVTilesPerHalf; i += C::kWarpgroupThreads) {
+  const int rows = T::kBlockN - first_row;
+  const int chunks_per_tile = rows * (T::kRowBytes / 16);
+  for (int i = wg_tid; i < chunks_per_tile * T::kVTilesPerHalf; i += T::kWarpgroupThreads) {
     const int tile = i / chunks_per_tile, rem = i % chunks_per_tile;
-    *reinterpret_cast<uint4*>(v_tiles + tile * C::kTileBytes + (first_row + rem / 8) * C::kRowBytes + (rem % 8) * 16) =
+    *reinterpret_cast<uint4*>(v_tiles + tile * T::kTileBytes + (first_row + rem / 8) * T::kRowBytes + (rem % 8) * 16) =
         make_uint4(0, 0, 0, 0);
   }
   ptx::fence_proxy_async_shared();
-  ptx::named_barrier_sync(static_cast<int>(bar), C::kWarpgroupThreads);
+  ptx::named_barrier_sync(static_cast<int>(bar), T::kWarpgroupThreads);
 }
 
 // Page id of block `block` of request `req` (only for blocks inside the sequence: entries past it are garbage).
@@ -148,8 +148,8 @@ __device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtenso
                                               int page, int kv_head, int buf, int t_begin, int t_end, uint64_t policy) {
   for (int t = t_begin; t < t_end;) {
     const int g = tile_group(t);
-    const int n = g == 2 ? 1 : C::kVTilesPerHalf;
-    ptx::mbarrier_arrive_expect_tx(&smem.k_bar[buf][g], n * C::kTileBytes);
+    const int n = g == 2 ? 1 : T::kVTilesPerHalf;
+    ptx::mbarrier_arrive_expect_tx(&smem.k_bar[buf][g], n * T::kTileBytes);
     ptx::tma_load_5d(smem.k[buf][t], g == 2 ? map1 : map4, &smem.k_bar[buf][g], 0, 0, t, kv_head, page, policy);
     t += n;
   }
@@ -158,10 +158,10 @@ __device__ __forceinline__ void load_kv_tiles(SharedStorage& smem, const CUtenso
 // L2 prefetch of KV page `page` (every tile group, as load_kv_tiles would read it).
 __device__ __forceinline__ void prefetch_kv_page_l2(const CUtensorMap* map4, const CUtensorMap* map1, int page,
                                                     int kv_head) {
-  for (int t = 0; t < C::kNumTiles;) {
+  for (int t = 0; t < T::kNumTiles;) {
     const int g = tile_group(t);
     ptx::tma_prefetch_l2_5d(g == 2 ? map1 : map4, 0, 0, t, kv_head, page);
-    t += g == 2 ? 1 : C::kVTilesPerHalf;
+    t += g == 2 ? 1 : T::kVTilesPerHalf;
   }
 }
 
@@ -169,7 +169,7 @@ __device__ __forceinline__ void prefetch_kv_page_l2(const CUtensorMap* map4, con
 // The kernel
 // ---------------------------------------------------------------------------------------------------
 template <bool kIsFp16>
-__global__ void __launch_bounds__(Config::kThreads, 1)
+__global__ void __launch_bounds__(Traits::kThreads, 1)
     dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map,
                         const __grid_constant__ CUtensorMap k_map_rope, const __grid_constant__ CUtensorMap q_map) {
   extern __shared__ uint8_t smem_raw[];
@@ -178,8 +178,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int tid = threadIdx.x;
   // Broadcast from lane 0 so the compiler knows the value is warp-uniform: wgmma under a branch it cannot
   // prove uniform gets serialised (ptxas C7520).
-  const int wg = __shfl_sync(0xffffffff, tid / C::kWarpgroupThreads, 0);
-  const int wg_tid = tid % C::kWarpgroupThreads;
+  const int wg = __shfl_sync(0xffffffff, tid / T::kWarpgroupThreads, 0);
+  const int wg_tid = tid % T::kWarpgroupThreads;
   const int m_block = blockIdx.x;
   const int kv_head = blockIdx.y;
   const Fragment frag = make_fragment(wg_tid);
@@ -189,9 +189,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     ptx::prefetch_tensormap(&k_map);
     ptx::prefetch_tensormap(&k_map_rope);
     for (int b = 0; b < 2; ++b)
-      for (int g = 0; g < C::kNumTileGroups; ++g) ptx::mbarrier_init(&smem.k_bar[b][g], 1);
+      for (int g = 0; g < T::kNumTileGroups; ++g) ptx::mbarrier_init(&smem.k_bar[b][g], 1);
     for (int h = 0; h < kHandoffs; ++h)
-      ptx::mbarrier_init(&smem.handoff[h], C::kWarpgroupThreads);
+      ptx::mbarrier_init(&smem.handoff[h], T::kWarpgroupThreads);
     ptx::mbarrier_init(&smem.merge_bar, 1);
     ptx::mbarrier_init(&smem.q_bar, 1);
     smem.q_waits = 0;
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // in L2 for the later readers (better than evict_first / evict_normal: docs/dense-decode.md, decision dense-v9).
   const uint64_t policy = ptx::make_l2_evict_last_policy();
   const int R = params.rows_per_kv_head;
-  const int row_base = m_block * C::kBlockM;
+  const int row_base = m_block * T::kBlockM;
   // Issuing threads: one per warpgroup.
   const bool is_issuer = wg_tid == 0;
   // Parity of each K buffer's tile-group barriers: they complete once per fill of the buffer (one per pair for K0;
@@ -224,11 +224,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // swizzled layout, by every thread, committed as one cp.async group.
   auto issue_q = [&](int req_q, int first, int stride) {
     const auto* q = static_cast<const uint8_t*>(params.q);
-    constexpr int kChunksPerRow = C::kHeadDimQK / 8;
-    for (int i = first; i < C::kBlockM * kChunksPerRow; i += stride) {
+    constexpr int kChunksPerRow = T::kHeadDimQK / 8;
+    for (int i = first; i < T::kBlockM * kChunksPerRow; i += stride) {
       const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
       const int r = row_base + row;
-      uint8_t* dst = smem.q[chunk / 8] + row * C::kRowBytes + (((chunk % 8) ^ (row & 7)) << 4);
+      uint8_t* dst = smem.q[chunk / 8] + row * T::kRowBytes + (((chunk % 8) ^ (row & 7)) << 4);
       if (r < R) {
         const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
         const int64_t elem = static_cast<int64_t>(req_q) * params.q_stride_b + s_idx * params.q_stride_s +
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto tma_q = [&](int req_q) {
     if (tid == 0) {
       const int s_idx = row_base / params.q_per_kv, head0 = kv_head * params.q_per_kv + row_base % params.q_per_kv;
-      load_q_tile_tma<C::kNumTiles>(smem.q, &q_map, &smem.q_bar, head0, s_idx, req_q);
+      load_q_tile_tma<T::kNumTiles>(smem.q, &q_map, &smem.q_bar, head0, s_idx, req_q);
     }
   };
   // The next request's Q was issued during this request's epilogue (docs/dense-decode.md, decision dense-v12).
@@ -262,8 +262,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // Negative lengths count as empty (as in the scheduler). A length beyond the block table's row is the
     // caller's error; clamping keeps it from ever reading another request's row.
     const int seqlen = min(max(__shfl_sync(0xffffffff, params.cache_seqlens[req], 0), 0),
-                           params.max_blocks_per_seq * C::kBlockN);
-    const int num_seq_blocks = (seqlen + C::kBlockN - 1) / C::kBlockN;
+                           params.max_blocks_per_seq * T::kBlockN);
+    const int num_seq_blocks = (seqlen + T::kBlockN - 1) / T::kBlockN;
     int blk_begin = req == rec.begin_req ? rec.begin_block : 0;
     int blk_end = req == rec.end_req ? rec.end_block : num_seq_blocks;
     const bool is_split =
@@ -279,19 +279,19 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
     // Blocks past the last valid row's border are fully masked for the whole tile: skip them.
     {
-      const int last_row = min(row_base + C::kBlockM, R) - 1;
+      const int last_row = min(row_base + T::kBlockM, R) - 1;
       const int max_border = params.causal ? seqlen - (params.s_q - 1 - last_row / params.q_per_kv) : seqlen;
-      blk_end = min(blk_end, max(0, (max_border + C::kBlockN - 1) / C::kBlockN));
+      blk_end = min(blk_end, max(0, (max_border + T::kBlockN - 1) / T::kBlockN));
     }
     const bool has_work = blk_begin < blk_end;
 
     if (has_work) {
       if (tid == 0) {
-        load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin), kv_head, 0, 0, C::kNumTiles, policy);
+        load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin), kv_head, 0, 0, T::kNumTiles, policy);
         if (blk_begin + 1 < blk_end)
-          load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin + 1), kv_head, 1, 0, C::kNumTiles, policy);
+          load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin + 1), kv_head, 1, 0, T::kNumTiles, policy);
       }
-      if (!q_issued) issue_q(req, tid, C::kThreads);
+      if (!q_issued) issue_q(req, tid, T::kThreads);
     }
     // A Q issued during the previous request's epilogue (or above) must land before use, and before another
     // is issued into the same buffer, so it is waited for even by a request without work.
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
-    float m_run[2] = {C::kMaxInit, C::kMaxInit};  // running max, base-2 scaled units
+    float m_run[2] = {T::kMaxInit, T::kMaxInit};  // running max, base-2 scaled units
     float l_run[2] = {0.f, 0.f};                   // this thread's partial row sums, relative to m_run
 
     // ---------------------------------------------------------------- main loop over block pairs
@@ -332,9 +332,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       const bool has_k1 = blk1 < blk_end;
       const bool has_next = blk0 + 2 < blk_end;
       const bool next_has_k1 = blk0 + 3 < blk_end;
-      const int tok0 = blk0 * C::kBlockN, tok1 = blk1 * C::kBlockN;
-      const bool k0_partial = tok0 + C::kBlockN > seqlen;
-      const bool k1_partial = tok1 + C::kBlockN > seqlen;
+      const int tok0 = blk0 * T::kBlockN, tok1 = blk1 * T::kBlockN;
+      const bool k0_partial = tok0 + T::kBlockN > seqlen;
+      const bool k1_partial = tok1 + T::kBlockN > seqlen;
       // Pages of the next pair, loaded now so the refills below never wait on global memory.
       const int next_page0 = has_next ? page_of(params, req, blk0 + 2) : 0;
       const int next_page1 = next_has_k1 ? page_of(params, req, blk0 + 3) : 0;
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
         gemm_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
         if (has_next && is_issuer)
-          load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, 0, C::kVTilesPerHalf, policy);
+          load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, 0, T::kVTilesPerHalf, policy);
 
         // Step 4: wait for a1 and P1; rescale P0 to m1 and hand it to WG1.
         handoff.wait(Handoff::kScale1Ready);
@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           l_run[i] *= a1[i];
         }
         scale_rows(s, a1[0], a1[1]);
-        store_p<kIsFp16>(s, smem.k[0][C::kRopeTile], frag);
+        store_p<kIsFp16>(s, smem.k[0][T::kRopeTile], frag);
         handoff.arrive(Handoff::kP0Ready);
 
         // Step 6: O_L = a1 O_L + P1 V1_L.
@@ -375,17 +375,17 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (has_k1) {
           if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
           ptx::mbarrier_wait_parity(&smem.k_bar[1][0], k_phase[1].bit);  // V1_L = group 0
-          gemm_pv_ss<kIsFp16>(o, smem.k[1][C::kRopeTile], smem.k[1][0]);
+          gemm_pv_ss<kIsFp16>(o, smem.k[1][T::kRopeTile], smem.k[1][0]);
           if (next_has_k1 && is_issuer) {
-            load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, 0, C::kVTilesPerHalf, policy);
-            load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, C::kRopeTile, C::kNumTiles, policy);
+            load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, 0, T::kVTilesPerHalf, policy);
+            load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, T::kRopeTile, T::kNumTiles, policy);
           }
         }
       } else {
         // Step 1: S1 = Q K1^T, starting with the tiles WG1 itself refilled first.
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
-          gemm_qk<kIsFp16, C::kVTilesPerHalf>(s, smem, 1, k_phase[1].bit);
+          gemm_qk<kIsFp16, T::kVTilesPerHalf>(s, smem, 1, k_phase[1].bit);
           mask_logits(s, frag, tok1, border);
           row_max(s, mx);
         }
@@ -395,27 +395,27 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         seesaw::wg1_rescale(mx, params.scale_log2, m_run, smem, frag, lane, m1, a1, a01);
         if (has_k1) {
           exponentiate(s, params.scale_log2, m1, sum);
-          store_p<kIsFp16>(s, smem.k[1][C::kRopeTile], frag);
+          store_p<kIsFp16>(s, smem.k[1][T::kRopeTile], frag);
         }
         handoff.arrive(Handoff::kScale1Ready);
         softmax::update_row_sums(l_run, a01, sum);
         scale_rows(o, a01[0], a01[1]);
         if (has_k1) {
           to_a_fragments<kIsFp16>(s, pa);
-          if (k1_partial) zero_tail_rows(smem.k[1][C::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
-          gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][C::kVTilesPerHalf]);
+          if (k1_partial) zero_tail_rows(smem.k[1][T::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
+          gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][T::kVTilesPerHalf]);
           if (next_has_k1 && is_issuer)
-            load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, C::kVTilesPerHalf, 2 * C::kVTilesPerHalf,
+            load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, T::kVTilesPerHalf, 2 * T::kVTilesPerHalf,
                           policy);
         }
 
         // Step 5: O_R += P0 V0_R.
         handoff.wait(Handoff::kP0Ready);
-        if (k0_partial) zero_tail_rows(smem.k[0][C::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
+        if (k0_partial) zero_tail_rows(smem.k[0][T::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
         ptx::mbarrier_wait_parity(&smem.k_bar[0][1], k_phase[0].bit);  // V0_R = group 1
-        gemm_pv_ss<kIsFp16>(o, smem.k[0][C::kRopeTile], smem.k[0][C::kVTilesPerHalf]);
+        gemm_pv_ss<kIsFp16>(o, smem.k[0][T::kRopeTile], smem.k[0][T::kVTilesPerHalf]);
         if (has_next && is_issuer)
-          load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, C::kVTilesPerHalf, C::kNumTiles, policy);
+          load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, T::kVTilesPerHalf, T::kNumTiles, policy);
       }
       k_phase[0].flip();
       if (has_k1) k_phase[1].flip();
@@ -447,8 +447,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                              ? params.merge_counters +
                                    (static_cast<int64_t>(req) * params.h_kv + kv_head) * params.num_m_blocks + m_block
                              : nullptr;
-    const int valid_rows = min(C::kBlockM, R - row_base);
-    const uint32_t merge_bytes = static_cast<uint32_t>(valid_rows) * C::kHeadDimV * 4;
+    const int valid_rows = min(T::kBlockM, R - row_base);
+    const uint32_t merge_bytes = static_cast<uint32_t>(valid_rows) * T::kHeadDimV * 4;
     if (counter != nullptr && tid == 0) {
       const int first_slot = params.num_splits[req];
       const int chunks = params.num_splits[req + 1] - first_slot;
@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       if (lane % 4 == 0) smem.row_sum[wg][frag.row[i]] = l;
     }
     // Also certifies both warpgroups are done reading the K buffers, which become the staging area.
-    ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kRowSumReady), C::kThreads);
+    ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kRowSumReady), T::kThreads);
     // Both warpgroups are past their last Q K^T: the TMA path loads the next Q now (one thread, 9 boxes).
     if (params.q_tma && q_issued) tma_q(req + 1);
     const int merge_mode = counter != nullptr ? smem.merge_info[0] : kMergeByCombine;
@@ -492,7 +492,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
 
     uint8_t* stage = &smem.k[0][0][0];
-    const int col_base = wg * (C::kHeadDimV / 2);
+    const int col_base = wg * (T::kHeadDimV / 2);
     // Stages the 64 x 512 result (this warpgroup's 256 columns) and sends its rows: final bf16/fp16 rows with the
     // natural-log lse, or fp32 partial rows with the base-2 lse. The rows leave by bulk copies (TMA engine, one
     // per row: 1 KB or 2 KB; docs/dense-decode.md, decision dense-v12): the generic-proxy staging writes are fenced
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           const int col = col_base + j * 8 + frag.col;
 #pragma unroll
           for (int i = 0; i < 2; ++i)
-            *reinterpret_cast<uint32_t*>(stage + frag.row[i] * C::kStageBf16PitchBytes + col * 2) =
+            *reinterpret_cast<uint32_t*>(stage + frag.row[i] * T::kStageBf16PitchBytes + col * 2) =
                 Element<kIsFp16>::pack(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
         }
       } else {
@@ -516,7 +516,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           const int col = col_base + j * 8 + frag.col;
 #pragma unroll
           for (int i = 0; i < 2; ++i)
-            *reinterpret_cast<float2*>(stage_f + frag.row[i] * C::kStageF32Pitch + col) =
+            *reinterpret_cast<float2*>(stage_f + frag.row[i] * T::kStageF32Pitch + col) =
                 make_float2(o[j * 4 + 2 * i], o[j * 4 + 2 * i + 1]);
         }
       }
@@ -539,18 +539,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       ptx::fence_proxy_async_shared();
       __syncthreads();
       if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStaged);
-      if (tid < C::kBlockM) {
+      if (tid < T::kBlockM) {
         const int row = tid, r = row_base + row;
         if (r < R) {
           if (!as_partial) {
             const int s_idx = r / params.q_per_kv, head = kv_head * params.q_per_kv + r % params.q_per_kv;
             const int64_t elem = params.output.out_offset(req, s_idx, head);
             ptx::bulk_store_global(static_cast<uint8_t*>(params.output.out) + elem * 2,
-                                   ptx::smem_addr(stage + row * C::kStageBf16PitchBytes), C::kHeadDimV * 2);
+                                   ptx::smem_addr(stage + row * T::kStageBf16PitchBytes), T::kHeadDimV * 2);
           } else {
             const int64_t prow = static_cast<int64_t>(split_slot) * params.s_q * params.h_q + kv_head * R + r;
-            ptx::bulk_store_global(params.partial_o + prow * C::kHeadDimV,
-                                   ptx::smem_addr(stage + row * C::kStageF32Pitch * 4), C::kHeadDimV * 4);
+            ptx::bulk_store_global(params.partial_o + prow * T::kHeadDimV,
+                                   ptx::smem_addr(stage + row * T::kStageF32Pitch * 4), T::kHeadDimV * 4);
           }
         }
         ptx::bulk_commit_group();
@@ -562,7 +562,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
           ptx::bulk_wait_group_read0();
         }
       } else if (q_issued && !q_sent && !params.q_tma) {
-        issue_q(req + 1, tid - C::kBlockM, C::kThreads - C::kBlockM);
+        issue_q(req + 1, tid - T::kBlockM, T::kThreads - T::kBlockM);
         q_sent = true;
       }
     };
@@ -590,8 +590,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       ptx::fence_acq_rel_gpu();  // acquire: thread 0 saw the publication; order this thread's reads after it
       ptx::fence_proxy_async_global();
       if (tid < valid_rows)
-        ptx::bulk_load_shared(ptx::smem_addr(stage + tid * C::kStageF32Pitch * 4),
-                              params.partial_o + (other_row0 + tid) * C::kHeadDimV, C::kHeadDimV * 4, &smem.merge_bar);
+        ptx::bulk_load_shared(ptx::smem_addr(stage + tid * T::kStageF32Pitch * 4),
+                              params.partial_o + (other_row0 + tid) * T::kHeadDimV, T::kHeadDimV * 4, &smem.merge_bar);
       float lse2_other[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i)
@@ -628,7 +628,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           float2 v = make_float2(0.f, 0.f);
-          if (frag.row[i] < valid_rows) v = *reinterpret_cast<const float2*>(stage_f + frag.row[i] * C::kStageF32Pitch + col);
+          if (frag.row[i] < valid_rows) v = *reinterpret_cast<const float2*>(stage_f + frag.row[i] * T::kStageF32Pitch + col);
           float& o0 = o[j * 4 + 2 * i];
           float& o1 = o[j * 4 + 2 * i + 1];
           if (own_first) {
@@ -646,9 +646,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if (!is_split || merge) store_rows(false, false);
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStored);
     if (tid == 0 && req < rec.end_req) {  // only pages inside the next sequence are touched
-      const int len = min(max(next_len, 0), params.max_blocks_per_seq * C::kBlockN);
+      const int len = min(max(next_len, 0), params.max_blocks_per_seq * T::kBlockN);
       for (int b = 0; b < 2; ++b)
-        if (len > b * C::kBlockN) prefetch_kv_page_l2(&k_map, &k_map_rope, next_page[b], kv_head);
+        if (len > b * T::kBlockN) prefetch_kv_page_l2(&k_map, &k_map_rope, next_page[b], kv_head);
     }
     // The staging area is the K buffers: nobody may run ahead into the next request's TMA loads.
     __syncthreads();

@@ -14,7 +14,7 @@
 
 namespace openmla::kernels {
 
-// Grid (num_m_blocks, h_kv, num_sm_parts), Config::kThreads threads.
+// Grid (num_m_blocks, h_kv, num_sm_parts), Traits::kThreads threads.
 Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)

@@ -18,18 +18,18 @@ Status launch_variant(const DenseDecodeParams& p, cudaStream_t stream) {
   detail::TensorMapSpec spec{};
   spec.dtype = kIsFp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   spec.rank = 5;
-  spec.dims[0] = Config::kTileCols;
-  spec.dims[1] = Config::kBlockN;
-  spec.dims[2] = Config::kNumTiles;
+  spec.dims[0] = Traits::kTileCols;
+  spec.dims[1] = Traits::kBlockN;
+  spec.dims[2] = Traits::kNumTiles;
   spec.dims[3] = static_cast<uint64_t>(p.h_kv);
   spec.dims[4] = static_cast<uint64_t>(p.num_cache_blocks);
   spec.byte_strides[0] = static_cast<uint64_t>(p.k_stride_row) * 2;
-  spec.byte_strides[1] = Config::kTileCols * 2;
+  spec.byte_strides[1] = Traits::kTileCols * 2;
   spec.byte_strides[2] = static_cast<uint64_t>(p.k_stride_head) * 2;
   spec.byte_strides[3] = static_cast<uint64_t>(p.k_stride_block) * 2;
-  spec.box[0] = Config::kTileCols;
-  spec.box[1] = Config::kBlockN;
-  spec.box[2] = Config::kVTilesPerHalf;
+  spec.box[0] = Traits::kTileCols;
+  spec.box[1] = Traits::kBlockN;
+  spec.box[2] = Traits::kVTilesPerHalf;
   spec.box[3] = 1;
   spec.box[4] = 1;
   spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
@@ -50,15 +50,15 @@ Status launch_variant(const DenseDecodeParams& p, cudaStream_t stream) {
     detail::TensorMapSpec qs{};
     qs.dtype = spec.dtype;
     qs.rank = 4;
-    qs.dims[0] = Config::kHeadDimQK;
+    qs.dims[0] = Traits::kHeadDimQK;
     qs.dims[1] = static_cast<uint64_t>(p.h_kv) * p.q_per_kv;
     qs.dims[2] = static_cast<uint64_t>(p.s_q);
     qs.dims[3] = static_cast<uint64_t>(p.batch);
     qs.byte_strides[0] = static_cast<uint64_t>(qs_strides.head) * 2;
     qs.byte_strides[1] = static_cast<uint64_t>(qs_strides.position) * 2;
     qs.byte_strides[2] = static_cast<uint64_t>(qs_strides.request) * 2;
-    qs.box[0] = Config::kTileCols;
-    qs.box[1] = Config::kBlockM;
+    qs.box[0] = Traits::kTileCols;
+    qs.box[1] = Traits::kBlockM;
     qs.box[2] = 1;
     qs.box[3] = 1;
     qs.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
@@ -73,7 +73,7 @@ Status launch_variant(const DenseDecodeParams& p, cudaStream_t stream) {
   return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
                                           "dense decode: setting the shared-memory size", "dense decode kernel launch",
                                           [&] {
-                                            kernel<<<grid, Config::kThreads, smem_bytes, stream>>>(p, k_map,
+                                            kernel<<<grid, Traits::kThreads, smem_bytes, stream>>>(p, k_map,
                                                                                                   k_map_rope, q_map);
                                             return cudaPeekAtLastError();
                                           });
