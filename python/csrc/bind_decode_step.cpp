@@ -25,6 +25,7 @@
 
 #include "bind_common.h"
 #include "bind_decode_problem.h"
+#include "common/fp8_cache_layout.h"
 #include "object_tensors.h"
 #include "openmla/decode.h"
 
@@ -32,8 +33,9 @@ namespace openmla::py {
 
 namespace {
 
-constexpr int64_t kV32BytesPerToken = 656;
-constexpr int64_t kModel1BytesPerToken = 584;
+// The FP8 layouts' sizes: common/fp8_cache_layout.h (the one definition).
+constexpr int64_t kV32BytesPerToken = fp8_cache::V32::kBytesPerToken;
+constexpr int64_t kModel1BytesPerToken = fp8_cache::Model1::kBytesPerToken;
 
 // int(h), as the flash_mla layer converts head_dim_v; raises what int() raises.
 int64_t int_value(nb::handle h) {
@@ -70,12 +72,12 @@ KVCacheFormat dense_format(const TensorRef& q) {
 bool fp8_format(int64_t bytes_per_token, KVCacheFormat* format, int64_t* d_qk) {
   if (bytes_per_token == kV32BytesPerToken) {
     *format = KVCacheFormat::kFp8V32;
-    *d_qk = 576;
+    *d_qk = fp8_cache::V32::kHeadDim;
     return true;
   }
   if (bytes_per_token == kModel1BytesPerToken) {
     *format = KVCacheFormat::kFp8Model1;
-    *d_qk = 512;
+    *d_qk = fp8_cache::Model1::kHeadDim;
     return true;
   }
   return false;

@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 
 #include "bind_common.h"
+#include "common/fp8_cache_layout.h"
 #include "openmla/kv_cache.h"
 #include "openmla_ref/fp8_codec.h"
 
@@ -26,6 +27,25 @@ KVCacheFormat fp8_format_from_name(const std::string& name) {
 
 ref::Fp8Layout ref_layout(KVCacheFormat format) {
   return format == KVCacheFormat::kFp8V32 ? ref::Fp8Layout::kV32 : ref::Fp8Layout::kModel1;
+}
+
+// One FP8 cache layout's constants (common/fp8_cache_layout.h, the one definition) as a dict for the Python
+// package: sizes in dims, offsets and strides in bytes.
+template <class Cache>
+nb::dict fp8_layout_dict() {
+  nb::dict d;
+  d["head_dim"] = Cache::kHeadDim;
+  d["nope_dim"] = Cache::kNopeDim;
+  d["rope_dim"] = Cache::kRopeDim;
+  d["tile_dim"] = Cache::kTileDim;
+  d["num_tiles"] = Cache::kNumTiles;
+  d["scale_bytes"] = Cache::kScaleBytes;
+  d["bytes_per_token"] = Cache::kBytesPerToken;
+  d["data_stride"] = Cache::kDataStride;
+  d["rope_offset"] = Cache::kRopeOffset;
+  if constexpr (requires { Cache::kScaleOffset; }) d["scale_offset"] = Cache::kScaleOffset;  // V3.2: in the record
+  if constexpr (requires { Cache::kScaleStride; }) d["scale_stride"] = Cache::kScaleStride;  // MODEL1: scale section
+  return d;
 }
 
 // ---- CPU codec (host numpy arrays): the truth the GPU kernels are tested against --------------------------------
@@ -90,6 +110,11 @@ nb::ndarray<nb::numpy, uint16_t, nb::ndim<4>> cpu_decode(const HostBytePages& ca
 }  // namespace
 
 void bind_kv_cache(nb::module_& m) {
+  // {"v32": {...}, "model1": {...}}: what decode.py tells the layouts apart by (bytes_per_token) and reports.
+  nb::dict layouts;
+  layouts["v32"] = fp8_layout_dict<fp8_cache::V32>();
+  layouts["model1"] = fp8_layout_dict<fp8_cache::Model1>();
+  m.attr("fp8_cache_layouts") = layouts;
   m.def(
       "kv_cache_quantize",
       [](const Array& src, const Array& dst, const std::string& format, uintptr_t stream) {

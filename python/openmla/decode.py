@@ -58,8 +58,10 @@ except Exception:  # pragma: no cover - depends on the machine
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache"]
 
 # FP8 cache layouts of sparse mode, told apart by the cache's last dimension (bytes per token):
-# bytes per token -> (problem.cache_format, d_qk, name for messages).
-_FP8_LAYOUTS = {656: ("fp8_v32", 576, "V3.2"), 584: ("fp8_model1", 512, "MODEL1")}
+# bytes per token -> (problem.cache_format, d_qk, name for messages). The sizes are the C++ definition's
+# (src/common/fp8_cache_layout.h, through the binding).
+_FP8_LAYOUTS = {_C.fp8_cache_layouts[f]["bytes_per_token"]: ("fp8_" + f, _C.fp8_cache_layouts[f]["head_dim"], name)
+                for f, name in (("v32", "V3.2"), ("model1", "MODEL1"))}
 # Arguments that only sparse mode (indices given) takes.
 _SPARSE_ONLY = ("attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length")
 
@@ -661,8 +663,9 @@ def _fp8_layout(cache, name: str):
                          f" got shape {tuple(int(x) for x in shape)}")
     bytes_per_token = int(shape[-1])
     if bytes_per_token not in _FP8_LAYOUTS:
+        known = " or ".join(f"{bpt} ({layout} layout, d_qk {d_qk})" for bpt, (_, d_qk, layout) in _FP8_LAYOUTS.items())
         raise ValueError(f"argument '{name}' has last dimension {bytes_per_token}; sparse decode needs an FP8 cache "
-                         "with 656 bytes per token (V3.2 layout, d_qk 576) or 584 (MODEL1 layout, d_qk 512)")
+                         f"with {known} bytes per token")
     return _FP8_LAYOUTS[bytes_per_token]
 
 

@@ -9,6 +9,7 @@
 #include "api/checked.h"
 #include "api/families.h"
 #include "api/validate.h"
+#include "common/fp8_cache_layout.h"
 #include "kernels/kv_cache/launch.h"
 
 namespace openmla {
@@ -29,16 +30,16 @@ int64_t kv_cache_bytes_per_token(KVCacheFormat format, int64_t head_dim) {
   switch (format) {
     case KVCacheFormat::kBFloat16:
     case KVCacheFormat::kFloat16: return 2 * head_dim;
-    case KVCacheFormat::kFp8V32: return kvk::LayoutTraits<kvk::Fp8Layout::kV32>::kBytesPerToken;
-    case KVCacheFormat::kFp8Model1: return kvk::LayoutTraits<kvk::Fp8Layout::kModel1>::kBytesPerToken;
+    case KVCacheFormat::kFp8V32: return fp8_cache::V32::kBytesPerToken;
+    case KVCacheFormat::kFp8Model1: return fp8_cache::Model1::kBytesPerToken;
   }
   return 0;
 }
 
 int64_t kv_cache_fp8_head_dim(KVCacheFormat format) {
   switch (format) {
-    case KVCacheFormat::kFp8V32: return kvk::LayoutTraits<kvk::Fp8Layout::kV32>::kHeadDim;
-    case KVCacheFormat::kFp8Model1: return kvk::LayoutTraits<kvk::Fp8Layout::kModel1>::kHeadDim;
+    case KVCacheFormat::kFp8V32: return fp8_cache::V32::kHeadDim;
+    case KVCacheFormat::kFp8Model1: return fp8_cache::Model1::kHeadDim;
     default: return 0;
   }
 }

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "common/fp8_cache_layout.h"
 #include "openmla_ref/fp8_codec.h"
 #include "openmla_ref/numeric.h"
 
@@ -332,6 +333,30 @@ TEST(KvCacheCodec, LayoutConstants) {
   EXPECT_EQ(ref::fp8_scale_offset(Fp8Layout::kV32, 64, 3), 3 * 656 + 512);
   EXPECT_EQ(ref::fp8_scale_offset(Fp8Layout::kModel1, 64, 3), 64 * 576 + 3 * 8);
   EXPECT_EQ(ref::fp8_data_offset(Fp8Layout::kModel1, 3), 3 * 576);
+}
+
+// The library's one definition of the layouts (src/common/fp8_cache_layout.h: the kernels, the API and Python use
+// it) against the reference's own, written separately on purpose.
+template <class Cache>
+void expect_same_layout(Fp8Layout layout) {
+  EXPECT_EQ(Cache::kBytesPerToken, ref::fp8_bytes_per_token(layout));
+  EXPECT_EQ(Cache::kHeadDim, ref::fp8_head_dim(layout));
+  EXPECT_EQ(Cache::kNopeDim, ref::fp8_nope_dim(layout));
+  EXPECT_EQ(Cache::kTileDim, ref::fp8_tile_dim(layout));
+  for (const int64_t row : {0, 1, 5}) EXPECT_EQ(row * Cache::kDataStride, ref::fp8_data_offset(layout, row));
+}
+TEST(KvCacheCodec, LibraryLayoutsMatchTheReference) {
+  namespace fc = openmla::fp8_cache;
+  expect_same_layout<fc::V32>(Fp8Layout::kV32);
+  expect_same_layout<fc::Model1>(Fp8Layout::kModel1);
+  for (const int64_t page_size : {1, 3, 64}) {
+    for (const int64_t row : {int64_t{0}, page_size - 1}) {
+      EXPECT_EQ(row * fc::V32::kDataStride + fc::V32::kScaleOffset,
+                ref::fp8_scale_offset(Fp8Layout::kV32, page_size, row));
+      EXPECT_EQ(page_size * fc::Model1::kDataStride + row * fc::Model1::kScaleStride,
+                ref::fp8_scale_offset(Fp8Layout::kModel1, page_size, row));
+    }
+  }
 }
 
 TEST(KvCacheCodec, Model1ScaleSectionAddressing) {

@@ -109,6 +109,21 @@ def test_format_helpers():
     assert kc.head_dim("v32") == 576 and kc.head_dim("model1") == 512
 
 
+def test_layout_constants_of_the_binding():
+    """openmla._openmla.fp8_cache_layouts (the library's one definition, src/common/fp8_cache_layout.h) against the
+    documented bytes (docs/kv-cache-formats.md, written out here) and the format helpers."""
+    layouts = _openmla.fp8_cache_layouts
+    assert sorted(layouts) == ["model1", "v32"]
+    assert layouts["v32"] == {"head_dim": 576, "nope_dim": 512, "rope_dim": 64, "tile_dim": 128, "num_tiles": 4,
+                              "scale_bytes": 4, "bytes_per_token": 656, "data_stride": 656, "rope_offset": 528,
+                              "scale_offset": 512}
+    assert layouts["model1"] == {"head_dim": 512, "nope_dim": 448, "rope_dim": 64, "tile_dim": 64, "num_tiles": 7,
+                                 "scale_bytes": 1, "bytes_per_token": 584, "data_stride": 576, "rope_offset": 448,
+                                 "scale_stride": 8}
+    for fmt, layout in layouts.items():
+        assert (layout["bytes_per_token"], layout["head_dim"]) == (kc.bytes_per_token(fmt), kc.head_dim(fmt))
+
+
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_cpu_codec_round_trip(fmt):
     d, bpt = FORMATS[fmt]

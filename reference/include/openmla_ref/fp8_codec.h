@@ -12,6 +12,9 @@
 // bf16 magnitudes as integers (bits & 0x7FFF), so NaN/inf detection and amax need no float comparisons.
 // Decoding to bf16 rounds float(q) * s to nearest even and writes every NaN as the canonical 0x7FC0.
 // The GPU codec (src/kernels/kv_cache/) does the same arithmetic; tests compare the two bit for bit.
+// The layouts are defined here independently of the library's definition (src/common/fp8_cache_layout.h), on
+// purpose: the reference includes nothing from src/ (docs/architecture.md), so one wrong constant cannot make the
+// kernels and their reference agree.
 #pragma once
 
 #include <cstdint>

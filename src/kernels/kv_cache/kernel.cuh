@@ -102,22 +102,22 @@ __device__ __forceinline__ uint2 shuffle_xor(uint2 v, int mask) {
 template <Fp8Layout kLayout>
 __device__ __forceinline__ void encode_token(const uint16_t* __restrict__ src, uint8_t* __restrict__ page_base,
                                              int64_t page_size, int64_t row, int lane) {
-  using Layout = LayoutTraits<kLayout>;
-  using Mapping = MappingTraits<kLayout>;
+  using T = Traits<kLayout>;
+  using Cache = typename T::Cache;
   const uint4* src_chunks = reinterpret_cast<const uint4*>(src);
 
   // ---- loads: two coalesced 512-byte runs (+ the V3.2 RoPE tail on 8 lanes), all issued before any use
   const uint4 lo = load16(src_chunks + lane);
   const uint4 hi = load16(src_chunks + kWarpSize + lane);
   uint4 rope_tail = make_uint4(0, 0, 0, 0);
-  if constexpr (!Mapping::kRopeIsHi) {
+  if constexpr (!T::kRopeIsHi) {
     if (lane < kRopeDim / kChunkDims) rope_tail = load16(src_chunks + 2 * kWarpSize + lane);
   }
 
   // ---- tile amax: lo and hi tiles reduced together (two 15-bit magnitudes in one word)
   uint32_t amax = chunk_amax_bits(lo) | (chunk_amax_bits(hi) << 16);
 #pragma unroll
-  for (int offset = Mapping::kLanesPerTile / 2; offset > 0; offset /= 2)
+  for (int offset = T::kLanesPerTile / 2; offset > 0; offset /= 2)
     amax = __vmaxu2(amax, __shfl_xor_sync(kFullMask, amax, offset));
   const uint32_t scale_lo = tile_scale_bits(amax & 0xFFFFu);
   const uint32_t scale_hi = tile_scale_bits(amax >> 16);  // MODEL1 lanes >= 24: RoPE, unused
@@ -130,34 +130,34 @@ __device__ __forceinline__ void encode_token(const uint16_t* __restrict__ src, u
   const uint4 piece =
       odd ? make_uint4(received.x, received.y, q_hi.x, q_hi.y) : make_uint4(q_lo.x, q_lo.y, received.x, received.y);
 
-  uint8_t* data = page_base + row * Layout::kDataStride;
+  uint8_t* data = page_base + row * Cache::kDataStride;
   const int pair = lane >> 1;
   if (!odd)
     store16(data + 16 * pair, piece);  // e4m3 bytes [0, 256)
-  else if (lane < Mapping::kHiNopeLanes)
+  else if (lane < T::kHiNopeLanes)
     store16(data + kHalfDims + 16 * pair, piece);  // [256, nope)
 
   // ---- RoPE: bf16 bits copied through
-  if constexpr (Mapping::kRopeIsHi) {
-    if (lane >= Mapping::kHiNopeLanes) store16(data + Layout::kRopeOffset + 16 * (lane - Mapping::kHiNopeLanes), hi);
+  if constexpr (T::kRopeIsHi) {
+    if (lane >= T::kHiNopeLanes) store16(data + Cache::kRopeOffset + 16 * (lane - T::kHiNopeLanes), hi);
   } else {
-    if (lane < kRopeDim / kChunkDims) store16(data + Layout::kRopeOffset + 16 * lane, rope_tail);
+    if (lane < kRopeDim / kChunkDims) store16(data + Cache::kRopeOffset + 16 * lane, rope_tail);
   }
 
   // ---- scales: tile k's scale sits in the lanes of its group; gather them to lane 0
-  uint32_t scales[Layout::kNumTiles];
+  uint32_t scales[Cache::kNumTiles];
 #pragma unroll
-  for (int k = 0; k < Layout::kNumTiles; ++k) {
-    const bool from_hi = k >= Mapping::kHiTileBase;
-    const int src_lane = (from_hi ? k - Mapping::kHiTileBase : k) * Mapping::kLanesPerTile;
+  for (int k = 0; k < Cache::kNumTiles; ++k) {
+    const bool from_hi = k >= T::kHiTileBase;
+    const int src_lane = (from_hi ? k - T::kHiTileBase : k) * T::kLanesPerTile;
     scales[k] = __shfl_sync(kFullMask, from_hi ? scale_hi : scale_lo, src_lane);
   }
   if (lane == 0) {
     if constexpr (kLayout == Fp8Layout::kV32) {
-      static_assert(Layout::kNumTiles == 4);
-      store16(data + Layout::kInlineScaleOffset, make_uint4(scales[0], scales[1], scales[2], scales[3]));
+      static_assert(Cache::kNumTiles == 4);
+      store16(data + Cache::kScaleOffset, make_uint4(scales[0], scales[1], scales[2], scales[3]));
     } else {
-      static_assert(Layout::kNumTiles == 7);
+      static_assert(Cache::kNumTiles == 7);
       // UE8M0 = the biased exponent; the NaN scale 0x7FC00000 gives 0xFF. Byte 7 is the pad, written as 0.
       uint32_t e[8];
 #pragma unroll
@@ -165,7 +165,7 @@ __device__ __forceinline__ void encode_token(const uint16_t* __restrict__ src, u
       e[7] = 0;
       const uint2 packed = make_uint2(e[0] | (e[1] << 8) | (e[2] << 16) | (e[3] << 24),
                                       e[4] | (e[5] << 8) | (e[6] << 16) | (e[7] << 24));
-      *reinterpret_cast<uint2*>(page_base + page_size * Layout::kDataStride + row * Layout::kScaleStride) = packed;
+      *reinterpret_cast<uint2*>(page_base + page_size * Cache::kDataStride + row * Cache::kScaleStride) = packed;
     }
   }
 }
@@ -173,35 +173,35 @@ __device__ __forceinline__ void encode_token(const uint16_t* __restrict__ src, u
 template <Fp8Layout kLayout>
 __device__ __forceinline__ void decode_token(const uint8_t* __restrict__ page_base, int64_t page_size, int64_t row,
                                              uint16_t* __restrict__ dst, int lane) {
-  using Layout = LayoutTraits<kLayout>;
-  using Mapping = MappingTraits<kLayout>;
-  const uint8_t* data = page_base + row * Layout::kDataStride;
+  using T = Traits<kLayout>;
+  using Cache = typename T::Cache;
+  const uint8_t* data = page_base + row * Cache::kDataStride;
   const bool odd = lane & 1;
   const int pair = lane >> 1;
-  const int group = lane / Mapping::kLanesPerTile;  // lo tile index; hi tile = kHiTileBase + group
+  const int group = lane / T::kLanesPerTile;  // lo tile index; hi tile = kHiTileBase + group
 
   // ---- loads: one 16-byte e4m3 piece per lane (mirror of the encoder), the scales (a broadcast), RoPE
   uint4 piece = make_uint4(0, 0, 0, 0);
   if (!odd)
     piece = load16(data + 16 * pair);
-  else if (lane < Mapping::kHiNopeLanes)
+  else if (lane < T::kHiNopeLanes)
     piece = load16(data + kHalfDims + 16 * pair);
   uint4 rope = make_uint4(0, 0, 0, 0);
-  if constexpr (Mapping::kRopeIsHi) {
-    if (lane >= Mapping::kHiNopeLanes) rope = load16(data + Layout::kRopeOffset + 16 * (lane - Mapping::kHiNopeLanes));
+  if constexpr (T::kRopeIsHi) {
+    if (lane >= T::kHiNopeLanes) rope = load16(data + Cache::kRopeOffset + 16 * (lane - T::kHiNopeLanes));
   } else {
-    if (lane < kRopeDim / kChunkDims) rope = load16(data + Layout::kRopeOffset + 16 * lane);
+    if (lane < kRopeDim / kChunkDims) rope = load16(data + Cache::kRopeOffset + 16 * lane);
   }
   float scale_lo, scale_hi;
   if constexpr (kLayout == Fp8Layout::kV32) {
-    const uint4 s = load16(data + Layout::kInlineScaleOffset);  // fp32 scales of tiles 0..3
-    static_assert(Mapping::kHiTileBase == 2 && Mapping::kLanesPerTile == 16);
+    const uint4 s = load16(data + Cache::kScaleOffset);  // fp32 scales of tiles 0..3
+    static_assert(T::kHiTileBase == 2 && T::kLanesPerTile == 16);
     scale_lo = __uint_as_float(group == 0 ? s.x : s.y);
     scale_hi = __uint_as_float(group == 0 ? s.z : s.w);
   } else {
-    const uint2 s = *reinterpret_cast<const uint2*>(page_base + page_size * Layout::kDataStride +
-                                                    row * Layout::kScaleStride);  // 7 UE8M0 + pad
-    static_assert(Mapping::kHiTileBase == 4 && Mapping::kLanesPerTile == 8);
+    const uint2 s = *reinterpret_cast<const uint2*>(page_base + page_size * Cache::kDataStride +
+                                                    row * Cache::kScaleStride);  // 7 UE8M0 + pad
+    static_assert(T::kHiTileBase == 4 && T::kLanesPerTile == 8);
     scale_lo = ue8m0_to_float((s.x >> (8 * group)) & 0xFFu);
     scale_hi = ue8m0_to_float((s.y >> (8 * group)) & 0xFFu);  // group 3: the pad byte, unused (RoPE lanes)
   }
@@ -213,8 +213,8 @@ __device__ __forceinline__ void decode_token(const uint8_t* __restrict__ page_ba
 
   uint4* dst_chunks = reinterpret_cast<uint4*>(dst);
   store16(dst_chunks + lane, dequantize_chunk(q_lo, scale_lo));
-  if constexpr (Mapping::kRopeIsHi) {
-    store16(dst_chunks + kWarpSize + lane, lane < Mapping::kHiNopeLanes ? dequantize_chunk(q_hi, scale_hi) : rope);
+  if constexpr (T::kRopeIsHi) {
+    store16(dst_chunks + kWarpSize + lane, lane < T::kHiNopeLanes ? dequantize_chunk(q_hi, scale_hi) : rope);
   } else {
     store16(dst_chunks + kWarpSize + lane, dequantize_chunk(q_hi, scale_hi));
     if (lane < kRopeDim / kChunkDims) store16(dst_chunks + 2 * kWarpSize + lane, rope);

@@ -4,6 +4,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+
+#include "common/fp8_cache_layout.h"
 
 namespace openmla::kernels::sparse_decode {
 
@@ -63,33 +66,21 @@ enum class NamedBarrier : int {
   kInit = 3,       // the whole CTA, once, after the mbarrier setup (plain kernel; the crossover syncs the cluster)
 };
 
+// The traits of one cache layout. The bytes it reads are the codec's (Cache: common/fp8_cache_layout.h); the
+// shared-memory tiles hold 64 dims each, one e4m3 byte per dim in the cache.
 template <Layout L>
-struct Traits;
+struct Traits : Common {
+  using Cache = std::conditional_t<L == Layout::kV32, fp8_cache::V32, fp8_cache::Model1>;
+  static constexpr int kHeadDimQK = Cache::kHeadDim;                // 576 / 512
+  static constexpr int kNopeTiles = Cache::kNopeDim / kTileCols;    // 8 / 7
+  static constexpr int kRopeTile = kNopeTiles;                      // the 64 RoPE dims: one more tile
+  static constexpr int kNumTiles = kNopeTiles + 1;                  // 9 / 8
+  static constexpr int kTilesPerScale = Cache::kTileDim / kTileCols;  // 2 / 1
+  // V3.2's RoPE tile only enters Q K^T (d_qk > d_v), so once that is done it holds P for the other warpgroup;
+  // MODEL1's RoPE dims are part of V.
+  static constexpr bool kPInRopeTile = kHeadDimQK > kHeadDimV;
 
-// DeepSeek-V3.2: 656 B/token = 512 fp8 NoPE | 4 fp32 scales (128 dims each) | 64 bf16 RoPE.
-template <>
-struct Traits<Layout::kV32> : Common {
-  static constexpr int kHeadDimQK = 576;
-  static constexpr int kNumTiles = 9;   // 8 NoPE tiles + the RoPE tile
-  static constexpr int kNopeTiles = 8;
-  static constexpr int kRopeTile = 8;
-  static constexpr int kTilesPerScale = 2;
-  static constexpr int kBytesPerToken = 656;
-  // The RoPE tile only enters Q K^T, so once that is done it holds P for the other warpgroup.
-  static constexpr bool kPInRopeTile = true;
-};
-
-// MODEL1: pages of B tokens = B x (448 fp8 NoPE | 64 bf16 RoPE) then B x (7 UE8M0 scales + 1 pad byte).
-template <>
-struct Traits<Layout::kModel1> : Common {
-  static constexpr int kHeadDimQK = 512;
-  static constexpr int kNumTiles = 8;   // 7 NoPE tiles + the RoPE tile (RoPE is part of V here)
-  static constexpr int kNopeTiles = 7;
-  static constexpr int kRopeTile = 7;
-  static constexpr int kTilesPerScale = 1;
-  static constexpr int kBytesPerToken = 584;
-  static constexpr int kDataBytesPerToken = 576;  // the scale section follows B x 576 bytes
-  static constexpr bool kPInRopeTile = false;
+  static_assert(Cache::kRopeDim == kTileCols && Cache::kNopeDim % kTileCols == 0 && Cache::kTileDim % kTileCols == 0);
 };
 
 // Shared memory. 128B-swizzled K-major tiles, 1024-byte aligned. The K buffers are filled by the producer

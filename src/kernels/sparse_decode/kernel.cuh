@@ -267,25 +267,26 @@ struct TokenData {
   uint4 scales;  // V3.2: 4 fp32; MODEL1: 8 UE8M0 bytes in .x/.y
 };
 
-// Where token `idx` of cache `c` lives (only for valid slots).
+// Where token `idx` of cache `c` lives (only for valid slots; the layouts: common/fp8_cache_layout.h).
 template <Layout L>
 struct TokenAddress {
-  const uint8_t* data;   // NoPE bytes, then RoPE at +kRopeOffset
+  const uint8_t* data;   // NoPE bytes, then RoPE at +Cache::kRopeOffset
   const uint8_t* scale;  // the scale record
 };
 template <Layout L>
 __device__ __forceinline__ TokenAddress<L> token_address(const SparseCacheView& c, int idx) {
-  using T = Traits<L>;
+  using Cache = typename Traits<L>::Cache;
   const uint32_t page = static_cast<uint32_t>(idx) / static_cast<uint32_t>(c.page_size);
   const uint32_t row = static_cast<uint32_t>(idx) - page * static_cast<uint32_t>(c.page_size);
   const uint8_t* page_ptr = c.data + static_cast<int64_t>(page) * c.page_stride;
   TokenAddress<L> a;
   if constexpr (L == Layout::kV32) {
-    a.data = page_ptr + static_cast<int64_t>(row) * T::kBytesPerToken;
-    a.scale = a.data + 512;
+    a.data = page_ptr + static_cast<int64_t>(row) * Cache::kDataStride;
+    a.scale = a.data + Cache::kScaleOffset;
   } else {
-    a.data = page_ptr + static_cast<int64_t>(row) * T::kDataBytesPerToken;
-    a.scale = page_ptr + static_cast<int64_t>(c.page_size) * T::kDataBytesPerToken + static_cast<int64_t>(row) * 8;
+    a.data = page_ptr + static_cast<int64_t>(row) * Cache::kDataStride;
+    a.scale = page_ptr + static_cast<int64_t>(c.page_size) * Cache::kDataStride +
+              static_cast<int64_t>(row) * Cache::kScaleStride;
   }
   return a;
 }
@@ -293,11 +294,12 @@ __device__ __forceinline__ TokenAddress<L> token_address(const SparseCacheView& 
 template <Layout L>
 __device__ __forceinline__ void load_token(const SparseCacheView& c, int idx, bool valid, int lane4, TokenData<L>& d) {
   using T = Traits<L>;
-  constexpr int kRopeOffset = T::kNopeTiles * 64 + (L == Layout::kV32 ? 16 : 0);  // 528 / 448
+  constexpr int kRopeOffset = T::Cache::kRopeOffset;  // 528 / 448
   if (valid) {
     const TokenAddress<L> a = token_address<L>(c, idx);
+    // NoPE tile j: the e4m3 bytes of dims 64j.., one byte per dim; each of the 4 threads loads 16.
 #pragma unroll
-    for (int j = 0; j < T::kNopeTiles; ++j) d.nope[j] = ptx::ld_nc_v4(a.data + j * 64 + lane4 * 16);
+    for (int j = 0; j < T::kNopeTiles; ++j) d.nope[j] = ptx::ld_nc_v4(a.data + j * T::kTileCols + lane4 * 16);
     d.rope[0] = ptx::ld_nc_v4(a.data + kRopeOffset + lane4 * 32);
     d.rope[1] = ptx::ld_nc_v4(a.data + kRopeOffset + lane4 * 32 + 16);
     if constexpr (L == Layout::kV32) {
@@ -318,7 +320,7 @@ __device__ __forceinline__ void load_token(const SparseCacheView& c, int idx, bo
 // Pulls the cache lines of token `idx` into L2 (a block ahead of its loads).
 template <Layout L>
 __device__ __forceinline__ void prefetch_token_l2(const SparseCacheView& c, int idx, int lane4) {
-  constexpr int kDataBytes = L == Layout::kV32 ? 656 : 576;  // the token's contiguous bytes
+  constexpr int kDataBytes = Traits<L>::Cache::kDataStride;  // the token's contiguous bytes (656 / 576)
   const TokenAddress<L> a = token_address<L>(c, idx);
 #pragma unroll
   for (int k = lane4 * 128; k < kDataBytes; k += 4 * 128)
