@@ -39,7 +39,8 @@ __all__ = [
     "FP8_BYTES_PER_TOKEN",
 ]
 
-#: Bytes per token of the FP8 cache layouts ("v32": d_qk 576, "model1": d_qk 512).
+#: Bytes per token of the FP8 cache layouts ("v32": d_qk 576, "model1": d_qk 512). Written out here on purpose, as
+#: the CPU reference keeps its own definition of the layouts (not the library's _openmla.fp8_cache_layouts).
 FP8_BYTES_PER_TOKEN = {"v32": 656, "model1": 584}
 _HEAD_DIM = {"v32": 576, "model1": 512}
 
