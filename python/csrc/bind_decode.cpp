@@ -1,7 +1,8 @@
 // Binding of include/openmla/decode.h: workspace sizes, GPU scheduling, dense and sparse decode.
 //
-// Thin on purpose: arrays become TensorRefs, keyword arguments become a DecodeProblem, the C++ API does
-// every check, and its Status becomes the matching Python exception with the message unchanged.
+// Thin on purpose: arrays become TensorRefs, keyword arguments become the family's problem struct
+// (bind_decode_problem.h), the C++ API does every check, and its Status becomes the matching Python exception with
+// the message unchanged.
 // The flash_mla-compatible layer (schedule caching, output allocation) is python/openmla/decode.py.
 #include <atomic>
 #include <string>
@@ -9,6 +10,7 @@
 #include <nanobind/stl/string.h>
 
 #include "bind_common.h"
+#include "bind_decode_problem.h"
 #include "openmla/decode.h"
 #include "openmla/test_hooks.h"
 
@@ -20,82 +22,11 @@ namespace {
 // module passes to the library (openmla/test_hooks.h). The library itself keeps no such state.
 std::atomic<bool> g_test_merge_publish_always{false};
 
-// The DecodeProblem fields accepted as keyword arguments, in the order the header declares them.
-constexpr const char* kProblemFields =
-    "batch, s_q, h_q, h_kv, d_qk, d_v, page_block_size, cache_format, causal, sparse, topk, extra_topk, "
-    "extra_page_block_size, num_sms, max_blocks_per_seq";
-
-KVCacheFormat cache_format_from_name(const std::string& name) {
-  if (name == "bf16" || name == "bfloat16") return KVCacheFormat::kBFloat16;
-  if (name == "fp16" || name == "float16") return KVCacheFormat::kFloat16;
-  if (name == "fp8_v32") return KVCacheFormat::kFp8V32;
-  if (name == "fp8_model1") return KVCacheFormat::kFp8Model1;
-  throw nb::value_error(("argument 'cache_format': unknown format '" + name +
-                         "'; expected one of 'bf16', 'fp16', 'fp8_v32', 'fp8_model1'")
-                            .c_str());
-}
-
-// Python ints only: a bool or float slipping into a size field is a caller bug worth reporting.
-int64_t int_field(nb::handle value, const std::string& key) {
-  if (!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr()))
-    throw nb::type_error(
-        ("problem field '" + key + "' must be an int, got " + nb::cast<std::string>(nb::str(value.type()))).c_str());
-  return nb::cast<int64_t>(value);
-}
-
-bool bool_field(nb::handle value, const std::string& key) {
-  if (!PyBool_Check(value.ptr()))
-    throw nb::type_error(
-        ("problem field '" + key + "' must be a bool, got " + nb::cast<std::string>(nb::str(value.type()))).c_str());
-  return value.ptr() == Py_True;
-}
-
-// Builds the DecodeProblem from keyword arguments; unspecified fields keep the header's defaults.
-DecodeProblem problem_from_kwargs(const nb::kwargs& kwargs) {
-  DecodeProblem p;
-  for (auto [k, v] : kwargs) {
-    const std::string key = nb::cast<std::string>(k);
-    if (key == "batch")
-      p.batch = int_field(v, key);
-    else if (key == "s_q")
-      p.s_q = int_field(v, key);
-    else if (key == "h_q")
-      p.h_q = int_field(v, key);
-    else if (key == "h_kv")
-      p.h_kv = int_field(v, key);
-    else if (key == "d_qk")
-      p.d_qk = int_field(v, key);
-    else if (key == "d_v")
-      p.d_v = int_field(v, key);
-    else if (key == "page_block_size")
-      p.page_block_size = int_field(v, key);
-    else if (key == "cache_format")
-      p.cache_format = cache_format_from_name(nb::cast<std::string>(v));
-    else if (key == "causal")
-      p.causal = bool_field(v, key);
-    else if (key == "sparse")
-      p.sparse = bool_field(v, key);
-    else if (key == "topk")
-      p.topk = int_field(v, key);
-    else if (key == "extra_topk")
-      p.extra_topk = int_field(v, key);
-    else if (key == "extra_page_block_size")
-      p.extra_page_block_size = int_field(v, key);
-    else if (key == "num_sms")
-      p.num_sms = static_cast<int>(int_field(v, key));
-    else if (key == "max_blocks_per_seq")
-      p.max_blocks_per_seq = int_field(v, key);
-    else
-      throw nb::type_error(
-          ("unknown keyword argument '" + key + "'; the decode problem fields are: " + kProblemFields).c_str());
-  }
-  return p;
-}
-
 nb::dict workspace_sizes(const nb::kwargs& kwargs) {
-  const DecodeProblem problem = problem_from_kwargs(kwargs);
-  DecodeWorkspaceSizes sizes;
-  throw_if_error(get_decode_workspace_sizes(problem, &sizes));
+  const FamilyDecodeProblem p = decode_problem_from_kwargs(kwargs, DecodeFamily::kByKeyword,
+                                                           "get_decode_workspace_sizes");
+  const DecodeWorkspaceSizes sizes =
+      p.sparse ? decode_workspace_sizes(p.sparse_problem) : decode_workspace_sizes(p.dense);
   nb::dict d;
   d["num_sm_parts"] = sizes.num_sm_parts;
   d["metadata_ints"] = sizes.metadata_ints;
@@ -110,7 +41,7 @@ nb::dict workspace_sizes(const nb::kwargs& kwargs) {
 void plan(const OptArray& cache_seqlens, const Array& metadata, const Array& num_splits, const OptArray& topk_length,
           const OptArray& extra_topk_length, const OptArray& merge_counters, uintptr_t stream,
           const nb::kwargs& kwargs) {
-  const DecodeProblem problem = problem_from_kwargs(kwargs);
+  const FamilyDecodeProblem p = decode_problem_from_kwargs(kwargs, DecodeFamily::kByKeyword, "plan_decode");
   DecodeSchedule schedule;
   schedule.metadata = to_tensor_ref(metadata, "tile_scheduler_metadata");
   schedule.num_splits = to_tensor_ref(num_splits, "num_splits");
@@ -122,7 +53,9 @@ void plan(const OptArray& cache_seqlens, const Array& metadata, const Array& num
   {
     // Launching needs no Python state; let other Python threads run meanwhile.
     nb::gil_scoped_release release;
-    status = plan_decode(problem, seqlens, topk, extra_topk, schedule, to_stream(stream));
+    // Each family reads its own lengths: dense cache_seqlens, sparse the top-k lengths (the other ones are ignored).
+    status = p.sparse ? plan_decode(p.sparse_problem, topk, extra_topk, schedule, to_stream(stream))
+                      : plan_decode(p.dense, seqlens, schedule, to_stream(stream));
   }
   throw_if_error(status);
 }
@@ -131,7 +64,8 @@ void dense(const Array& q, const Array& k_cache, const Array& block_table, const
            const Array& metadata, const Array& num_splits, const Array& partial_o, const Array& partial_lse,
            const Array& out, const Array& lse, const OptArray& merge_counters, float softmax_scale, uintptr_t stream,
            const nb::kwargs& kwargs) {
-  const DecodeProblem problem = problem_from_kwargs(kwargs);
+  const DenseDecodeProblem problem =
+      decode_problem_from_kwargs(kwargs, DecodeFamily::kDense, "dense_decode").dense;
   DenseDecodeArgs args;
   args.schedule.merge_counters = to_tensor_ref(merge_counters, "merge_counters");
   args.q = to_tensor_ref(q, "q");
@@ -159,7 +93,8 @@ void sparse(const Array& q, const Array& k_cache, const Array& indices, const Ar
             const OptArray& topk_length, const OptArray& attn_sink, const OptArray& extra_k_cache,
             const OptArray& extra_indices, const OptArray& extra_topk_length, float softmax_scale, uintptr_t stream,
             const nb::kwargs& kwargs) {
-  const DecodeProblem problem = problem_from_kwargs(kwargs);
+  const SparseDecodeProblem problem =
+      decode_problem_from_kwargs(kwargs, DecodeFamily::kSparse, "sparse_decode").sparse_problem;
   SparseDecodeArgs args;
   args.q = to_tensor_ref(q, "q");
   args.k_cache = to_tensor_ref(k_cache, "k_cache");
@@ -192,9 +127,10 @@ void bind_decode(nb::module_& m) {
 
   m.def("get_decode_workspace_sizes", &workspace_sizes,
         "get_decode_workspace_sizes(**problem) -> dict\n\n"
-        "Sizes of the caller-owned decode workspace for a problem given as keyword arguments (batch, s_q, h_q, "
-        "h_kv, d_qk, d_v, page_block_size, cache_format ('bf16', 'fp16', 'fp8_v32', 'fp8_model1'), causal, "
-        "sparse, topk, extra_topk, extra_page_block_size, num_sms (0: the current device's SM count)).\n"
+        "Sizes of the caller-owned decode workspace for a problem given as keyword arguments, the fields of its "
+        "family's struct: batch, s_q, h_q, d_qk, d_v, page_block_size, cache_format ('bf16', 'fp16', 'fp8_v32', "
+        "'fp8_model1'), num_sms (0: the current device's SM count); dense: h_kv, causal, max_blocks_per_seq; "
+        "sparse (sparse=True): topk, extra_topk, extra_page_block_size.\n"
         "Returns {num_sm_parts, metadata_ints, num_splits_ints, partial_rows, partial_o_bytes, "
         "partial_lse_bytes}. Host-only: launches nothing.");
 
@@ -233,9 +169,9 @@ void bind_decode(nb::module_& m) {
         "sparse_decode(q, k_cache, indices, tile_scheduler_metadata, num_splits, partial_o, partial_lse, out, lse, "
         "topk_length=None, attn_sink=None, extra_k_cache=None, extra_indices=None, extra_topk_length=None, "
         "softmax_scale=0.0, stream=0, **problem)\n\n"
-        "Sparse top-k MLA decode over an FP8 paged cache, main kernel plus combine, on `stream`. The problem has "
-        "sparse=True, cache_format 'fp8_v32' (d_qk 576) or 'fp8_model1' (d_qk 512), h_kv=1, topk, and "
-        "extra_topk / extra_page_block_size when an extra cache is given.\n"
+        "Sparse top-k MLA decode over an FP8 paged cache, main kernel plus combine, on `stream`. The problem is "
+        "SparseDecodeProblem's fields: cache_format 'fp8_v32' (d_qk 576) or 'fp8_model1' (d_qk 512), topk, and "
+        "extra_topk / extra_page_block_size when an extra cache is given (sparse=True and h_kv=1 accepted).\n"
         "q: (b, s_q, h_q, d_qk) bf16; k_cache: (num_blocks, page_block_size, 1, 656 | 584) uint8 / int8 / "
         "float8_e4m3 bytes, any page stride (multiple of 16 bytes); indices: (b, s_q, topk) int32, index = page * "
         "page_block_size + offset, -1 or out of range = skipped; topk_length: (b,) int32 slots used per request; "

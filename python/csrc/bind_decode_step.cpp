@@ -1,26 +1,30 @@
-// Binding of the per-call decode entries behind python/openmla/decode.py, built for a small host cost per call
-// (docs/python-api.md, "Host cost"):
+// Binding of the per-call decode entries behind python/openmla/decode.py: every call of one schedule style goes
+// through ONE entry, built for a small host cost per call (docs/python-api.md, "Host cost"):
 //
-//   DecodeStep        the object style (FlashMLASchedMeta): one decoding step's problem and schedule, read once
-//                     when the first layer plans; each later layer passes only its own tensors.
-//   plan_metadata     the tensor style (get_mla_metadata(cache_seqlens, ...)): plans into new int32 tensors.
-//   decode_with_metadata + SplitScratchPool
-//                     a call with tensor-style metadata; its split-KV scratch comes from a pool kept per
-//                     (device, stream), so no call allocates it once the pool holds one large enough.
+//   DecodeStep         the object style (FlashMLASchedMeta): one decoding step's problem and schedule, built when
+//                      the first layer plans (plan()); decode() is every call of the step, the first included.
+//   TensorStyleDecode  the tensor style (get_mla_metadata(cache_seqlens, ...)): plan() makes the two schedule
+//                      tensors; decode() is every call that passes them, its split-KV scratch from a pool kept per
+//                      (device, stream), so no call allocates it once the pool holds one large enough. The torch op
+//                      torch.ops.openmla.flash_mla_with_kvcache takes it too.
 //
-// Tensors are read through the DLPack C exchange API where the framework has one (object_tensors.h), the stream
-// is the framework's current stream of the tensors' device, outputs are allocated by the framework when the
-// caller passes none. The C++ API validates every call in full, as for the DLPack binding (bind_decode.cpp).
+// Each entry builds the family's problem struct (DenseDecodeProblem / SparseDecodeProblem). Tensors are read through
+// the DLPack C exchange API where the framework has one (object_tensors.h), the stream is the framework's current
+// stream of the tensors' device unless one is given, outputs are allocated by the framework when the caller passes
+// none. The C++ API validates every call in full, as for the DLPack binding (bind_decode.cpp).
 //
-// The call entries return None when the call is not the one they were prepared for (other shapes or flags than
-// the plan's, a tensor that is not on the planned CUDA device, an output to allocate without a framework
-// allocator): the Python layer then takes its general path, which names what differs.
+// An entry serves the call or raises; it never hands the call back. Before the C++ API, the flash_mla layer requires
+// what only it knows (the mode arguments, torch CUDA tensors, a reused schedule's shapes and flags:
+// python/openmla/decode.py, _check_call). An entry tests the same conditions here, with comparisons that cost next to
+// nothing; when one fails, or an argument cannot be read, it calls the layer's check function, which raises the error
+// that names what is wrong, the one any call of the layer raises for those arguments.
 #include <cmath>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "bind_common.h"
+#include "bind_decode_problem.h"
 #include "object_tensors.h"
 #include "openmla/decode.h"
 
@@ -31,23 +35,24 @@ namespace {
 constexpr int64_t kV32BytesPerToken = 656;
 constexpr int64_t kModel1BytesPerToken = 584;
 
-// A Python int that is not a bool.
-bool read_int(nb::handle h, int64_t* out) {
-  if (!PyLong_Check(h.ptr()) || PyBool_Check(h.ptr())) return false;
+// int(h), as the flash_mla layer converts head_dim_v; raises what int() raises.
+int64_t int_value(nb::handle h) {
+  PyObject* v = PyNumber_Long(h.ptr());
+  if (v == nullptr) throw nb::python_error();
   int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
-  if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
-    PyErr_Clear();
-    return false;
-  }
-  *out = v;
-  return true;
+  const long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+  Py_DECREF(v);
+  if (n == -1 && PyErr_Occurred()) throw nb::python_error();
+  if (overflow != 0) throw nb::value_error("argument 'head_dim_v' does not fit in 64 bits");
+  return n;
 }
 
-// softmax_scale None -> d_qk ** -0.5, computed as the general path computes it (a double power, then float).
+// softmax_scale None -> d_qk ** -0.5 (a double power, then float); else float(softmax_scale).
 float scale_or_default(nb::handle softmax_scale, int64_t d_qk) {
   if (softmax_scale.is_none()) return static_cast<float>(std::pow(static_cast<double>(d_qk), -0.5));
-  return static_cast<float>(nb::cast<double>(softmax_scale));
+  const double v = PyFloat_AsDouble(softmax_scale.ptr());
+  if (v == -1.0 && PyErr_Occurred()) throw nb::python_error();
+  return static_cast<float>(v);
 }
 
 // Python truthiness (flash_mla takes causal=0 / 1 as well as False / True).
@@ -55,10 +60,6 @@ bool truthy(nb::handle h) {
   const int v = PyObject_IsTrue(h.ptr());
   if (v < 0) throw nb::python_error();
   return v != 0;
-}
-
-bool on_device(const TensorRef& t, int device_id, int ndim) {
-  return t.defined() && t.device == DeviceType::kCUDA && t.device_id == device_id && t.ndim == ndim;
 }
 
 KVCacheFormat dense_format(const TensorRef& q) {
@@ -78,14 +79,6 @@ bool fp8_format(int64_t bytes_per_token, KVCacheFormat* format, int64_t* d_qk) {
     return true;
   }
   return false;
-}
-
-KVCacheFormat format_from_name(const std::string& name) {
-  if (name == "bf16") return KVCacheFormat::kBFloat16;
-  if (name == "fp16") return KVCacheFormat::kFloat16;
-  if (name == "fp8_v32") return KVCacheFormat::kFp8V32;
-  if (name == "fp8_model1") return KVCacheFormat::kFp8Model1;
-  throw nb::value_error(("argument 'cache_format': unknown format '" + name + "'").c_str());
 }
 
 // out (b, s_q, h_q, d_v) and lse (b, h_q, s_q) of one call: the caller's, or new framework tensors (lse as
@@ -182,23 +175,135 @@ void launch_on(int device_id, const CallStream& stream, StreamOrder* order, Laun
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// What the flash_mla layer requires before the C++ API (python/openmla/decode.py, _check_call), tested here
+// ---------------------------------------------------------------------------------------------------------------
+
+// One flash_mla_with_kvcache call as an entry receives it (the layer's argument order).
+struct DecodeCall {
+  nb::handle q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, is_fp8_kvcache, indices,
+      attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length;
+
+  // Calls the layer's check function with `prefix` and the call's arguments (softmax_scale aside: the layer does
+  // not check it).
+  template <class... Prefix>
+  void check(const nb::object& checks, Prefix... prefix) const {
+    if (!checks.is_valid())
+      throw std::runtime_error("openmla: a decode entry used after the garbage collector cleared it");
+    checks(prefix..., q, k_cache, block_table, cache_seqlens, head_dim_v, causal, is_fp8_kvcache, indices,
+           attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length);
+  }
+};
+
+// Runs `accept`, an entry's own tests, which read the call's arguments and return why the call cannot be served
+// (null: it can). When it cannot, or an argument cannot be read (an exception), `check` (the layer's check function)
+// raises the error that names what is wrong. If the checks find nothing, the entry's own error stands: a reading
+// error as such (the C++ API's path raises it too), or, for a reason, an internal error (the entry and the checks
+// disagree: a bug to report).
+template <class Accept, class Check>
+void accept_or_raise(const char* entry, Accept&& accept, Check&& check) {
+  const char* reason = nullptr;
+  try {
+    reason = accept();
+  } catch (const std::exception&) {
+    check();
+    throw;
+  }
+  if (reason == nullptr) return;
+  check();
+  throw std::runtime_error(std::string("openmla: internal error: ") + entry + " turned the call down (" + reason +
+                           ") but the argument checks of openmla.decode accept it; please report it");
+}
+
+// The mode arguments of a dense call (indices None).
+const char* dense_mode_refusal(const DecodeCall& c) {
+  if (!c.attn_sink.is_none() || !c.extra_k_cache.is_none() || !c.extra_indices.is_none() ||
+      !c.topk_length.is_none() || !c.extra_topk_length.is_none())
+    return "a sparse-decode argument without indices";
+  if (truthy(c.is_fp8_kvcache)) return "is_fp8_kvcache without indices";
+  if (c.block_table.is_none() || c.cache_seqlens.is_none()) return "block_table or cache_seqlens is None";
+  return nullptr;
+}
+
+// The mode arguments of a sparse call (indices given).
+const char* sparse_mode_refusal(const DecodeCall& c) {
+  if (!truthy(c.is_fp8_kvcache)) return "indices without is_fp8_kvcache";
+  if (truthy(c.causal)) return "causal with indices";
+  if (c.extra_k_cache.is_none() ? !c.extra_indices.is_none() || !c.extra_topk_length.is_none()
+                                : c.extra_indices.is_none())
+    return "extra-cache arguments that do not go together";
+  return nullptr;
+}
+
+// Reads one of the tensors the layer requires to be CUDA tensors of its framework (q, k_cache, indices, the extra
+// cache and indices): true when it is one, of `ndim` dimensions, read through `route` (the framework's exchange
+// table; null: through __dlpack__).
+bool read_required(TensorReader& reader, nb::handle obj, const char* name, int ndim,
+                   const dlpack::ExchangeApi* route, TensorRef* t) {
+  *t = reader.read(obj, name);
+  return t->defined() && reader.last_route() == route && t->device == DeviceType::kCUDA && t->ndim == ndim;
+}
+
+// The FP8 caches of a sparse call: both read as required, of one layout (`format`, whose d_qk is `layout_d_qk`).
+// `extra` is null when the call has no extra cache.
+bool read_fp8_caches(TensorReader& reader, const DecodeCall& c, const dlpack::ExchangeApi* route, TensorRef* k,
+                     TensorRef* extra, KVCacheFormat* format, int64_t* layout_d_qk) {
+  if (!read_required(reader, c.k_cache, "k_cache", 4, route, k) || !fp8_format(k->shape[3], format, layout_d_qk))
+    return false;
+  if (extra == nullptr) return true;
+  KVCacheFormat extra_format;
+  int64_t extra_d_qk = 0;
+  return read_required(reader, c.extra_k_cache, "extra_k_cache", 4, route, extra) &&
+         fp8_format(extra->shape[3], &extra_format, &extra_d_qk) && extra_format == *format;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Object style
 // ---------------------------------------------------------------------------------------------------------------
+
+// The shapes and flags a FlashMLASchedMeta was planned for: the fields of its config (decode.py, _Config) that a
+// later call must repeat. topk, extra_page_block_size and extra_topk are None in the config where absent (0 here).
+struct PlannedCall {
+  int64_t b, s_q, h_q, page_block_size, h_k;
+  bool causal, sparse;
+  int64_t topk, extra_page_block_size, extra_topk;
+  bool has_extra;
+  int64_t d_qk, d_v;
+  int device_id;
+  bool topk_length_given, extra_topk_length_given;
+
+  static PlannedCall of(nb::handle config) {
+    auto integer = [&](const char* name) {
+      const nb::object v = config.attr(name);
+      return v.is_none() ? int64_t{0} : nb::cast<int64_t>(v);
+    };
+    auto flag = [&](const char* name) { return nb::cast<bool>(config.attr(name)); };
+    return PlannedCall{.b = integer("b"), .s_q = integer("s_q"), .h_q = integer("h_q"),
+                       .page_block_size = integer("page_block_size"), .h_k = integer("h_k"),
+                       .causal = flag("causal"), .sparse = flag("is_fp8_kvcache"), .topk = integer("topk"),
+                       .extra_page_block_size = integer("extra_page_block_size"), .extra_topk = integer("extra_topk"),
+                       .has_extra = !config.attr("extra_topk").is_none(), .d_qk = integer("d_qk"),
+                       .d_v = integer("d_v"), .device_id = nb::cast<int>(config.attr("device").attr("index")),
+                       .topk_length_given = flag("topk_length_given"),
+                       .extra_topk_length_given = flag("extra_topk_length_given")};
+  }
+
+  bool same_q(const TensorRef& q) const {
+    return q.device_id == device_id && q.shape[0] == b && q.shape[1] == s_q && q.shape[2] == h_q && q.shape[3] == d_qk;
+  }
+};
+
 class DecodeStep {
  public:
+  // `config`: the planned call's config (decode.py, _Config); `checks(config, <call>)`: the layer's check function
+  // for a call this object turns down; `problem`: the family's fields as keyword arguments (bind_decode_problem.h).
   DecodeStep(nb::handle metadata, nb::handle num_splits, nb::handle merge_counters, nb::handle partial_o,
-             nb::handle partial_lse, int device_id, bool sparse, int64_t batch, int64_t s_q, int64_t h_q, int64_t h_kv,
-             int64_t d_qk, int64_t d_v, int64_t page_block_size, const std::string& cache_format, bool causal,
-             int64_t topk, int64_t extra_topk, int64_t extra_page_block_size, int num_sms, bool topk_length_given,
-             bool extra_topk_length_given, int64_t max_blocks_per_seq)
-      : device_id_(device_id), topk_length_given_(topk_length_given), extra_topk_length_given_(extra_topk_length_given) {
-    // max_blocks_per_seq (dense): the block table's width at the first call, so the plan clamps lengths as the kernel
-    // does; later calls must pass a block table of that width (the C++ API names it otherwise).
-    problem_ = DecodeProblem{.batch = batch, .s_q = s_q, .h_q = h_q, .h_kv = h_kv, .d_qk = d_qk, .d_v = d_v,
-                             .page_block_size = page_block_size, .cache_format = format_from_name(cache_format),
-                             .causal = causal, .sparse = sparse, .topk = topk, .extra_topk = extra_topk,
-                             .extra_page_block_size = extra_page_block_size, .num_sms = num_sms,
-                             .max_blocks_per_seq = sparse ? 0 : max_blocks_per_seq};
+             nb::handle partial_lse, nb::object config, nb::object checks, const nb::kwargs& problem)
+      : planned_(PlannedCall::of(config)), config_(std::move(config)), checks_(std::move(checks)) {
+    const FamilyDecodeProblem p = decode_problem_from_kwargs(problem, DecodeFamily::kByKeyword, "DecodeStep");
+    if (p.sparse != planned_.sparse)
+      throw nb::value_error("DecodeStep: the problem's family is not the config's (is_fp8_kvcache)");
+    dense_ = p.dense;
+    sparse_ = p.sparse_problem;
     TensorReader reader;
     schedule_.metadata = reader.read(metadata, "tile_scheduler_metadata");
     schedule_.num_splits = reader.read(num_splits, "num_splits");
@@ -215,114 +320,143 @@ class DecodeStep {
     const TensorRef seqlens = reader.read(cache_seqlens, "cache_seqlens");
     const TensorRef lengths = reader.read(topk_length, "topk_length");
     const TensorRef extra_lengths = reader.read(extra_topk_length, "extra_topk_length");
-    const CallStream s = call_stream(api_, stream, device_id_);
-    launch_on(device_id_, s, &order_, [&] {
-      return plan_decode(problem_, problem_.sparse ? TensorRef{} : seqlens, lengths, extra_lengths, schedule_,
-                         s.stream);
+    const CallStream s = call_stream(api_, stream, planned_.device_id);
+    launch_on(planned_.device_id, s, &order_, [&] {
+      return planned_.sparse ? plan_decode(sparse_, lengths, extra_lengths, schedule_, s.stream)
+                             : plan_decode(dense_, seqlens, schedule_, s.stream);
     });
   }
 
-  nb::object dense(nb::handle q, nb::handle k_cache, nb::handle block_table, nb::handle cache_seqlens,
-                   nb::handle head_dim_v, nb::handle softmax_scale, nb::handle causal, nb::handle out, nb::handle lse,
-                   nb::handle stream) {
-    if (problem_.sparse || truthy(causal) != problem_.causal || !has_d_v(head_dim_v)) return nb::none();
-    TensorReader reader;
-    DenseDecodeArgs args;
-    args.q = reader.read(q, "q");
-    args.k_cache = reader.read(k_cache, "k_cache");
-    if (!same_q(args.q) || !on_device(args.k_cache, device_id_, 4) || args.k_cache.shape[1] != problem_.page_block_size ||
-        args.k_cache.shape[2] != problem_.h_kv)
-      return nb::none();
-    args.block_table = reader.read(block_table, "block_table");
-    args.cache_seqlens = reader.read(cache_seqlens, "cache_seqlens");
-    CallOutputs o;
-    if (!prepare_outputs(reader, out, lse, device_id_, args.q.dtype, problem_.batch, problem_.s_q, problem_.h_q,
-                         problem_.d_v, &o))
-      return nb::none();
-    DecodeProblem problem = problem_;
-    problem.cache_format = dense_format(args.q);
-    args.softmax_scale = scale_or_default(softmax_scale, problem_.d_qk);
-    args.schedule = schedule_;
-    args.split = split_;
-    args.out = o.out_ref;
-    args.lse = o.lse_ref;
-    const CallStream s = call_stream(reader.api(), stream, device_id_);
-    launch_on(device_id_, s, &order_, [&] { return dense_decode(problem, args, s.stream); });
-    return nb::make_tuple(o.out, o.lse);
-  }
-
-  nb::object sparse(nb::handle q, nb::handle k_cache, nb::handle indices, nb::handle head_dim_v,
-                    nb::handle softmax_scale, nb::handle attn_sink, nb::handle extra_k_cache, nb::handle extra_indices,
+  // One call of the step (flash_mla_with_kvcache's arguments) -> (out, lse); raises what is wrong with a call that
+  // is not the planned one.
+  nb::object decode(nb::handle q, nb::handle k_cache, nb::handle block_table, nb::handle cache_seqlens,
+                    nb::handle head_dim_v, nb::handle softmax_scale, nb::handle causal, nb::handle is_fp8_kvcache,
+                    nb::handle indices, nb::handle attn_sink, nb::handle extra_k_cache, nb::handle extra_indices,
                     nb::handle topk_length, nb::handle extra_topk_length, nb::handle out, nb::handle lse,
                     nb::handle stream) {
-    const bool has_extra = problem_.extra_topk > 0;
-    if (!problem_.sparse || !has_d_v(head_dim_v) || topk_length.is_none() == topk_length_given_ ||
-        extra_topk_length.is_none() == extra_topk_length_given_ || extra_k_cache.is_none() == has_extra ||
-        extra_indices.is_none() == has_extra)
-      return nb::none();
+    const DecodeCall c{q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, is_fp8_kvcache,
+                       indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length};
     TensorReader reader;
-    SparseDecodeArgs args;
-    args.q = reader.read(q, "q");
-    args.k_cache = reader.read(k_cache, "k_cache");
-    args.indices = reader.read(indices, "indices");
-    if (!same_q(args.q) || !same_fp8_cache(args.k_cache, problem_.page_block_size) ||
-        !on_device(args.indices, device_id_, 3) || args.indices.shape[2] != problem_.topk)
-      return nb::none();
-    if (has_extra) {
-      args.extra_k_cache = reader.read(extra_k_cache, "extra_k_cache");
-      args.extra_indices = reader.read(extra_indices, "extra_indices");
-      if (!same_fp8_cache(args.extra_k_cache, problem_.extra_page_block_size) ||
-          !on_device(args.extra_indices, device_id_, 3) || args.extra_indices.shape[2] != problem_.extra_topk)
-        return nb::none();
-    }
-    args.topk_length = reader.read(topk_length, "topk_length");
-    args.extra_topk_length = reader.read(extra_topk_length, "extra_topk_length");
-    args.attn_sink = reader.read(attn_sink, "attn_sink");
     CallOutputs o;
-    if (!prepare_outputs(reader, out, lse, device_id_, args.q.dtype, problem_.batch, problem_.s_q, problem_.h_q,
-                         problem_.d_v, &o))
-      return nb::none();
-    args.softmax_scale = scale_or_default(softmax_scale, problem_.d_qk);
-    args.schedule = schedule_;
-    args.split = split_;
-    args.out = o.out_ref;
-    args.lse = o.lse_ref;
-    const CallStream s = call_stream(reader.api(), stream, device_id_);
-    launch_on(device_id_, s, &order_, [&] { return sparse_decode(problem_, args, s.stream); });
+    auto check = [&] { c.check(checks_, config_); };
+    if (indices.is_none()) {
+      DenseDecodeArgs args;
+      accept_or_raise("DecodeStep.decode", [&] { return accept_dense(c, reader, &args, out, lse, &o); }, check);
+      DenseDecodeProblem problem = dense_;
+      problem.cache_format = dense_format(args.q);  // bf16 or fp16: q's (the C++ API checks the cache's)
+      launch(reader, o, softmax_scale, stream, &args, [&](cudaStream_t s) { return dense_decode(problem, args, s); });
+    } else {
+      SparseDecodeArgs args;
+      accept_or_raise("DecodeStep.decode", [&] { return accept_sparse(c, reader, &args, out, lse, &o); }, check);
+      launch(reader, o, softmax_scale, stream, &args, [&](cudaStream_t s) { return sparse_decode(sparse_, args, s); });
+    }
     return nb::make_tuple(o.out, o.lse);
   }
 
   // The stream of the last plan or call (as an int), for tests.
   uintptr_t last_stream() const { return reinterpret_cast<uintptr_t>(order_.last_stream()); }
 
+  // Garbage-collector support (gc_slots): the step holds Python objects (its config, the check function and what
+  // it refers to), which may refer back to the object that holds the step.
+  int visit(visitproc visit, void* arg) const {
+    Py_VISIT(config_.ptr());
+    Py_VISIT(checks_.ptr());
+    Py_VISIT(owners_.ptr());
+    return 0;
+  }
+
+  void clear() {
+    config_ = nb::object();
+    checks_ = nb::object();
+  }
+
  private:
-  bool has_d_v(nb::handle head_dim_v) const {
-    int64_t d_v = 0;
-    return read_int(head_dim_v, &d_v) && d_v == problem_.d_v;
+  // Completes a call's arguments (the scale, the step's schedule and split buffers, the outputs) and runs `run` on
+  // the call's stream, in the step's stream order.
+  template <class Args, class Run>
+  void launch(const TensorReader& reader, const CallOutputs& o, nb::handle softmax_scale, nb::handle stream,
+              Args* args, Run&& run) {
+    args->softmax_scale = scale_or_default(softmax_scale, planned_.d_qk);
+    args->schedule = schedule_;
+    args->split = split_;
+    args->out = o.out_ref;
+    args->lse = o.lse_ref;
+    const CallStream s = call_stream(reader.api(), stream, planned_.device_id);
+    launch_on(planned_.device_id, s, &order_, [&] { return run(s.stream); });
   }
 
-  bool same_q(const TensorRef& q) const {
-    return on_device(q, device_id_, 4) && q.shape[0] == problem_.batch && q.shape[1] == problem_.s_q &&
-           q.shape[2] == problem_.h_q && q.shape[3] == problem_.d_qk;
+  // The caller's outputs, or new ones of the planned shapes; the refusal when they cannot be allocated here.
+  const char* planned_outputs(TensorReader& reader, nb::handle out, nb::handle lse, DType dtype, CallOutputs* o) const {
+    return prepare_outputs(reader, out, lse, planned_.device_id, dtype, planned_.b, planned_.s_q, planned_.h_q,
+                           planned_.d_v, o)
+               ? nullptr
+               : "outputs to allocate without the framework's allocator";
   }
 
-  bool same_fp8_cache(const TensorRef& cache, int64_t page_block_size) const {
+  // The planned call's tests of a dense call; fills args' tensors and the outputs.
+  const char* accept_dense(const DecodeCall& c, TensorReader& reader, DenseDecodeArgs* args, nb::handle out,
+                           nb::handle lse, CallOutputs* o) const {
+    if (const char* why = dense_mode_refusal(c)) return why;
+    if (planned_.sparse) return "a dense call of a sparse schedule";
+    if (!read_required(reader, c.q, "q", 4, api_, &args->q) || !planned_.same_q(args->q))
+      return "q is not the planned one";
+    if (!read_required(reader, c.k_cache, "k_cache", 4, api_, &args->k_cache) ||
+        args->k_cache.shape[1] != planned_.page_block_size || args->k_cache.shape[2] != planned_.h_k)
+      return "k_cache is not the planned one";
+    if (truthy(c.causal) != planned_.causal || int_value(c.head_dim_v) != planned_.d_v)
+      return "causal or head_dim_v is not the planned one";
+    if (args->k_cache.device_id != args->q.device_id) return "k_cache is on another device than q";
+    args->block_table = reader.read(c.block_table, "block_table");
+    args->cache_seqlens = reader.read(c.cache_seqlens, "cache_seqlens");
+    return planned_outputs(reader, out, lse, args->q.dtype, o);
+  }
+
+  // The planned call's tests of a sparse call; fills args' tensors and the outputs.
+  const char* accept_sparse(const DecodeCall& c, TensorReader& reader, SparseDecodeArgs* args, nb::handle out,
+                            nb::handle lse, CallOutputs* o) const {
+    if (const char* why = sparse_mode_refusal(c)) return why;
+    if (!planned_.sparse) return "a sparse call of a dense schedule";
+    const bool has_extra = !c.extra_k_cache.is_none();
     KVCacheFormat format;
-    int64_t d_qk = 0;
-    return on_device(cache, device_id_, 4) && cache.shape[1] == page_block_size && cache.shape[2] == problem_.h_kv &&
-           fp8_format(cache.shape[3], &format, &d_qk) && format == problem_.cache_format;
+    int64_t layout_d_qk = 0;
+    if (!read_required(reader, c.q, "q", 4, api_, &args->q) || !planned_.same_q(args->q))
+      return "q is not the planned one";
+    if (!read_fp8_caches(reader, c, api_, &args->k_cache, has_extra ? &args->extra_k_cache : nullptr, &format,
+                         &layout_d_qk) ||
+        layout_d_qk != args->q.shape[3] || args->k_cache.shape[1] != planned_.page_block_size ||
+        args->k_cache.shape[2] != planned_.h_k)
+      return "an FP8 cache is not the planned one";
+    if (!read_required(reader, c.indices, "indices", 3, api_, &args->indices) ||
+        args->indices.shape[2] != planned_.topk)
+      return "indices are not the planned ones";
+    if (has_extra != planned_.has_extra ||
+        (has_extra && (!read_required(reader, c.extra_indices, "extra_indices", 3, api_, &args->extra_indices) ||
+                       args->extra_k_cache.shape[1] != planned_.extra_page_block_size ||
+                       args->extra_indices.shape[2] != planned_.extra_topk)))
+      return "the extra cache is not the planned one";
+    if (c.topk_length.is_none() == planned_.topk_length_given ||
+        c.extra_topk_length.is_none() == planned_.extra_topk_length_given || int_value(c.head_dim_v) != planned_.d_v)
+      return "topk_length, extra_topk_length or head_dim_v is not the planned one";
+    const int device = args->q.device_id;
+    if (args->k_cache.device_id != device || args->indices.device_id != device ||
+        (has_extra && (args->extra_k_cache.device_id != device || args->extra_indices.device_id != device)))
+      return "a tensor on another device than q";
+    args->topk_length = reader.read(c.topk_length, "topk_length");
+    args->extra_topk_length = reader.read(c.extra_topk_length, "extra_topk_length");
+    args->attn_sink = reader.read(c.attn_sink, "attn_sink");
+    return planned_outputs(reader, out, lse, args->q.dtype, o);
   }
 
-  DecodeProblem problem_;
-  int device_id_;
-  bool topk_length_given_, extra_topk_length_given_;
+  const PlannedCall planned_;
+  nb::object config_, checks_;
+  DenseDecodeProblem dense_;
+  SparseDecodeProblem sparse_;
   DecodeSchedule schedule_;
   DecodeSplitBuffers split_;
   nb::object owners_;  // the schedule's tensors, alive as long as this object
   const dlpack::ExchangeApi* api_ = nullptr;  // of the schedule's framework (its current stream plans), or null
   StreamOrder order_;
 };
-
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor style
 // ---------------------------------------------------------------------------------------------------------------
@@ -372,24 +506,18 @@ class SplitScratchPool {
 
   size_t size() const { return entries_.size(); }
 
-  // Garbage-collector support: the pool holds Python objects (the allocator, which refers back to the module that
-  // holds the pool), so the cycle must be visible to Python's collector.
-  static int traverse(PyObject* self, visitproc visit, void* arg) {
-    Py_VISIT(Py_TYPE(self));
-    if (!nb::inst_ready(self)) return 0;
-    const SplitScratchPool* pool = nb::inst_ptr<SplitScratchPool>(self);
-    Py_VISIT(pool->allocate_.ptr());
-    for (const Entry& e : pool->entries_) Py_VISIT(e.owners.ptr());
-    for (const nb::object& o : pool->retired_) Py_VISIT(o.ptr());
+  // Garbage-collector support (TensorStyleDecode's): the Python objects the pool holds.
+  int visit(visitproc visit, void* arg) const {
+    Py_VISIT(allocate_.ptr());
+    for (const Entry& e : entries_) Py_VISIT(e.owners.ptr());
+    for (const nb::object& o : retired_) Py_VISIT(o.ptr());
     return 0;
   }
 
-  static int clear(PyObject* self) {
-    SplitScratchPool* pool = nb::inst_ptr<SplitScratchPool>(self);
-    pool->allocate_ = nb::object();
-    pool->entries_.clear();
-    pool->retired_.clear();
-    return 0;
+  void clear() {
+    allocate_ = nb::object();
+    entries_.clear();
+    retired_.clear();
   }
 
  private:
@@ -411,112 +539,209 @@ class SplitScratchPool {
   std::vector<nb::object> retired_;
 };
 
-// The workspace sizes of `problem` (host arithmetic; num_sms is set, so no CUDA call).
-DecodeWorkspaceSizes sizes_of(const DecodeProblem& problem) {
-  DecodeWorkspaceSizes sizes;
-  throw_if_error(get_decode_workspace_sizes(problem, &sizes));
-  return sizes;
+// The tensor style's entry: plan() and decode(), with the split-KV scratch pool of its calls.
+class TensorStyleDecode {
+ public:
+  // `allocate`: SplitScratchPool's allocator. `check_call(tile_scheduler_metadata, num_splits, <call>)` and
+  // `check_plan(cache_seqlens)`: the layer's check functions for a call or a plan this entry turns down.
+  TensorStyleDecode(nb::object allocate, nb::object check_call, nb::object check_plan)
+      : pool_(std::move(allocate)), check_call_(std::move(check_call)), check_plan_(std::move(check_plan)) {}
+
+  // New (tile_scheduler_metadata, num_splits) int32 tensors on `like`'s device (or the caller's, when given), planned
+  // on the GPU from cache_seqlens (dense) or topk_length / extra_topk_length (sparse). The problem comes from
+  // decode.py (get_mla_metadata's arguments, or the shapes of an object-style call traced by torch.compile).
+  nb::object plan(nb::handle like, nb::handle cache_seqlens, nb::handle topk_length, nb::handle extra_topk_length,
+                  int64_t batch, int64_t s_q, int64_t h_q, int64_t h_kv, bool sparse, int64_t topk, int64_t extra_topk,
+                  nb::handle metadata, nb::handle num_splits, nb::handle stream) {
+    TensorReader reader;
+    TensorRef where;
+    const bool allocate = metadata.is_none() || num_splits.is_none();
+    accept_or_raise(
+        "TensorStyleDecode.plan",
+        [&]() -> const char* {
+          where = reader.read(like, "cache_seqlens");
+          if (!where.defined() || where.device != DeviceType::kCUDA) return "cache_seqlens is not a CUDA tensor";
+          if (allocate && reader.api() == nullptr) return "schedule tensors to allocate without a framework allocator";
+          return nullptr;
+        },
+        [&] { check_plan_(like); });
+    const int device_id = where.device_id;
+    const TensorRef seqlens = reader.read(cache_seqlens, "cache_seqlens");
+    const TensorRef lengths = reader.read(topk_length, "topk_length");
+    const TensorRef extra_lengths = reader.read(extra_topk_length, "extra_topk_length");
+    // The schedule depends on the batch, the head geometry, the SM count and (sparse) the top-k sizes and lengths,
+    // not on the cache layout (each family's default format).
+    const int num_sms = device_sm_count(device_id);
+    const DenseDecodeProblem dense{.batch = batch, .s_q = s_q, .h_q = h_q, .h_kv = h_kv, .num_sms = num_sms};
+    const SparseDecodeProblem sparse_problem{
+        .batch = batch, .s_q = s_q, .h_q = h_q, .topk = topk, .extra_topk = extra_topk, .num_sms = num_sms};
+    const DecodeWorkspaceSizes sizes = sparse ? decode_workspace_sizes(sparse_problem) : decode_workspace_sizes(dense);
+    nb::object md = nb::borrow(metadata), splits = nb::borrow(num_splits);
+    if (allocate) {
+      md = new_cuda_tensor(*reader.api(), device_id, DType::kInt32, {sizes.num_sm_parts, kDecodeScheduleRecordInts});
+      splits = new_cuda_tensor(*reader.api(), device_id, DType::kInt32, {sizes.num_splits_ints});
+    }
+    DecodeSchedule schedule;
+    schedule.metadata = reader.read(md, "tile_scheduler_metadata");
+    schedule.num_splits = reader.read(splits, "num_splits");
+    const CallStream s = call_stream(reader.api(), stream, device_id);
+    launch_on(device_id, s, nullptr, [&] {
+      return sparse ? plan_decode(sparse_problem, lengths, extra_lengths, schedule, s.stream)
+                    : plan_decode(dense, seqlens, schedule, s.stream);
+    });
+    return nb::make_tuple(md, splits);
+  }
+
+  // One call with tensor-style metadata (flash_mla_with_kvcache's arguments) -> (out, lse); raises what is wrong
+  // with a call it cannot serve.
+  nb::object decode(nb::handle q, nb::handle k_cache, nb::handle block_table, nb::handle cache_seqlens,
+                    nb::handle head_dim_v, nb::handle metadata, nb::handle num_splits, nb::handle softmax_scale,
+                    nb::handle causal, nb::handle is_fp8_kvcache, nb::handle indices, nb::handle attn_sink,
+                    nb::handle extra_k_cache, nb::handle extra_indices, nb::handle topk_length,
+                    nb::handle extra_topk_length, nb::handle out, nb::handle lse, nb::handle stream) {
+    const DecodeCall c{q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, is_fp8_kvcache,
+                       indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length};
+    TensorReader reader;
+    Call call;
+    accept_or_raise(
+        "TensorStyleDecode.decode", [&] { return accept(c, metadata, num_splits, out, lse, stream, reader, &call); },
+        [&] { c.check(check_call_, metadata, num_splits); });
+    const int device_id = call.q.device_id;
+    call.dense_problem.num_sms = call.sparse_problem.num_sms = device_sm_count(device_id);
+    const CallStream s = call_stream(reader.api(), stream, device_id);
+    const DecodeWorkspaceSizes sizes = call.sparse ? decode_workspace_sizes(call.sparse_problem)
+                                                   : decode_workspace_sizes(call.dense_problem);
+    const SplitScratchPool::Scratch scratch =
+        pool_.get(device_id, s.stream, sizes.partial_rows, call.d_v, sizes.merge_counter_ints);
+    DecodeSchedule schedule = call.schedule;
+    schedule.merge_counters = scratch.merge_counters;
+    const float scale = scale_or_default(softmax_scale, call.q.shape[3]);
+    if (!call.sparse) {
+      DenseDecodeArgs args{.q = call.q, .k_cache = call.k_cache, .block_table = call.block_table,
+                           .cache_seqlens = call.cache_seqlens, .softmax_scale = scale, .schedule = schedule,
+                           .split = scratch.split, .out = call.outputs.out_ref, .lse = call.outputs.lse_ref};
+      launch_on(device_id, s, nullptr, [&] { return dense_decode(call.dense_problem, args, s.stream); });
+    } else {
+      SparseDecodeArgs args{.q = call.q, .k_cache = call.k_cache, .indices = call.indices,
+                            .topk_length = call.topk_length, .attn_sink = call.attn_sink,
+                            .extra_k_cache = call.extra_k_cache, .extra_indices = call.extra_indices,
+                            .extra_topk_length = call.extra_topk_length, .softmax_scale = scale,
+                            .schedule = schedule, .split = scratch.split, .out = call.outputs.out_ref,
+                            .lse = call.outputs.lse_ref};
+      launch_on(device_id, s, nullptr, [&] { return sparse_decode(call.sparse_problem, args, s.stream); });
+    }
+    return nb::make_tuple(call.outputs.out, call.outputs.lse);
+  }
+
+  size_t pool_size() const { return pool_.size(); }
+
+  // Garbage-collector support (gc_slots): the entry holds Python objects (the allocator and the check functions,
+  // which refer back to the module that holds the entry), so the cycle must be visible to Python's collector.
+  int visit(visitproc visit, void* arg) const {
+    Py_VISIT(check_call_.ptr());
+    Py_VISIT(check_plan_.ptr());
+    return pool_.visit(visit, arg);
+  }
+
+  void clear() {
+    check_call_ = nb::object();
+    check_plan_ = nb::object();
+    pool_.clear();
+  }
+
+ private:
+  // One call's problem and tensors (the SM count and the split-KV scratch come later).
+  struct Call {
+    bool sparse = false;
+    int64_t d_v = 0;
+    DenseDecodeProblem dense_problem;
+    SparseDecodeProblem sparse_problem;
+    DecodeSchedule schedule;
+    TensorRef q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
+        extra_topk_length;
+    CallOutputs outputs;
+  };
+
+  // The layer's tests of a tensor-style call (no schedule to compare with: the C++ API checks the metadata).
+  const char* accept(const DecodeCall& c, nb::handle metadata, nb::handle num_splits, nb::handle out, nb::handle lse,
+                     nb::handle stream, TensorReader& reader, Call* call) const {
+    // The schedule: torch tensors or anything with __dlpack__ (the C++ API checks what they hold).
+    call->schedule.metadata = reader.read(metadata, "tile_scheduler_metadata");
+    if (!call->schedule.metadata.defined() ||
+        (reader.last_route() == nullptr && !PyObject_HasAttrString(metadata.ptr(), "__dlpack__")))
+      return "tile_scheduler_metadata is not a tensor";
+    call->schedule.num_splits = reader.read(num_splits, "num_splits");
+    if (!call->schedule.num_splits.defined()) return "num_splits is None";
+    call->sparse = !c.indices.is_none();
+    if (const char* why = call->sparse ? sparse_mode_refusal(c) : dense_mode_refusal(c)) return why;
+    call->d_v = int_value(c.head_dim_v);
+    // q decides the framework; without one with the exchange API the caller gives the stream.
+    TensorRef& q = call->q;
+    q = reader.read(c.q, "q");
+    const dlpack::ExchangeApi* route = reader.last_route();
+    if (!q.defined() || q.device != DeviceType::kCUDA || q.ndim != 4) return "q is not a 4-dimensional CUDA tensor";
+    if (route == nullptr && stream.is_none()) return "q is not a tensor of a framework with the DLPack exchange API";
+    if (!call->sparse) {
+      if (!read_required(reader, c.k_cache, "k_cache", 4, route, &call->k_cache))
+        return "k_cache is not a 4-dimensional CUDA tensor of q's framework";
+      const TensorRef& k = call->k_cache;
+      call->dense_problem = DenseDecodeProblem{.batch = q.shape[0], .s_q = q.shape[1], .h_q = q.shape[2],
+                                               .h_kv = k.shape[2], .d_qk = q.shape[3], .d_v = call->d_v,
+                                               .page_block_size = k.shape[1], .cache_format = dense_format(q),
+                                               .causal = truthy(c.causal)};
+      call->block_table = reader.read(c.block_table, "block_table");
+      call->cache_seqlens = reader.read(c.cache_seqlens, "cache_seqlens");
+    } else {
+      const bool has_extra = !c.extra_k_cache.is_none();
+      KVCacheFormat format;
+      int64_t layout_d_qk = 0;
+      if (!read_fp8_caches(reader, c, route, &call->k_cache, has_extra ? &call->extra_k_cache : nullptr, &format,
+                           &layout_d_qk) ||
+          layout_d_qk != q.shape[3])
+        return "an FP8 cache is not one of q's layout";
+      if (!read_required(reader, c.indices, "indices", 3, route, &call->indices) ||
+          (has_extra && !read_required(reader, c.extra_indices, "extra_indices", 3, route, &call->extra_indices)))
+        return "indices are not 3-dimensional CUDA tensors of q's framework";
+      call->sparse_problem = SparseDecodeProblem{
+          .batch = q.shape[0], .s_q = q.shape[1], .h_q = q.shape[2], .d_qk = q.shape[3], .d_v = call->d_v,
+          .page_block_size = call->k_cache.shape[1], .cache_format = format, .topk = call->indices.shape[2],
+          .extra_topk = has_extra ? call->extra_indices.shape[2] : 0,
+          .extra_page_block_size = has_extra ? call->extra_k_cache.shape[1] : 0};
+      call->topk_length = reader.read(c.topk_length, "topk_length");
+      call->attn_sink = reader.read(c.attn_sink, "attn_sink");
+      call->extra_topk_length = reader.read(c.extra_topk_length, "extra_topk_length");
+    }
+    if (!prepare_outputs(reader, out, lse, q.device_id, q.dtype, q.shape[0], q.shape[1], q.shape[2], call->d_v,
+                         &call->outputs))
+      return "outputs to allocate without the framework's allocator";
+    return nullptr;
+  }
+
+  SplitScratchPool pool_;
+  nb::object check_call_, check_plan_;
+};
+
+// The type slots of a bound class T that holds Python objects, for Python's cycle collector: T::visit reports them,
+// T::clear drops them.
+template <class T>
+int gc_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  return nb::inst_ptr<T>(self)->visit(visit, arg);
 }
 
-// A tensor-style schedule: new (tile_scheduler_metadata, num_splits) int32 tensors on `like`'s device, planned on
-// the GPU from cache_seqlens (dense) or topk / topk_length / extra_topk_length (sparse). The problem comes from
-// decode.py (get_mla_metadata's arguments, or the shapes of an object-style call traced by torch.compile).
-nb::object plan_metadata(nb::handle like, nb::handle cache_seqlens, nb::handle topk_length,
-                         nb::handle extra_topk_length, int64_t batch, int64_t s_q, int64_t h_q, int64_t h_kv,
-                         bool sparse, int64_t topk, int64_t extra_topk, nb::handle stream) {
-  TensorReader reader;
-  const TensorRef where = reader.read(like, "cache_seqlens");
-  if (!where.defined() || where.device != DeviceType::kCUDA || reader.api() == nullptr) return nb::none();
-  const int device_id = where.device_id;
-  const TensorRef seqlens = reader.read(cache_seqlens, "cache_seqlens");
-  const TensorRef lengths = reader.read(topk_length, "topk_length");
-  const TensorRef extra_lengths = reader.read(extra_topk_length, "extra_topk_length");
-  // The schedule depends on the batch, the head geometry, the SM count and (sparse) the top-k sizes and lengths,
-  // not on the cache layout.
-  const DecodeProblem problem{.batch = batch, .s_q = s_q, .h_q = h_q, .h_kv = h_kv,
-                              .cache_format = sparse ? KVCacheFormat::kFp8V32 : KVCacheFormat::kBFloat16,
-                              .sparse = sparse, .topk = sparse ? topk : 0, .extra_topk = sparse ? extra_topk : 0,
-                              .num_sms = device_sm_count(device_id)};
-  const DecodeWorkspaceSizes sizes = sizes_of(problem);
-  nb::object metadata =
-      new_cuda_tensor(*reader.api(), device_id, DType::kInt32, {sizes.num_sm_parts, kDecodeScheduleRecordInts});
-  nb::object num_splits = new_cuda_tensor(*reader.api(), device_id, DType::kInt32, {sizes.num_splits_ints});
-  DecodeSchedule schedule;
-  schedule.metadata = reader.read(metadata, "tile_scheduler_metadata");
-  schedule.num_splits = reader.read(num_splits, "num_splits");
-  const CallStream s = call_stream(reader.api(), stream, device_id);
-  launch_on(device_id, s, nullptr, [&] {
-    return plan_decode(problem, sparse ? TensorRef{} : seqlens, lengths, extra_lengths, schedule, s.stream);
-  });
-  return nb::make_tuple(metadata, num_splits);
+template <class T>
+int gc_clear(PyObject* self) {
+  nb::inst_ptr<T>(self)->clear();
+  return 0;
 }
 
-nb::object decode_with_metadata(SplitScratchPool& pool, nb::handle q, nb::handle k_cache, nb::handle block_table,
-                                nb::handle cache_seqlens, nb::handle head_dim_v, nb::handle metadata,
-                                nb::handle num_splits, nb::handle softmax_scale, nb::handle causal_flag, nb::handle indices,
-                                nb::handle attn_sink, nb::handle extra_k_cache, nb::handle extra_indices,
-                                nb::handle topk_length, nb::handle extra_topk_length, nb::handle out, nb::handle lse,
-                                nb::handle stream) {
-  const bool sparse = !indices.is_none();
-  const bool causal = truthy(causal_flag);
-  int64_t d_v = 0;
-  if (!read_int(head_dim_v, &d_v)) return nb::none();
-  // Dense mode takes none of the sparse arguments: the general path names the one given.
-  if (!sparse && (!attn_sink.is_none() || !extra_k_cache.is_none() || !extra_indices.is_none() ||
-                  !topk_length.is_none() || !extra_topk_length.is_none()))
-    return nb::none();
-  TensorReader reader;
-  const TensorRef q_ref = reader.read(q, "q");
-  const TensorRef k_ref = reader.read(k_cache, "k_cache");
-  if (!q_ref.defined() || q_ref.device != DeviceType::kCUDA || q_ref.ndim != 4 || !on_device(k_ref, q_ref.device_id, 4))
-    return nb::none();
-  const int device_id = q_ref.device_id;
-  DecodeProblem problem{.batch = q_ref.shape[0], .s_q = q_ref.shape[1], .h_q = q_ref.shape[2], .h_kv = k_ref.shape[2],
-                        .d_qk = q_ref.shape[3], .d_v = d_v, .page_block_size = k_ref.shape[1],
-                        .cache_format = dense_format(q_ref), .causal = causal, .sparse = sparse,
-                        .num_sms = device_sm_count(device_id)};
-  TensorRef idx_ref, extra_k_ref, extra_idx_ref;
-  if (sparse) {
-    int64_t layout_d_qk = 0;
-    idx_ref = reader.read(indices, "indices");
-    extra_k_ref = reader.read(extra_k_cache, "extra_k_cache");
-    extra_idx_ref = reader.read(extra_indices, "extra_indices");
-    if (causal || !fp8_format(k_ref.shape[3], &problem.cache_format, &layout_d_qk) || layout_d_qk != problem.d_qk ||
-        !on_device(idx_ref, device_id, 3) || extra_k_ref.defined() != extra_idx_ref.defined() ||
-        (extra_k_ref.defined() && (!on_device(extra_k_ref, device_id, 4) || !on_device(extra_idx_ref, device_id, 3))))
-      return nb::none();
-    problem.topk = idx_ref.shape[2];
-    problem.extra_topk = extra_k_ref.defined() ? extra_idx_ref.shape[2] : 0;
-    problem.extra_page_block_size = extra_k_ref.defined() ? extra_k_ref.shape[1] : 0;
-  }
-  const DecodeSchedule planned{.metadata = reader.read(metadata, "tile_scheduler_metadata"),
-                               .num_splits = reader.read(num_splits, "num_splits"), .merge_counters = {}};
-  CallOutputs o;
-  if (!prepare_outputs(reader, out, lse, device_id, q_ref.dtype, problem.batch, problem.s_q, problem.h_q, d_v, &o))
-    return nb::none();
-  const CallStream s = call_stream(reader.api(), stream, device_id);
-  const DecodeWorkspaceSizes sizes = sizes_of(problem);
-  const SplitScratchPool::Scratch scratch =
-      pool.get(device_id, s.stream, sizes.partial_rows, d_v, sizes.merge_counter_ints);
-  DecodeSchedule schedule = planned;
-  schedule.merge_counters = scratch.merge_counters;
-  const float scale = scale_or_default(softmax_scale, problem.d_qk);
-  if (!sparse) {
-    DenseDecodeArgs args{.q = q_ref, .k_cache = k_ref, .block_table = reader.read(block_table, "block_table"),
-                         .cache_seqlens = reader.read(cache_seqlens, "cache_seqlens"), .softmax_scale = scale,
-                         .schedule = schedule, .split = scratch.split, .out = o.out_ref, .lse = o.lse_ref};
-    launch_on(device_id, s, nullptr, [&] { return dense_decode(problem, args, s.stream); });
-  } else {
-    SparseDecodeArgs args{.q = q_ref, .k_cache = k_ref, .indices = idx_ref,
-                          .topk_length = reader.read(topk_length, "topk_length"),
-                          .attn_sink = reader.read(attn_sink, "attn_sink"), .extra_k_cache = extra_k_ref,
-                          .extra_indices = extra_idx_ref,
-                          .extra_topk_length = reader.read(extra_topk_length, "extra_topk_length"),
-                          .softmax_scale = scale, .schedule = schedule, .split = scratch.split, .out = o.out_ref,
-                          .lse = o.lse_ref};
-    launch_on(device_id, s, nullptr, [&] { return sparse_decode(problem, args, s.stream); });
-  }
-  return nb::make_tuple(o.out, o.lse);
+template <class T>
+PyType_Slot* gc_slots() {
+  static PyType_Slot slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(&gc_traverse<T>)},
+                                {Py_tp_clear, reinterpret_cast<void*>(&gc_clear<T>)},
+                                {0, nullptr}};
+  return slots;
 }
 
 // What the reader makes of one object (tests): (data pointer, shape, strides, dtype name, device, device id,
@@ -538,55 +763,52 @@ nb::tuple read_tensor(nb::handle obj) {
 
 void bind_decode_step(nb::module_& m) {
   nb::class_<DecodeStep>(m, "DecodeStep",
-                         "The problem and schedule of one decoding step (the object style's FlashMLASchedMeta), read "
-                         "once; each call passes only its own tensors. Built by python/openmla/decode.py.")
-      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, int, bool, int64_t, int64_t, int64_t,
-                    int64_t, int64_t, int64_t, int64_t, const std::string&, bool, int64_t, int64_t, int64_t, int, bool,
-                    bool, int64_t>(),
+                         "The problem and schedule of one decoding step (the object style's FlashMLASchedMeta): "
+                         "every call of the step goes through decode(). Built by python/openmla/decode.py.",
+                         nb::type_slots(gc_slots<DecodeStep>()))
+      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::object, nb::object,
+                    const nb::kwargs&>(),
            nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"), nb::arg("merge_counters"), nb::arg("partial_o"),
-           nb::arg("partial_lse"), nb::kw_only(), nb::arg("device_id"), nb::arg("sparse"), nb::arg("batch"),
-           nb::arg("s_q"), nb::arg("h_q"), nb::arg("h_kv"), nb::arg("d_qk"), nb::arg("d_v"),
-           nb::arg("page_block_size"), nb::arg("cache_format"), nb::arg("causal"), nb::arg("topk"),
-           nb::arg("extra_topk"), nb::arg("extra_page_block_size"), nb::arg("num_sms"), nb::arg("topk_length_given"),
-           nb::arg("extra_topk_length_given"), nb::arg("max_blocks_per_seq") = 0)
+           nb::arg("partial_lse"), nb::kw_only(), nb::arg("config"), nb::arg("checks"), nb::arg("problem"))
       .def("plan", &DecodeStep::plan, nb::arg("cache_seqlens").none(), nb::arg("topk_length").none(),
            nb::arg("extra_topk_length").none(), nb::arg("stream").none() = nb::none(),
            "Plans the schedule on the stream (default: the framework's current stream of the schedule's device).")
-      .def("dense", &DecodeStep::dense, nb::arg("q").none(), nb::arg("k_cache").none(), nb::arg("block_table").none(),
-           nb::arg("cache_seqlens").none(), nb::arg("head_dim_v").none(), nb::arg("softmax_scale").none(),
-           nb::arg("causal").none(), nb::arg("out").none(), nb::arg("lse").none(),
-           nb::arg("stream").none() = nb::none(), "Dense decode with the planned schedule -> (out, lse), or None when the call is not the planned one.")
-      .def("sparse", &DecodeStep::sparse, nb::arg("q").none(), nb::arg("k_cache").none(), nb::arg("indices").none(),
-           nb::arg("head_dim_v").none(), nb::arg("softmax_scale").none(), nb::arg("attn_sink").none(),
-           nb::arg("extra_k_cache").none(), nb::arg("extra_indices").none(), nb::arg("topk_length").none(),
-           nb::arg("extra_topk_length").none(), nb::arg("out").none(), nb::arg("lse").none(),
-           nb::arg("stream").none() = nb::none(),
-           "Sparse decode with the planned schedule -> (out, lse), or None when the call is not the planned one.")
+      .def("decode", &DecodeStep::decode, nb::arg("q").none(), nb::arg("k_cache").none(),
+           nb::arg("block_table").none(), nb::arg("cache_seqlens").none(), nb::arg("head_dim_v").none(),
+           nb::arg("softmax_scale").none(), nb::arg("causal").none(), nb::arg("is_fp8_kvcache").none(),
+           nb::arg("indices").none(), nb::arg("attn_sink").none(), nb::arg("extra_k_cache").none(),
+           nb::arg("extra_indices").none(), nb::arg("topk_length").none(), nb::arg("extra_topk_length").none(),
+           nb::arg("out").none(), nb::arg("lse").none(), nb::arg("stream").none() = nb::none(),
+           "One call of the step with flash_mla_with_kvcache's arguments -> (out, lse); a call that is not the "
+           "planned one raises the error flash_mla_with_kvcache names for it.")
       .def_prop_ro("last_stream", &DecodeStep::last_stream, "cudaStream_t (int) of the last plan or call.");
 
-  static PyType_Slot pool_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(&SplitScratchPool::traverse)},
-                                     {Py_tp_clear, reinterpret_cast<void*>(&SplitScratchPool::clear)},
-                                     {0, nullptr}};
-  nb::class_<SplitScratchPool>(m, "SplitScratchPool",
-                               "Split-KV scratch of tensor-style decode calls, one set per (device, stream).",
-                               nb::type_slots(pool_slots))
-      .def(nb::init<nb::object>(), nb::arg("allocate"))
-      .def("__len__", &SplitScratchPool::size);
+  nb::class_<TensorStyleDecode>(m, "TensorStyleDecode",
+                                "The tensor style's entry (get_mla_metadata(cache_seqlens, ...)): plan() makes the "
+                                "schedule tensors, decode() is every call that passes them; the split-KV scratch of "
+                                "those calls comes from a pool kept per (device, stream).",
+                                nb::type_slots(gc_slots<TensorStyleDecode>()))
+      .def(nb::init<nb::object, nb::object, nb::object>(), nb::arg("allocate"), nb::arg("check_call"),
+           nb::arg("check_plan"))
+      .def("plan", &TensorStyleDecode::plan, nb::arg("like").none(), nb::arg("cache_seqlens").none(),
+           nb::arg("topk_length").none(), nb::arg("extra_topk_length").none(), nb::arg("batch"), nb::arg("s_q"),
+           nb::arg("h_q"), nb::arg("h_kv"), nb::arg("sparse"), nb::arg("topk"), nb::arg("extra_topk"),
+           nb::arg("tile_scheduler_metadata").none() = nb::none(), nb::arg("num_splits").none() = nb::none(),
+           nb::arg("stream").none() = nb::none(),
+           "(tile_scheduler_metadata, num_splits) planned on the GPU on like's device: new tensors, or the given "
+           "ones (with stream: for tensors without the DLPack exchange API).")
+      .def("decode", &TensorStyleDecode::decode, nb::arg("q").none(), nb::arg("k_cache").none(),
+           nb::arg("block_table").none(), nb::arg("cache_seqlens").none(), nb::arg("head_dim_v").none(),
+           nb::arg("tile_scheduler_metadata").none(), nb::arg("num_splits").none(), nb::arg("softmax_scale").none(),
+           nb::arg("causal").none(), nb::arg("is_fp8_kvcache").none(), nb::arg("indices").none(),
+           nb::arg("attn_sink").none(), nb::arg("extra_k_cache").none(), nb::arg("extra_indices").none(),
+           nb::arg("topk_length").none(), nb::arg("extra_topk_length").none(), nb::arg("out").none(),
+           nb::arg("lse").none(), nb::arg("stream").none() = nb::none(),
+           "One call with tensor-style metadata, flash_mla_with_kvcache's arguments -> (out, lse); a call it cannot "
+           "serve raises the error flash_mla_with_kvcache names for it.")
+      .def("__len__", &TensorStyleDecode::pool_size, "Split-KV scratch sets in the pool, one per (device, stream).");
 
-  m.def("plan_metadata", &plan_metadata, nb::arg("like").none(), nb::arg("cache_seqlens").none(),
-        nb::arg("topk_length").none(), nb::arg("extra_topk_length").none(), nb::kw_only(), nb::arg("batch"),
-        nb::arg("s_q"), nb::arg("h_q"), nb::arg("h_kv"), nb::arg("sparse"), nb::arg("topk"), nb::arg("extra_topk"),
-        nb::arg("stream").none() = nb::none(),
-        "Tensor-style schedule: new (tile_scheduler_metadata, num_splits) planned on the GPU on like's device, or "
-        "None when `like` is not a CUDA tensor of a framework with the DLPack exchange API.");
   m.def("device_sm_count", &device_sm_count, nb::arg("device_id"), "SM count of a CUDA device (queried once).");
-  m.def("decode_with_metadata", &decode_with_metadata, nb::arg("pool"), nb::arg("q").none(), nb::arg("k_cache").none(),
-        nb::arg("block_table").none(), nb::arg("cache_seqlens").none(), nb::arg("head_dim_v").none(),
-        nb::arg("tile_scheduler_metadata").none(), nb::arg("num_splits").none(), nb::arg("softmax_scale").none(),
-        nb::arg("causal").none(), nb::arg("indices").none(), nb::arg("attn_sink").none(), nb::arg("extra_k_cache").none(),
-        nb::arg("extra_indices").none(), nb::arg("topk_length").none(), nb::arg("extra_topk_length").none(),
-        nb::arg("out").none(), nb::arg("lse").none(), nb::arg("stream").none() = nb::none(),
-        "Decode with tensor-style metadata -> (out, lse), or None when the general path must handle the call.");
   m.def("read_tensor", &read_tensor, nb::arg("tensor"),
         "(data_ptr, shape, strides, dtype, device type, device id, via exchange API) as the decode entries read it.");
 }

@@ -8,7 +8,9 @@ namespace openmla::py {
 namespace {
 
 // Exchange tables by Python type: a handful of types ever reach the binding (torch.Tensor, nn.Parameter, numpy
-// arrays...). A type is recorded with a reference, so its address cannot be reused by another type.
+// arrays...). A type with a table is recorded with a reference, so its address cannot be reused by another type; one
+// without is recorded without (a Python class passed by mistake must not keep its module alive until the process
+// ends), so a new type at its address would at worst be read through __dlpack__.
 struct TypeApi {
   PyTypeObject* type;
   const dlpack::ExchangeApi* api;
@@ -137,15 +139,17 @@ const dlpack::ExchangeApi* exchange_api_of(PyObject* obj) {
     if (g_type_apis[i].type == type) return g_type_apis[i].api;
   const dlpack::ExchangeApi* api = find_exchange_api(type);
   if (g_num_type_apis < kMaxTypes) {
-    Py_INCREF(reinterpret_cast<PyObject*>(type));
+    if (api != nullptr) Py_INCREF(reinterpret_cast<PyObject*>(type));
     g_type_apis[g_num_type_apis++] = {type, api};
   }
   return api;
 }
 
 TensorRef TensorReader::read(nb::handle obj, const char* name) {
+  last_route_ = nullptr;
   if (obj.is_none()) return TensorRef{};
   if (const dlpack::ExchangeApi* api = exchange_api_of(obj.ptr())) {
+    last_route_ = api;
     dlpack::DLTensor dl{};
     if (api->dltensor_from_py_object_no_sync(obj.ptr(), &dl) != 0) throw nb::python_error();
     if (api_ == nullptr) api_ = api;

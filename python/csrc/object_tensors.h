@@ -35,8 +35,13 @@ class TensorReader {
   // or null when none was.
   const dlpack::ExchangeApi* api() const { return api_; }
 
+  // The exchange table the last tensor read came through, or null (read through __dlpack__, or None): which
+  // framework it belongs to, for the entries that take one framework's tensors only.
+  const dlpack::ExchangeApi* last_route() const { return last_route_; }
+
  private:
   const dlpack::ExchangeApi* api_ = nullptr;
+  const dlpack::ExchangeApi* last_route_ = nullptr;
   std::vector<Array> kept_;  // arrays imported through __dlpack__: they own their DLPack capsules
 };
 

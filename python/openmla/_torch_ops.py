@@ -3,7 +3,8 @@
 Registered through ``torch.library`` when ``openmla`` is imported and torch is importable (building OpenMLA needs
 no torch). Each op has a fake (meta) implementation and a schema that declares what it writes, so that
 ``torch.compile(fullgraph=True)`` traces them without a graph break, CUDA-graph capture works, and
-``torch.library.opcheck`` passes. The CUDA implementations are the package's own functions; under
+``torch.library.opcheck`` passes. The CUDA implementations are the package's own paths (the decode ops: the tensor
+style's, ``decode._plan_metadata`` and ``decode._tensor_style``, the same entry as flash_mla_with_kvcache's); under
 ``torch.compile`` the package's ``get_mla_metadata`` / ``flash_mla_with_kvcache`` turn into these ops by
 themselves (both schedule styles), so engines need not call them directly.
 
@@ -78,18 +79,8 @@ def _get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_h
                                     topk)
 
 
-def _plan_schedule(like, cache_seqlens, topk_length, extra_topk_length, batch, s_q, h_q, h_kv, sparse, topk,
-                   extra_topk):
-    return _decode._plan_metadata(like, cache_seqlens, topk_length, extra_topk_length, batch=batch, s_q=s_q, h_q=h_q,
-                                  h_kv=h_kv, sparse=sparse, topk=topk, extra_topk=extra_topk)
-
-
-def _flash_mla_with_kvcache(*args, **kwargs):
-    return _decode.flash_mla_with_kvcache(*args, **kwargs)
-
-
 def _flash_mla_with_kvcache_out(*args, out, lse, **kwargs):
-    _decode.flash_mla_with_kvcache(*args, out=out, lse=lse, **kwargs)
+    _decode._tensor_style(*args, out=out, lse=lse, **kwargs)
 
 
 def _quantize_out(kv_bf16, format, *, out):
@@ -108,8 +99,9 @@ def _sparse_prefill_out(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_
 
 _IMPLS = {
     "get_mla_metadata": _get_mla_metadata,
-    "plan_schedule": _plan_schedule,
-    "flash_mla_with_kvcache": _flash_mla_with_kvcache,
+    # The tensor style's one path (decode.py): what flash_mla_with_kvcache takes with tensor-style metadata.
+    "plan_schedule": _decode._plan_metadata,
+    "flash_mla_with_kvcache": _decode._tensor_style,
     "flash_mla_with_kvcache_out": _flash_mla_with_kvcache_out,
     "quantize_kv_cache": _kv_cache.quantize_kv_cache,
     "quantize_kv_cache_out": _quantize_out,
@@ -132,9 +124,8 @@ def _num_sm_parts(device, s_q, h_q, h_kv, sparse) -> int:
             sms = _C.device_sm_count(device.index if device.index is not None else torch.cuda.current_device())
         except RuntimeError:  # fake CUDA tensors on a machine without a usable GPU: nothing will run
             pass
-    sizes = _C.get_decode_workspace_sizes(batch=1, s_q=int(s_q), h_q=int(h_q), h_kv=int(h_kv), sparse=bool(sparse),
-                                          topk=1 if sparse else 0,
-                                          cache_format="fp8_v32" if sparse else "bf16", num_sms=sms)
+    family = dict(sparse=True, topk=1) if sparse else dict(h_kv=int(h_kv))  # each family's own fields
+    sizes = _C.get_decode_workspace_sizes(batch=1, s_q=int(s_q), h_q=int(h_q), num_sms=sms, **family)
     return int(sizes["num_sm_parts"])
 
 

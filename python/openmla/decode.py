@@ -28,12 +28,17 @@ Two ways to hold the schedule, as in flash_mla's two API generations (docs/pytho
 Everything here is CUDA-graph capturable, and under ``torch.compile`` both styles become the torch custom ops
 ``torch.ops.openmla.*`` (python/openmla/_torch_ops.py).
 
-Host cost: with torch >= 2.10 (the DLPack C exchange API) a call whose schedule is planned goes straight to the
-binding (python/csrc/bind_decode_step.cpp), which reads the tensors, the current stream and allocates missing
-outputs without a Python call into torch; every other call takes the general path below, which checks the
-arguments in Python first so that its errors name what is wrong. Argument checks of dtypes, shapes, strides and
-devices live in the C++ API and run on every call either way; their messages reach the caller unchanged as
-ValueError (bad argument), NotImplementedError (not supported) or RuntimeError (CUDA).
+One path per style: each style has one entry in the binding (python/csrc/bind_decode_step.cpp) that every call of
+that style goes through, ``DecodeStep.decode`` (the object style; a FlashMLASchedMeta holds its DecodeStep once the
+first call planned it) and ``TensorStyleDecode.decode`` (the tensor style, and the torch op). With torch >= 2.10 (the
+DLPack C exchange API) the function calls the entry at once, and the entry reads the tensors and the current stream
+and allocates missing outputs without a Python call into torch; the first call of an object plans it first, and
+where torch has no exchange API the outputs and the stream come from torch first. An entry serves the call or
+raises: the checks the flash_mla layer makes before the C++ API's (``_check_call``: the mode arguments, torch CUDA
+tensors, a reused schedule's shapes) are tested by the entry too, and a call that fails one raises the error of
+those checks. Argument checks of dtypes, shapes, strides and devices live in the C++ API and run on every call;
+their messages reach the caller unchanged as ValueError (bad argument), NotImplementedError (not supported) or
+RuntimeError (CUDA).
 """
 from __future__ import annotations
 
@@ -62,12 +67,12 @@ _SPARSE_ONLY = ("attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_
 if _torch is not None:
     _IN_PLACE = torch_tensors_read_in_place()
     _is_compiling = getattr(getattr(_torch, "compiler", None), "is_compiling", None) or (lambda: False)
-    # The general path's few torch calls, without the cost of active torch-function modes (set_default_device
-    # installs one: every tensor attribute then goes through Python).
+    # The few torch calls of the Python side (first use, no exchange API), without the cost of active torch-function
+    # modes (set_default_device installs one: every tensor attribute then goes through Python).
     _plain_torch = getattr(_torch._C, "DisableTorchFunction", contextlib.nullcontext)
 else:  # pragma: no cover - depends on the machine
     _IN_PLACE = False
-    _is_compiling = None
+    _is_compiling = lambda: False  # noqa: E731
     _plain_torch = contextlib.nullcontext
 
 # First-use planning of any FlashMLASchedMeta: the object is planned once even when threads share it.
@@ -128,8 +133,8 @@ class FlashMLASchedMeta:
     """
 
     Config = _Config
-    # The binding's DecodeStep once planned (the per-call entry point), and the (metadata, num_splits) tensors of
-    # a plan traced by torch.compile.
+    # The binding's DecodeStep once planned (the object style's entry: every call of the step), and the
+    # (metadata, num_splits) tensors of a plan traced by torch.compile.
     _step = None
     _traced = None
 
@@ -175,11 +180,10 @@ def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads
         return FlashMLASchedMeta(), None
     b, s_q, h_q, h_kv, sparse, topk = _metadata_problem(cache_seqlens, num_q_tokens_per_head_k, num_heads_k,
                                                         num_heads_q, is_fp8_kvcache, topk)
-    if _is_compiling is not None and _is_compiling():
+    if _is_compiling():
         return _torch.ops.openmla.get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q,
                                                    bool(is_fp8_kvcache), topk)
-    return _plan_metadata(cache_seqlens, cache_seqlens, None, None, batch=b, s_q=s_q, h_q=h_q, h_kv=h_kv,
-                          sparse=sparse, topk=topk or 0, extra_topk=0)
+    return _plan_metadata(cache_seqlens, cache_seqlens, None, None, b, s_q, h_q, h_kv, sparse, topk or 0, 0)
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
@@ -239,164 +243,88 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
       NotImplementedError: an unsupported combination (e.g. an FP8 cache in dense mode).
       RuntimeError: a CUDA error.
     """
-    if _is_compiling is not None and _is_compiling():
+    if _is_compiling():
         return _traced_call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                             softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
                             extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse)
-    # The per-layer call of a planned step, first: no Python work beyond telling the mode apart.
-    if _IN_PLACE:
-        if num_splits is None:
-            step = getattr(tile_scheduler_metadata, "_step", None)
-            if step is not None:
-                if indices is None:
-                    if (block_table is not None and cache_seqlens is not None and not is_fp8_kvcache
-                            and attn_sink is None and extra_k_cache is None and extra_indices_in_kvcache is None
-                            and topk_length is None and extra_topk_length is None):
-                        result = step.dense(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal,
-                                            out, lse)
-                        if result is not None:
-                            return result
-                elif is_fp8_kvcache and not causal:
-                    result = step.sparse(q, k_cache, indices, head_dim_v, softmax_scale, attn_sink, extra_k_cache,
-                                         extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse)
-                    if result is not None:
-                        return result
-        elif (not isinstance(tile_scheduler_metadata, FlashMLASchedMeta)
-              and (indices is not None or (block_table is not None and cache_seqlens is not None
-                                           and not is_fp8_kvcache))
-              and (indices is None or (is_fp8_kvcache and not causal))):
-            result = _C.decode_with_metadata(_SCRATCH, q, k_cache, block_table, cache_seqlens, head_dim_v,
-                                             tile_scheduler_metadata, num_splits, softmax_scale, causal, indices,
-                                             attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
-                                             extra_topk_length, out, lse)
-            if result is not None:
-                return result
-    with _plain_torch():
-        return _general_call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
-                             num_splits, softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
+    if num_splits is None:
+        # Object style: the planned step's entry, every layer's call (it raises what is wrong with a call).
+        step = getattr(tile_scheduler_metadata, "_step", None)
+        if step is not None and _IN_PLACE:
+            return step.decode(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal,
+                               is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache,
+                               topk_length, extra_topk_length, out, lse)
+        return _object_style(tile_scheduler_metadata, q, k_cache, block_table, cache_seqlens, head_dim_v,
+                             softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
                              extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse)
+    # Tensor style: its entry (torch without the DLPack exchange API: _tensor_style prepares the call first).
+    if _IN_PLACE:
+        return _TENSOR_STYLE.decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                    num_splits, softmax_scale, causal, is_fp8_kvcache, indices, attn_sink,
+                                    extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse)
+    return _tensor_style(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                         softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
+                         extra_indices_in_kvcache, topk_length, extra_topk_length, out=out, lse=lse)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The general path: first use of a schedule, old torch, and every call that must be told what is wrong with it
+# The checks before the C++ API's: what only this layer knows. The entries test the same conditions and call these
+# functions when one fails (python/csrc/bind_decode_step.cpp), so every call raises these errors, whichever way it
+# came; the object style's first call and calls without the DLPack exchange API run them first.
 # ---------------------------------------------------------------------------------------------------------------
-def _general_call(q, k_cache, block_table, cache_seqlens, head_dim_v, sched, num_splits, softmax_scale, causal,
-                  is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length,
-                  out, lse):
-    tensor_style = _schedule_style(sched, num_splits)
-    if indices is None:
-        _check_dense_mode(block_table, cache_seqlens, is_fp8_kvcache, attn_sink, extra_k_cache, extra_indices,
-                          topk_length, extra_topk_length)
-        torch = require_torch("flash_mla_with_kvcache")
-        # Only what the schedule and the outputs need is checked here; the C++ API checks the rest.
-        _require_cuda_tensor(q, "q", "(b, s_q, h_q, d_qk)")
-        _require_cuda_tensor(k_cache, "k_cache", "(num_blocks, page_block_size, h_kv, d_qk)")
-        b, s_q, h_q, d_qk = (int(x) for x in q.shape)
-        config = _Config(b=b, s_q=s_q, h_q=h_q, page_block_size=int(k_cache.shape[1]), h_k=int(k_cache.shape[2]),
-                         causal=bool(causal), is_fp8_kvcache=False, topk=None, extra_page_block_size=None,
-                         extra_topk=None, d_qk=d_qk, d_v=int(head_dim_v), device=q.device)
-        cache_format = "fp16" if q.dtype == torch.float16 else "bf16"
-    else:
-        cache_format, config = _sparse_config(q, k_cache, head_dim_v, causal, is_fp8_kvcache, indices, extra_k_cache,
-                                              extra_indices, topk_length, extra_topk_length)
-        torch = _torch
-    stream = None if _IN_PLACE else torch.cuda.current_stream(q.device).cuda_stream
-    if out is None:
-        out = torch.empty((config.b, config.s_q, config.h_q, config.d_v), dtype=q.dtype, device=q.device)
-    if lse is None:
-        # Stored position-major like the kernel's rows, returned in flash_mla's logical order.
-        lse = torch.empty((config.b, config.s_q, config.h_q), dtype=torch.float32, device=q.device).transpose(1, 2)
-    if tensor_style:
-        result = _C.decode_with_metadata(_SCRATCH, q, as_byte_view(k_cache) if indices is not None else k_cache,
-                                         block_table, cache_seqlens, int(head_dim_v), sched, num_splits,
-                                         _scale(softmax_scale, config.d_qk), bool(causal), indices, attn_sink,
-                                         None if extra_k_cache is None else as_byte_view(extra_k_cache),
-                                         extra_indices, topk_length, extra_topk_length, out, lse, stream)
-        if result is None:  # pragma: no cover - the checks above leave nothing the binding would turn down
-            raise ValueError("flash_mla_with_kvcache: the arguments do not describe a decode call; see the shapes in "
-                             "the docstring")
-        return result
-
-    step, planned_now = sched._step, False
-    if step is None:
-        with _PLAN_LOCK:
-            step = sched._step
-            if step is None:
-                step = _plan_step(torch, sched, config, cache_format, cache_seqlens, topk_length, extra_topk_length,
-                                  stream, block_table)
-                planned_now = True
-                try:
-                    result = _launch(step, q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal,
-                                     indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length,
-                                     out, lse, stream)
-                except Exception:
-                    # The arguments were rejected (nothing ran but the plan): the object stays unused, so it can be
-                    # reused with correct arguments.
-                    sched.__init__()
-                    raise
-                sched._step = step  # published last: other threads see a planned object or none
-                return result
-    if not planned_now:
-        _check_same_config(sched.config, config)
-    return _launch(step, q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, indices, attn_sink,
-                   extra_k_cache, extra_indices, topk_length, extra_topk_length, out, lse, stream)
+def _check_call(q, k_cache, block_table, cache_seqlens, head_dim_v, causal, is_fp8_kvcache, indices, attn_sink,
+                extra_k_cache, extra_indices, topk_length, extra_topk_length):
+    """The mode arguments, the torch CUDA tensors the call needs, the FP8 layout: raises what is wrong, else returns
+    (cache_format, config) of the call."""
+    if indices is not None:
+        return _sparse_config(q, k_cache, head_dim_v, causal, is_fp8_kvcache, indices, extra_k_cache, extra_indices,
+                              topk_length, extra_topk_length)
+    _check_dense_mode(block_table, cache_seqlens, is_fp8_kvcache, attn_sink, extra_k_cache, extra_indices,
+                      topk_length, extra_topk_length)
+    torch = require_torch("flash_mla_with_kvcache")
+    # Only what the schedule and the outputs need is checked here; the C++ API checks the rest.
+    _require_cuda_tensor(q, "q", "(b, s_q, h_q, d_qk)")
+    _require_cuda_tensor(k_cache, "k_cache", "(num_blocks, page_block_size, h_kv, d_qk)")
+    b, s_q, h_q, d_qk = (int(x) for x in q.shape)
+    config = _Config(b=b, s_q=s_q, h_q=h_q, page_block_size=int(k_cache.shape[1]), h_k=int(k_cache.shape[2]),
+                     causal=bool(causal), is_fp8_kvcache=False, topk=None, extra_page_block_size=None,
+                     extra_topk=None, d_qk=d_qk, d_v=int(head_dim_v), device=q.device)
+    return ("fp16" if q.dtype == torch.float16 else "bf16"), config
 
 
-def _launch(step, q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, indices, attn_sink,
-            extra_k_cache, extra_indices, topk_length, extra_topk_length, out, lse, stream):
-    if indices is None:
-        result = step.dense(q, k_cache, block_table, cache_seqlens, int(head_dim_v), softmax_scale, bool(causal), out,
-                            lse, stream)
-    else:
-        # The C++ API reads FP8 caches as bytes; a uint8 view also spares older DLPack exports the float8 dtype.
-        result = step.sparse(q, as_byte_view(k_cache), indices, int(head_dim_v), softmax_scale, attn_sink,
-                             None if extra_k_cache is None else as_byte_view(extra_k_cache), extra_indices,
-                             topk_length, extra_topk_length, out, lse, stream)
-    if result is None:
-        # The recorded config matched, so a tensor that must be on the schedule's device is not.
+def _check_planned_call(planned: _Config, q, k_cache, block_table, cache_seqlens, head_dim_v, causal, is_fp8_kvcache,
+                        indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length):
+    """DecodeStep.decode's check function: a call of a planned FlashMLASchedMeta, also against the planned config
+    and the schedule's device."""
+    with _plain_torch():
+        _, config = _check_call(q, k_cache, block_table, cache_seqlens, head_dim_v, causal, is_fp8_kvcache, indices,
+                                attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length)
+        _check_same_config(planned, config)
         others = (("k_cache", k_cache), ("indices", indices), ("extra_k_cache", extra_k_cache),
                   ("extra_indices_in_kvcache", extra_indices))
-        name, t = next(((n, t) for n, t in others if t is not None and t.device != q.device), ("k_cache", k_cache))
-        raise ValueError(f"argument '{name}' is on {t.device} but 'q' and the schedule are on {q.device}: every tensor "
-                         "of a call must be on one device")
-    return result
+        for name, t in others:
+            if t is not None and t.device != q.device:
+                raise ValueError(f"argument '{name}' is on {t.device} but 'q' and the schedule are on {q.device}: "
+                                 "every tensor of a call must be on one device")
 
 
-def _plan_step(torch, sched: FlashMLASchedMeta, config: _Config, cache_format: str, cache_seqlens, topk_length,
-               extra_topk_length, stream, block_table=None):
-    """First use: size (this also validates the problem), allocate on q's device, plan on the current stream.
+def _check_tensor_call(sched, num_splits, q, k_cache, block_table, cache_seqlens, head_dim_v, causal,
+                       is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices, topk_length,
+                       extra_topk_length):
+    """TensorStyleDecode.decode's check function: the schedule's style, then the call; returns (cache_format,
+    config)."""
+    _schedule_style(sched, num_splits)
+    with _plain_torch():
+        return _check_call(q, k_cache, block_table, cache_seqlens, head_dim_v, causal, is_fp8_kvcache, indices,
+                           attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length)
 
-    Dense: the block table's width goes into the plan (max_blocks_per_seq), so lengths past it are clamped as the
-    kernel clamps them and one garbage length costs no more than a valid one; later calls use the same width."""
-    dev = config.device
-    sparse = config.is_fp8_kvcache
-    problem = dict(batch=config.b, s_q=config.s_q, h_q=config.h_q, h_kv=config.h_k, d_qk=config.d_qk, d_v=config.d_v,
-                   page_block_size=config.page_block_size, cache_format=cache_format, causal=config.causal,
-                   sparse=sparse, topk=config.topk or 0, extra_topk=config.extra_topk or 0,
-                   extra_page_block_size=config.extra_page_block_size or 0,
-                   num_sms=_C.device_sm_count(_device_index(dev)))
-    if not sparse and block_table is not None and getattr(block_table, "ndim", 0) == 2:
-        problem["max_blocks_per_seq"] = int(block_table.shape[1])
-    sizes = _C.get_decode_workspace_sizes(**problem)
-    metadata = torch.empty((sizes["num_sm_parts"], _C.DECODE_SCHEDULE_RECORD_INTS), dtype=torch.int32, device=dev)
-    splits = torch.empty((sizes["num_splits_ints"],), dtype=torch.int32, device=dev)
-    partial_o = torch.empty((sizes["partial_rows"], config.d_v), dtype=torch.float32, device=dev)
-    partial_lse = torch.empty((sizes["partial_rows"],), dtype=torch.float32, device=dev)
-    # Zeroed by every plan; dense decode's in-kernel merge of two-chunk split requests counts with them.
-    counters = torch.empty((max(int(sizes["merge_counter_ints"]), 1),), dtype=torch.int32, device=dev)
-    step = _C.DecodeStep(metadata, splits, counters, partial_o, partial_lse, device_id=_device_index(dev),
-                         topk_length_given=config.topk_length_given,
-                         extra_topk_length_given=config.extra_topk_length_given, **problem)
-    step.plan(None if sparse else cache_seqlens, topk_length, extra_topk_length, stream)
-    sched.tile_scheduler_metadata = metadata
-    sched.num_splits = splits
-    sched.partial_o = partial_o
-    sched.partial_lse = partial_lse
-    sched.merge_counters = counters
-    sched.workspace_sizes = sizes
-    sched.config = config
-    sched.have_initialized = True
-    return step
+
+def _check_plan_like(like) -> None:
+    """TensorStyleDecode.plan's check function: the tensor whose device the schedule goes to."""
+    require_torch("get_mla_metadata")
+    if not is_torch_tensor(like) or not like.is_cuda:
+        raise ValueError(f"argument 'cache_seqlens' must be a CUDA tensor, got {type(like).__name__}"
+                         + (f" on {like.device}" if is_torch_tensor(like) else ""))
 
 
 def _sparse_config(q, k_cache, head_dim_v, causal, is_fp8_kvcache, indices, extra_k_cache, extra_indices,
@@ -482,15 +410,125 @@ def _schedule_style(sched, num_splits) -> bool:
                     f"{type(sched).__name__}")
 
 
-def _scale(softmax_scale, d_qk: int) -> float:
-    return float(d_qk) ** -0.5 if softmax_scale is None else float(softmax_scale)
+# ---------------------------------------------------------------------------------------------------------------
+# Object style: DecodeStep.decode
+# ---------------------------------------------------------------------------------------------------------------
+def _object_style(sched, q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, is_fp8_kvcache,
+                  indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length, out, lse):
+    """The object style's calls that need Python before the step's entry: the first call of a FlashMLASchedMeta,
+    which plans it (under a lock, so threads that share the object plan it once), and every call where torch has no
+    DLPack exchange API (outputs and stream from torch). Each then goes through DecodeStep.decode."""
+    _schedule_style(sched, None)
+    with _plain_torch():
+        cache_format, config = _check_call(q, k_cache, block_table, cache_seqlens, head_dim_v, causal, is_fp8_kvcache,
+                                           indices, attn_sink, extra_k_cache, extra_indices, topk_length,
+                                           extra_topk_length)
+        stream = None
+        if not _IN_PLACE:
+            k_cache, extra_k_cache, out, lse, stream = _from_torch(q, config, k_cache, extra_k_cache, out, lse)
+        args = (q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, is_fp8_kvcache, indices,
+                attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length, out, lse, stream)
+        step = sched._step
+        if step is None:
+            with _PLAN_LOCK:
+                step = sched._step
+                if step is None:
+                    step = _plan_step(sched, config, cache_format, cache_seqlens, topk_length, extra_topk_length,
+                                      block_table, stream)
+                    try:
+                        result = step.decode(*args)
+                    except Exception:
+                        # The arguments were rejected (nothing ran but the plan): the object stays unused, so it
+                        # can be reused with correct arguments.
+                        sched.__init__()
+                        raise
+                    sched._step = step  # published last: other threads see a planned object or none
+                    return result
+        return step.decode(*args)
+
+
+def _plan_step(sched: FlashMLASchedMeta, config: _Config, cache_format: str, cache_seqlens, topk_length,
+               extra_topk_length, block_table, stream):
+    """First use: size (this also validates the problem), allocate on q's device, plan on the current stream (or
+    `stream`), and fill the object's fields. Returns its DecodeStep, the entry of every call of the step.
+
+    Dense: the block table's width goes into the plan (max_blocks_per_seq), so lengths past it are clamped as the
+    kernel clamps them and one garbage length costs no more than a valid one; later calls use the same width."""
+    torch = _torch
+    dev = config.device
+    sparse = config.is_fp8_kvcache
+    problem = dict(batch=config.b, s_q=config.s_q, h_q=config.h_q, d_qk=config.d_qk, d_v=config.d_v,
+                   page_block_size=config.page_block_size, cache_format=cache_format,
+                   num_sms=_C.device_sm_count(_device_index(dev)))
+    if sparse:  # SparseDecodeProblem's own fields
+        problem.update(sparse=True, topk=config.topk, extra_topk=config.extra_topk or 0,
+                       extra_page_block_size=config.extra_page_block_size or 0)
+    else:  # DenseDecodeProblem's
+        problem.update(h_kv=config.h_k, causal=config.causal,
+                       max_blocks_per_seq=int(block_table.shape[1]) if getattr(block_table, "ndim", 0) == 2 else 0)
+    sizes = _C.get_decode_workspace_sizes(**problem)
+    metadata = torch.empty((sizes["num_sm_parts"], _C.DECODE_SCHEDULE_RECORD_INTS), dtype=torch.int32, device=dev)
+    splits = torch.empty((sizes["num_splits_ints"],), dtype=torch.int32, device=dev)
+    partial_o = torch.empty((sizes["partial_rows"], config.d_v), dtype=torch.float32, device=dev)
+    partial_lse = torch.empty((sizes["partial_rows"],), dtype=torch.float32, device=dev)
+    # Zeroed by every plan; dense decode's in-kernel merge of two-chunk split requests counts with them.
+    counters = torch.empty((max(int(sizes["merge_counter_ints"]), 1),), dtype=torch.int32, device=dev)
+    step = _C.DecodeStep(metadata, splits, counters, partial_o, partial_lse, config=config, checks=_check_planned_call,
+                         **problem)
+    step.plan(None if sparse else cache_seqlens, topk_length, extra_topk_length, stream)
+    sched.tile_scheduler_metadata = metadata
+    sched.num_splits = splits
+    sched.partial_o = partial_o
+    sched.partial_lse = partial_lse
+    sched.merge_counters = counters
+    sched.workspace_sizes = sizes
+    sched.config = config
+    sched.have_initialized = True
+    return step
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Tensor style
+# Tensor style: TensorStyleDecode.plan / .decode
 # ---------------------------------------------------------------------------------------------------------------
+def _tensor_style(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                  softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None, attn_sink=None,
+                  extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None, extra_topk_length=None, *,
+                  out=None, lse=None):
+    """A call with the tensors of get_mla_metadata(cache_seqlens, ...) (flash_mla_with_kvcache's arguments): its one
+    entry is TensorStyleDecode.decode, which the torch op torch.ops.openmla.flash_mla_with_kvcache calls through
+    here too. Where torch has no DLPack exchange API, the outputs and the stream come from torch first."""
+    if _IN_PLACE:
+        return _TENSOR_STYLE.decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                    num_splits, softmax_scale, causal, is_fp8_kvcache, indices, attn_sink,
+                                    extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse)
+    _, config = _check_tensor_call(tile_scheduler_metadata, num_splits, q, k_cache, block_table, cache_seqlens,
+                                   head_dim_v, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
+                                   extra_indices_in_kvcache, topk_length, extra_topk_length)
+    with _plain_torch():
+        k_cache, extra_k_cache, out, lse, stream = _from_torch(q, config, k_cache, extra_k_cache, out, lse)
+    return _TENSOR_STYLE.decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                num_splits, softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
+                                extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse, stream)
+
+
+def _from_torch(q, config: _Config, k_cache, extra_k_cache, out, lse):
+    """What an entry takes from torch itself through the DLPack exchange API, for torch without it: the outputs
+    (allocated where not given), torch's current stream, and FP8 caches as uint8 views (older DLPack exports have no
+    float8 dtype). Returns (k_cache, extra_k_cache, out, lse, stream)."""
+    torch = _torch
+    if out is None:
+        out = torch.empty((config.b, config.s_q, config.h_q, config.d_v), dtype=q.dtype, device=q.device)
+    if lse is None:
+        # Stored position-major like the kernel's rows, returned in flash_mla's logical order.
+        lse = torch.empty((config.b, config.s_q, config.h_q), dtype=torch.float32, device=q.device).transpose(1, 2)
+    if config.is_fp8_kvcache:
+        k_cache = as_byte_view(k_cache)
+        extra_k_cache = None if extra_k_cache is None else as_byte_view(extra_k_cache)
+    return k_cache, extra_k_cache, out, lse, torch.cuda.current_stream(q.device).cuda_stream
+
+
 def _allocate_scratch(device_index: int, rows: int, d_v: int, counters: int):
-    """The split-KV scratch of tensor-style calls on one (device, stream), for SplitScratchPool (on a pool miss
+    """The split-KV scratch of tensor-style calls on one (device, stream), for the entry's pool (on a pool miss
     only: the first call on a stream, or a call larger than any before). The counters start at zero."""
     torch = _torch
     with _plain_torch():
@@ -500,7 +538,7 @@ def _allocate_scratch(device_index: int, rows: int, d_v: int, counters: int):
                 torch.zeros((counters,), dtype=torch.int32, device=dev))
 
 
-_SCRATCH = _C.SplitScratchPool(_allocate_scratch)
+_TENSOR_STYLE = _C.TensorStyleDecode(_allocate_scratch, _check_tensor_call, _check_plan_like)
 
 
 def _metadata_problem(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache, topk):
@@ -539,30 +577,27 @@ def _metadata_problem(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_h
     return shape[0], rows * h_kv // h_q, h_q, h_kv, sparse, topk  # shape[0] stays symbolic under torch.compile
 
 
-def _plan_metadata(like, cache_seqlens, topk_length, extra_topk_length, *, batch, s_q, h_q, h_kv, sparse, topk,
+def _plan_metadata(like, cache_seqlens, topk_length, extra_topk_length, batch, s_q, h_q, h_kv, sparse, topk,
                    extra_topk):
-    """New (tile_scheduler_metadata, num_splits) on like's device, planned on the GPU from cache_seqlens (dense) or
-    topk_length / extra_topk_length (sparse)."""
-    problem = dict(batch=batch, s_q=s_q, h_q=h_q, h_kv=h_kv, sparse=sparse, topk=topk, extra_topk=extra_topk)
+    """(tile_scheduler_metadata, num_splits) on like's device, planned on the GPU from cache_seqlens (dense) or
+    topk_length / extra_topk_length (sparse): get_mla_metadata's tensor style and the torch op plan_schedule. Its one
+    entry is TensorStyleDecode.plan; where torch has no DLPack exchange API, the tensors and the stream come from
+    torch first."""
     if _IN_PLACE:
-        result = _C.plan_metadata(like, cache_seqlens, topk_length, extra_topk_length, **problem)
-        if result is not None:
-            return result
-    torch = require_torch("get_mla_metadata")
-    if not is_torch_tensor(like) or not like.is_cuda:
-        raise ValueError(f"argument 'cache_seqlens' must be a CUDA tensor, got {type(like).__name__}"
-                         + (f" on {like.device}" if is_torch_tensor(like) else ""))
+        return _TENSOR_STYLE.plan(like, cache_seqlens, topk_length, extra_topk_length, batch, s_q, h_q, h_kv, sparse,
+                                  topk, extra_topk)
+    _check_plan_like(like)
+    torch = _torch
     with _plain_torch():
         dev = like.device
-        problem.update(cache_format="fp8_v32" if sparse else "bf16", num_sms=_C.device_sm_count(_device_index(dev)))
+        problem = dict(batch=batch, s_q=s_q, h_q=h_q, num_sms=_C.device_sm_count(_device_index(dev)))
+        problem.update(dict(sparse=True, topk=topk, extra_topk=extra_topk) if sparse else dict(h_kv=h_kv))
         sizes = _C.get_decode_workspace_sizes(**problem)
         metadata = torch.empty((sizes["num_sm_parts"], _C.DECODE_SCHEDULE_RECORD_INTS), dtype=torch.int32, device=dev)
         splits = torch.empty((sizes["num_splits_ints"],), dtype=torch.int32, device=dev)
-        with torch.cuda.device(dev):
-            _C.plan_decode(None if sparse else cache_seqlens, metadata, splits, topk_length=topk_length,
-                           extra_topk_length=extra_topk_length, stream=torch.cuda.current_stream(dev).cuda_stream,
-                           **problem)
-    return metadata, splits
+        stream = torch.cuda.current_stream(dev).cuda_stream
+    return _TENSOR_STYLE.plan(like, cache_seqlens, topk_length, extra_topk_length, batch, s_q, h_q, h_kv, sparse, topk,
+                              extra_topk, metadata, splits, stream)
 
 
 def _device_index(device) -> int:

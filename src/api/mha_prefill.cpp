@@ -9,9 +9,9 @@
 #include "api/families.h"
 #include "api/mha_prefill_internal.h"
 #include "api/validate.h"
+#include "common/varlen.h"
 #include "heuristics/mha_prefill_launch.h"
 #include "kernels/mha_prefill/params.h"
-#include "kernels/mha_prefill/tile_math.h"
 #include "openmla/prefill.h"
 
 namespace openmla {
@@ -20,7 +20,7 @@ namespace detail {
 
 namespace {
 
-using kernels::mha_prefill::kMaxRows;
+using kernels::varlen::kMaxRows;
 
 // The largest stride (elements) of a TMA-loaded operand: the maps' shift dimension has byte stride 2^34 - row bytes
 // (kernels/mha_prefill/launch.cu), which must stay positive.
@@ -188,18 +188,18 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
         heuristics::plan_mha_prefill_launch(pr, total_q, pr.num_sms > 0 ? pr.num_sms : 1);
     kernels::MhaPrefillParams& p = *params;
     p = kernels::MhaPrefillParams{};
-    p.batch = static_cast<int>(pr.batch);
+    p.seqs = kernels::varlen::VarlenBatch{.batch = static_cast<int>(pr.batch),
+                                          .total_q = static_cast<int>(total_q),
+                                          .total_k = static_cast<int>(total_k),
+                                          .cu_seqlens_q = static_cast<const int32_t*>(a.cu_seqlens_qo.data),
+                                          .cu_seqlens_k = static_cast<const int32_t*>(a.cu_seqlens_kv.data)};
     p.h_q = static_cast<int>(pr.h_q);
     p.h_kv = static_cast<int>(pr.h_kv);
     p.heads_per_kv = static_cast<int>(pr.h_q / pr.h_kv);
     p.d_qk = static_cast<int>(pr.d_qk);
     p.fp16 = pr.dtype == DType::kFloat16;
     p.causal = pr.causal;
-    p.total_q = static_cast<int>(total_q);
-    p.total_k = static_cast<int>(total_k);
     p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-    p.cu_seqlens_qo = static_cast<const int32_t*>(a.cu_seqlens_qo.data);
-    p.cu_seqlens_kv = static_cast<const int32_t*>(a.cu_seqlens_kv.data);
     p.q = a.q.data;
     p.q_stride_t = used_stride(a.q, 0);
     p.q_stride_h = used_stride(a.q, 1);
@@ -210,12 +210,15 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
     p.v = total_k > 0 ? a.v.data : a.q.data;
     p.v_stride_t = used_stride(a.v, 0);
     p.v_stride_h = used_stride(a.v, 1);
-    p.out = a.out.data;
-    p.out_stride_t = a.out.stride[0];
-    p.out_stride_h = a.out.stride[1];
-    p.lse = static_cast<float*>(a.lse.data);
-    p.lse_stride_t = a.lse.stride[0];
-    p.lse_stride_h = a.lse.stride[1];
+    // The packed token is the view's request; there is no position dimension (stride 0).
+    p.output = kernels::OutputView{.out = a.out.data,
+                                   .out_stride_b = a.out.stride[0],
+                                   .out_stride_s = 0,
+                                   .out_stride_h = a.out.stride[1],
+                                   .lse = static_cast<float*>(a.lse.data),
+                                   .lse_stride_b = a.lse.stride[0],
+                                   .lse_stride_h = a.lse.stride[1],
+                                   .lse_stride_s = 0};
     p.grid = plan.grid;
     p.dynamic_tiles = plan.dynamic_tiles;
     p.staged_out = plan.staged_out;
@@ -245,7 +248,7 @@ Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args,
   if (problem.num_sms == 0) {
     int num_sms = 0;
     OPENMLA_RETURN_IF_ERROR(detail::device_sm_count(args.q.device_id, &num_sms, "dense MHA prefill: SM count"));
-    params.grid = heuristics::plan_mha_prefill_launch(problem, params.total_q, num_sms).grid;
+    params.grid = heuristics::plan_mha_prefill_launch(problem, params.seqs.total_q, num_sms).grid;
   }
   if (params.grid == 0) return Status::ok();  // no query row: nothing to write
   if (params.dynamic_tiles)

@@ -21,8 +21,35 @@
 #include <cstdint>
 
 #include "common/ptx.cuh"
+#include "common/seesaw.h"
+
+// Hang detector of the waits that depend on another role's progress (wait_or_trap): a wait that has not completed
+// after kWatchdogNs traps, so a kernel whose other role stopped fails its launch with an error instead of hanging the
+// process. The check runs only on the slow path of a wait. 0 compiles it out.
+#ifndef OPENMLA_WATCHDOG
+#define OPENMLA_WATCHDOG 1
+#endif
 
 namespace openmla::kernels::pipeline {
+
+// 20 s: far beyond any wait of a working kernel, also under compute-sanitizer.
+inline constexpr unsigned long long kWatchdogNs = 20ull * 1000 * 1000 * 1000;
+
+// Blocks until the phase of `bar` with parity `parity` has completed, trapping after kWatchdogNs (OPENMLA_WATCHDOG).
+// For a producer's waits on the consumers' releases: a trap in a consumer warpgroup's code makes ptxas serialise its
+// wgmma and spill (docs/mha-prefill.md, "Watchdog"), so consumers wait with ptx::mbarrier_wait_parity.
+__device__ __forceinline__ void wait_or_trap(uint64_t* bar, uint32_t parity) {
+  if (ptx::mbarrier_try_wait_parity(bar, parity)) return;
+#if OPENMLA_WATCHDOG
+  const unsigned long long t0 = ptx::globaltimer();
+  for (uint32_t spins = 1;; ++spins) {
+    if (ptx::mbarrier_try_wait_parity(bar, parity)) return;
+    if ((spins & 1023u) == 0 && ptx::globaltimer() - t0 > kWatchdogNs) __trap();
+  }
+#else
+  ptx::mbarrier_wait_parity(bar, parity);
+#endif
+}
 
 template <int kStages>
 struct BarrierRing {

@@ -1,6 +1,6 @@
-// Device building blocks shared by the MLA attention kernels (dense and sparse decode): the 64 x 64
-// 128B-swizzled K-major tile convention (addressing and wgmma descriptors), the per-thread view of a wgmma
-// m64nN accumulator, and the online-softmax row operations on it.
+// Device building blocks shared by the attention kernels (decode and prefill): the 128B-swizzled K-major tile
+// convention (addressing and wgmma descriptors), the per-thread view of a wgmma m64nN accumulator of any width N, and
+// the online-softmax row operations on it (every operation takes the fragment as float[N / 2]).
 #pragma once
 
 #include <cstdint>
@@ -23,16 +23,10 @@ __device__ __forceinline__ uint64_t desc_k_major(const void* p) {
 __device__ __forceinline__ uint64_t desc_mn_major(const void* p) {
   return ptx::make_smem_desc_sw128(ptx::smem_addr(p), kTileBytes, kSwizzleAtomBytes);
 }
-// The low word of those descriptors: (start address >> 4) in bits 0-13, LBO >> 4 in bits 16-29. Shared memory lies
-// below 256 KB, so moving the start by a byte offset `off` inside a buffer adds off >> 4 without a carry: a kernel
-// that takes the low word of a buffer once and forms each wgmma's descriptor as desc_from_lo(lo + (off >> 4)) pays
-// one add per wgmma instead of an address computation, a mask and a shift.
-__device__ __forceinline__ uint32_t desc_lo_k_major(const void* p) { return (ptx::smem_addr(p) >> 4) | (1u << 16); }
-// kLboBytes: the distance to the next 64 columns (one 8 KB tile here; other tilings pass theirs).
-template <uint32_t kLboBytes = kTileBytes>
-__device__ __forceinline__ uint32_t desc_lo_mn_major(const void* p) {
-  return (ptx::smem_addr(p) >> 4) | ((kLboBytes >> 4) << 16);
-}
+// The descriptor whose low word is `lo`: (start address >> 4) in bits 0-13, LBO >> 4 in bits 16-29 (the high word: SBO
+// one swizzle atom, 128B swizzle). The issue loops of common/tile_gemm.cuh form descriptors from low words (DescLowWord,
+// DescUniform64): moving the start by a byte offset `off` inside a buffer adds off >> 4 to the low word without a carry
+// (shared memory lies below 256 KB), one add per wgmma instead of an address computation, a mask and a shift.
 __device__ __forceinline__ uint64_t desc_from_lo(uint32_t lo) {
   constexpr uint32_t kHi = (kSwizzleAtomBytes >> 4) | (1u << 30);  // SBO; 128B swizzle (bit 62)
   return (static_cast<uint64_t>(kHi) << 32) | lo;
@@ -97,11 +91,42 @@ __device__ __forceinline__ void row_max(const float (&s)[kElems], float (&mx)[2]
   mx[1] = quad_max(mx[1]);
 }
 
-// s <- 2^(s * scale_log2 - m); returns this thread's partial row sums.
-__device__ __forceinline__ void exponentiate(float (&s)[32], float scale_log2, const float (&m)[2], float (&sum)[2]) {
+// Row maxima as a tree: per row, pairwise FMNMX levels (5 for N = 128, 4 for N = 64) instead of row_max's chain of
+// N / 8 dependent ones, then the quad reduction. The same value as row_max (max is exact and associative); a kernel
+// whose softmax chain starts with the row max takes this one (docs/mha-prefill.md, decision mha-v0.16), the decode
+// kernels keep the chain (their SASS is the guard's: docs/architecture.md, "Device layer").
+template <int kElems>
+__device__ __forceinline__ void row_max_tree(const float (&s)[kElems], float (&mx)[2]) {
+  constexpr int kChunks = kElems / 4;  // 8-column chunks
+  static_assert(kChunks == 8 || kChunks == 16 || kChunks == 32, "the tree folds halves down to 4: N = 64, 128, 256");
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float t[kChunks];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) t[j] = fmaxf(s[j * 4 + 2 * i], s[j * 4 + 2 * i + 1]);
+    if constexpr (kChunks >= 32) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) t[j] = fmaxf(t[j], t[j + 16]);
+    }
+    if constexpr (kChunks >= 16) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) t[j] = fmaxf(t[j], t[j + 8]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) t[j] = fmaxf(t[j], t[j + 4]);
+    mx[i] = quad_max(fmaxf(fmaxf(t[0], t[2]), fmaxf(t[1], t[3])));
+  }
+}
+
+// s <- 2^(s * scale_log2 - m) over a 64 x N fragment (N / 2 floats per thread); returns this thread's partial row
+// sums (accumulated in column order).
+template <int kElems>
+__device__ __forceinline__ void exponentiate(float (&s)[kElems], float scale_log2, const float (&m)[2],
+                                             float (&sum)[2]) {
+  static_assert(kElems % 4 == 0, "an m64nN accumulator fragment holds N / 2 floats per thread");
   sum[0] = sum[1] = 0.f;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < kElems / 4; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       s[j * 4 + e] = ptx::exp2_approx(fmaf(s[j * 4 + e], scale_log2, -m[0]));
@@ -112,26 +137,24 @@ __device__ __forceinline__ void exponentiate(float (&s)[32], float scale_log2, c
   }
 }
 
-// Multiplies the two rows of a 64 x 64 S / P fragment by a0 / a1.
-__device__ __forceinline__ void scale_rows(float (&s)[32], float a0, float a1) {
+// Multiplies the two rows of a 64 x N fragment (S, P or O) by a0 / a1.
+template <int kElems>
+__device__ __forceinline__ void scale_rows(float (&x)[kElems], float a0, float a1) {
+  static_assert(kElems % 4 == 0, "an m64nN accumulator fragment holds N / 2 floats per thread");
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    s[j * 4 + 0] *= a0;
-    s[j * 4 + 1] *= a0;
-    s[j * 4 + 2] *= a1;
-    s[j * 4 + 3] *= a1;
+  for (int j = 0; j < kElems / 4; ++j) {
+    x[j * 4 + 0] *= a0;
+    x[j * 4 + 1] *= a0;
+    x[j * 4 + 2] *= a1;
+    x[j * 4 + 3] *= a1;
   }
 }
 
-// Multiplies the two rows of a 64 x 256 O fragment by a0 / a1.
-__device__ __forceinline__ void scale_rows(float (&o)[128], float a0, float a1) {
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    o[j * 4 + 0] *= a0;
-    o[j * 4 + 1] *= a0;
-    o[j * 4 + 2] *= a1;
-    o[j * 4 + 3] *= a1;
-  }
+// scale_rows unless every row of the warp keeps its scale (a == 1 exactly: the running max did not move, the common
+// case once it has settled). Exact either way; a warp-level decision (a vote, then plain FMULs).
+template <int kElems>
+__device__ __forceinline__ void scale_rows_if_changed(float (&x)[kElems], float a0, float a1) {
+  if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) scale_rows(x, a0, a1);
 }
 
 }  // namespace openmla::kernels::tile

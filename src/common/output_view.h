@@ -7,8 +7,9 @@
 //        kernel, or bf16 where there is only one); strides in elements.
 //   lse: logical (b, h_q, s_q) float32, natural log; strides in elements (any order, e.g. a (b, s_q, h_q) storage).
 //
-// A family without a batch or position dimension (sparse prefill: out (s_q, h_q, d_v), lse (s_q, h_q)) uses it with
-// the token as `req` and stride 0 for the missing position dimension.
+// A family without a batch or position dimension (the prefill kernels: out (tokens, h_q, d_v), lse (tokens, h_q)) uses
+// it with the packed token as `req` and stride 0 for the missing position dimension (token_out_offset,
+// token_lse_offset).
 //
 // NOTE: the field order and types are the params layout of every kernel that embeds the view (it replaced eight
 // fields that were in this order in each), so the kernels read them at the constant-bank offsets they always had.
@@ -41,6 +42,14 @@ struct OutputView {
   OPENMLA_VIEW_FN int64_t lse_offset(int req, int s_idx, int head) const {
     return static_cast<int64_t>(req) * lse_stride_b + static_cast<int64_t>(head) * lse_stride_h +
            static_cast<int64_t>(s_idx) * lse_stride_s;
+  }
+  // The same for a family without a position dimension, whose rows are packed tokens (the prefill kernels: the token
+  // is the view's `req`, a 64-bit row index of the packed tensors).
+  OPENMLA_VIEW_FN int64_t token_out_offset(int64_t token, int head) const {
+    return token * out_stride_b + head * out_stride_h;
+  }
+  OPENMLA_VIEW_FN int64_t token_lse_offset(int64_t token, int head) const {
+    return token * lse_stride_b + head * lse_stride_h;
   }
 };
 static_assert(sizeof(OutputView) == 64 && alignof(OutputView) == 8, "eight 8-byte fields, no padding");

@@ -18,14 +18,19 @@
 namespace openmla::kernels {
 
 // Issues the kTiles box loads of one Q tile (rows head0 .. head0 + 63 of query position `position` of request
-// `request`) into `tiles` and arms `bar` with their bytes. Called by one thread; the waiters wait on `bar`.
-template <int kTiles>
+// `request`) into `tiles` and arms `bar` with their bytes. Called by one thread; the waiters wait on `bar`. `policy`:
+// none, or one L2 cache policy for the loads (sparse prefill reads each Q tile once: evict_first, decision
+// sparse-prefill-v7).
+template <int kTiles, class... Policy>
 __device__ __forceinline__ void load_q_tile_tma(uint8_t (*tiles)[tile::kTileBytes], const CUtensorMap* map,
-                                                uint64_t* bar, int head0, int position, int request) {
+                                                uint64_t* bar, int head0, int position, int request,
+                                                Policy... policy) {
+  static_assert(sizeof...(Policy) <= 1, "at most one cache policy");
   constexpr int kTileCols = tile::kRowBytes / 2;  // 64 16-bit columns per tile
   ptx::mbarrier_arrive_expect_tx(bar, kTiles * tile::kTileBytes);
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t) ptx::tma_load_4d(tiles[t], map, bar, t * kTileCols, head0, position, request);
+  for (int t = 0; t < kTiles; ++t)
+    ptx::tma_load_4d(tiles[t], map, bar, t * kTileCols, head0, position, request, policy...);
 }
 
 }  // namespace openmla::kernels

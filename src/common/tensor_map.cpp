@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string>
 
+#include "common/varlen.h"
+
 namespace openmla::detail {
 
 namespace {
@@ -103,6 +105,45 @@ Status encode_tensor_map(CUtensorMap* map, const void* base, const TensorMapSpec
   entry.key = key;
   entry.valid = true;
   return Status::ok();
+}
+
+// ---- Ragged maps (varlen kernels) ----------------------------------------------------------------------------
+// Sequences are packed along the token dimension, and a box of rows starting inside one sequence would run into the
+// next (or past the tensor). The map therefore addresses rows through a window that ends where the sequence ends:
+//
+//   dims (innermost first): column (cols), head (heads), window row r (kMaxRows), window end w, shift u
+//   byte strides:                         stride_h,      stride_t,             stride_t,     2^34 - stride_t
+//
+// Loading rows [first, first + box_rows) of a sequence occupying rows [begin, begin + len) uses r = kMaxRows - len + first,
+// w = begin + len, u = kMaxRows. The address is base + (r + w) stride_t + u (2^34 - stride_t) = base + (r + w -
+// kMaxRows) stride_t (mod 2^64, as the TMA unit computes addresses: kMaxRows = 2^30, so u (2^34 - stride_t) =
+// 2^64 - 2^30 stride_t) = base + (begin + first) stride_t: the rows wanted. A row at or past the sequence's end has
+// r >= kMaxRows, outside dimension 2, and the TMA unit writes zeros for it without reading memory. Every coordinate
+// is below 2^31 because sequences and tensors have at most kMaxRows rows (checked by the API).
+Status make_ragged_map(const RaggedOperand& op, CUtensorMap* map, const char* what) {
+  using kernels::varlen::kMaxRows;
+  constexpr uint64_t kFar = 0x7fff0000u;  // extent of the w and u dimensions: beyond any coordinate they take
+  const uint64_t row_bytes = static_cast<uint64_t>(op.stride_t) * 2;
+  TensorMapSpec spec{};
+  spec.dtype = op.fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  spec.rank = 5;
+  spec.dims[0] = static_cast<uint64_t>(op.cols);
+  spec.dims[1] = static_cast<uint64_t>(op.heads);
+  spec.dims[2] = static_cast<uint64_t>(kMaxRows);
+  spec.dims[3] = kFar;
+  spec.dims[4] = kFar;
+  spec.byte_strides[0] = static_cast<uint64_t>(op.stride_h) * 2;
+  spec.byte_strides[1] = row_bytes;
+  spec.byte_strides[2] = row_bytes;
+  spec.byte_strides[3] = (uint64_t{1} << 34) - row_bytes;
+  spec.box[0] = 64;
+  spec.box[1] = 1;
+  spec.box[2] = static_cast<uint32_t>(op.box_rows);
+  spec.box[3] = 1;
+  spec.box[4] = 1;
+  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  spec.l2_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  return encode_tensor_map(map, op.base, spec, what);
 }
 
 }  // namespace openmla::detail

@@ -24,4 +24,21 @@ struct TensorMapSpec {
 
 Status encode_tensor_map(CUtensorMap* map, const void* base, const TensorMapSpec& spec, const char* what);
 
+// The TMA map of one packed (rows, heads, cols) 16-bit operand of a varlen kernel, addressed per sequence through a
+// window that ends where the sequence ends (tensor_map.cpp; the device side: common/ragged_tma.cuh): rows past a
+// sequence's end are outside the map (loads read zeros, stores skip them), so a neighbour's rows never reach shared
+// memory. Box: 64 columns x 1 head x box_rows rows, 128B-swizzled.
+// `stride_t` / `stride_h`: element strides of the token and head dimensions (multiples of 8, < 2^33); sequences and the
+// tensor have at most varlen::kMaxRows rows (checked by the API).
+struct RaggedOperand {
+  const void* base;
+  int64_t cols;
+  int64_t heads;
+  int64_t stride_t;
+  int64_t stride_h;
+  bool fp16;      // else bf16
+  int box_rows;   // rows per TMA box: a tile (loads) or a warpgroup's rows (stores)
+};
+Status make_ragged_map(const RaggedOperand& op, CUtensorMap* map, const char* what);
+
 }  // namespace openmla::detail

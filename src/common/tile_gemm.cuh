@@ -1,9 +1,14 @@
-// The P V steps of a 64-row attention tile split by columns between two warpgroups (the "seesaw" of dense decode,
-// also sparse prefill's: docs/dense-decode.md, "Warp roles"), for bf16 or fp16 operands: the element glue (packing
-// and the wgmma shapes the tile uses), P as register A fragments, P stored as a swizzled shared tile for the other
-// warpgroup, and O_half += P V_half with P from registers or from shared memory. Each warpgroup owns a 64 x 256 O
-// half; V is the MN-major view of 4 K tiles. Q K^T stays with each kernel: how it waits for its tiles is the
-// kernel's pipeline (the layer: docs/architecture.md, "Device layer").
+// The GEMM steps of the attention kernels on wgmma m64nNk16 for bf16 or fp16 operands, any N the kernels use (64,
+// 128, 256): the element glue (packing, the wgmma shapes), P as register A fragments, tiles of a fragment stored
+// into a 128B-swizzled shared tile (for the other warpgroup's shared-A wgmma, or as a TMA store box), and the issue
+// loops of S = Q K^T and O += P V over k16 slices (the layer: docs/architecture.md, "Device layer").
+//
+// Operands in shared memory follow common/mma_tile.cuh: 128-byte rows (64 16-bit columns), 128B-swizzled, K-major
+// (Q, K, P) or viewed MN-major (V, from the K / V tiles). A tile may have 64 rows (the decode kernels, sparse
+// prefill: 8 KB) or 128 (dense MHA prefill: 16 KB); the MN-major view steps to the next 64 columns by one tile
+// (LBO = the tile's bytes).
+//
+// The issue loops form each wgmma's descriptor in one of three measured styles (the Desc policies below).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,54 +18,51 @@
 
 #include "common/mma_tile.cuh"
 #include "common/ptx.cuh"
+#include "common/wgmma_ops.cuh"
 
 namespace openmla::kernels::tile {
 
-// The element type of Q, K, V and P: bf16 (false) or fp16 (true).
+// The element type of Q, K, V and P: bf16 (kIsFp16 = false) or fp16; accumulation is fp32 either way.
 template <bool kIsFp16>
-struct Element16;
-
-template <>
-struct Element16<false> {
+struct Element16 {
   __device__ static uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
+    if constexpr (kIsFp16) {
+      __half2 v = __floats2half2_rn(lo, hi);
+      return *reinterpret_cast<uint32_t*>(&v);
+    } else {
+      __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<uint32_t*>(&v);
+    }
   }
-  template <int kTransB>
-  __device__ static void mma_qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
-    ptx::wgmma_m64n64k16_ss_bf16<kTransB>(d, a, b, scale_d);
+  // d (+)= A B over one k16 slice, A and B from shared memory (descriptors); scale_d = 0 overwrites d.
+  template <int kN, int kTransB>
+  __device__ static void mma_ss(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d) {
+    static_assert(kN == 64 || kN == 128 || kN == 256, "wgmma shapes of the library: m64n64, m64n128, m64n256");
+    if constexpr (kN == 64 && kIsFp16) ptx::wgmma_m64n64k16_ss_f16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 64 && !kIsFp16) ptx::wgmma_m64n64k16_ss_bf16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 128 && kIsFp16) ptx::wgmma_m64n128k16_ss_f16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 128 && !kIsFp16) ptx::wgmma_m64n128k16_ss_bf16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 256 && kIsFp16) ptx::wgmma_m64n256k16_ss_f16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 256 && !kIsFp16) ptx::wgmma_m64n256k16_ss_bf16<kTransB>(d, a, b, scale_d);
   }
-  __device__ static void mma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-    ptx::wgmma_m64n256k16_rs_bf16<1>(d, a, b, 1);
-  }
-  __device__ static void mma_pv_ss(float (&d)[128], uint64_t a, uint64_t b) {
-    ptx::wgmma_m64n256k16_ss_bf16<1>(d, a, b, 1);
+  // d (+)= A B over one k16 slice, A from registers (A fragments), B from shared memory.
+  template <int kN, int kTransB>
+  __device__ static void mma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+    static_assert(kN == 64 || kN == 128 || kN == 256, "wgmma shapes of the library: m64n64, m64n128, m64n256");
+    if constexpr (kN == 64 && kIsFp16) ptx::wgmma_m64n64k16_rs_f16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 64 && !kIsFp16) ptx::wgmma_m64n64k16_rs_bf16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 128 && kIsFp16) ptx::wgmma_m64n128k16_rs_f16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 128 && !kIsFp16) ptx::wgmma_m64n128k16_rs_bf16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 256 && kIsFp16) ptx::wgmma_m64n256k16_rs_f16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 256 && !kIsFp16) ptx::wgmma_m64n256k16_rs_bf16<kTransB>(d, a, b, scale_d);
   }
 };
 
-template <>
-struct Element16<true> {
-  __device__ static uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  template <int kTransB>
-  __device__ static void mma_qk(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
-    ptx::wgmma_m64n64k16_ss_f16<kTransB>(d, a, b, scale_d);
-  }
-  __device__ static void mma_pv_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-    ptx::wgmma_m64n256k16_rs_f16<1>(d, a, b, 1);
-  }
-  __device__ static void mma_pv_ss(float (&d)[128], uint64_t a, uint64_t b) {
-    ptx::wgmma_m64n256k16_ss_f16<1>(d, a, b, 1);
-  }
-};
-
-// The 64 x 64 P tile in the register A-operand layout of m64nNk16 (four k16 slices).
-template <bool kIsFp16>
-__device__ __forceinline__ void to_a_fragments(const float (&s)[32], uint32_t (&a)[4][4]) {
+// A 64 x N fp32 fragment (P) in the register A-operand layout of m64nNk16: one k16 slice per 16 columns.
+template <bool kIsFp16, int kElems>
+__device__ __forceinline__ void to_a_fragments(const float (&s)[kElems], uint32_t (&a)[kElems / 8][4]) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < kElems / 8; ++kk) {
     a[kk][0] = Element16<kIsFp16>::pack(s[8 * kk + 0], s[8 * kk + 1]);
     a[kk][1] = Element16<kIsFp16>::pack(s[8 * kk + 2], s[8 * kk + 3]);
     a[kk][2] = Element16<kIsFp16>::pack(s[8 * kk + 4], s[8 * kk + 5]);
@@ -68,8 +70,8 @@ __device__ __forceinline__ void to_a_fragments(const float (&s)[32], uint32_t (&
   }
 }
 
-// Stores P (16-bit) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma, and fences the
-// stores for the async proxy (the hand-off barrier that follows publishes them).
+// Stores P (16-bit) into a 128B-swizzled 64 x 64 tile by scalar stores, and fences them for the async proxy (the
+// hand-off barrier that follows publishes them). Dense decode's form (its P store interleaves with the pair loop).
 template <bool kIsFp16>
 __device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, const Fragment& f) {
 #pragma unroll
@@ -81,24 +83,123 @@ __device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, con
   ptx::fence_proxy_async_shared();
 }
 
-// O_half += P V_half over 64 tokens: P from registers, V = 4 tiles viewed MN-major. Waits for the result.
-template <bool kIsFp16>
+// Stores 64 columns of a 64 x N fragment, columns 64 kPart .. 64 kPart + 63 (fragment words 32 kPart ..), as 16-bit
+// values into the 128B-swizzled 64 x 64 tile at shared address `tile` (the K-major operand layout, and the layout of
+// a 64 x 64 TMA box), with four stmatrix.x4 per thread (16 scalar stores otherwise; docs/sparse-prefill.md,
+// decision sparse-prefill-v4). No fence: the caller fences for the proxy that reads the tile.
+//
+// One stmatrix.x4 per 16 columns: matrices (rows 0-7, chunk 2c), (rows 8-15, chunk 2c), (rows 0-7, chunk 2c + 1),
+// (rows 8-15, chunk 2c + 1) of the warp's 16 rows, i.e. fragment words (4j, 4j + 2) for j = 2c, 2c + 1. Lane l
+// addresses row warp * 16 + 8 ((l / 8) & 1) + l % 8, chunk 2c + l / 16. Chunk 2c + h lands at 16-byte slot
+// (2c + h) ^ (row & 7) = (h ^ (row & 7)) ^ 2c: the slot of chunk h, XOR 2c (bits 5-6 of the byte offset only).
+template <bool kIsFp16, int kPart, int kElems>
+__device__ __forceinline__ void stmatrix_tile(const float (&x)[kElems], uint32_t tile, int wg_tid) {
+  static_assert((kPart + 1) * 32 <= kElems, "the fragment has no such 64 columns");
+  const int lane = wg_tid % 32;
+  const int row = (wg_tid / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+  const uint32_t base = tile + swizzled_chunk(row, lane >> 4);
+  constexpr int h = 32 * kPart;
+  using E = Element16<kIsFp16>;
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    ptx::stmatrix_x4(base ^ static_cast<uint32_t>(c << 5), E::pack(x[h + 8 * c + 0], x[h + 8 * c + 1]),
+                     E::pack(x[h + 8 * c + 2], x[h + 8 * c + 3]), E::pack(x[h + 8 * c + 4], x[h + 8 * c + 5]),
+                     E::pack(x[h + 8 * c + 6], x[h + 8 * c + 7]));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Issue loops (no fence, commit or wait unless named gemm_*: the kernel's pipeline places those)
+// ---------------------------------------------------------------------------------------------------
+// Desc policies: how a wgmma's descriptor is formed. base<kLbo>(p) is computed once per buffer from its shared address
+// (kLbo: the distance to the next 64 columns, 16 for a K-major operand, one tile for an MN-major view); at(base, off)
+// is the descriptor of the operand `off` bytes further. Each style is the one measured best for its kernels:
+//   DescAddress: the full descriptor from the address per wgmma (make_smem_desc_sw128). Dense decode, whose pair
+//       loop's SASS is the decode guard's (docs/dense-decode.md, decision dense-v17).
+//   DescLowWord: the base is the descriptor's low word (mma_tile.cuh, desc_lo_*) and the offset >> 4 is added to it
+//       (one 32-bit add per operand; the low word never carries, shared memory lies below 256 KB). Sparse prefill,
+//       where the 64-bit form lengthened the consumer loop (docs/sparse-prefill.md, decision sparse-prefill-v8).
+//   DescUniform64: the low word broadcast from lane 0 (so ptxas knows it warp-uniform and keeps it, and the add, on
+//       the uniform datapath: no R2UR per wgmma), the offset added to the full 64-bit descriptor (one UIADD3.64 per
+//       operand; adding to the low word made ptxas rewrite the constant high word per operand). Dense MHA prefill
+//       (docs/mha-prefill.md, decisions mha-v0.13 and mha-v0.17).
+inline constexpr uint32_t kLboKMajor = 16;
+struct DescAddress {
+  template <uint32_t kLbo>
+  struct Base {
+    const uint8_t* p;
+  };
+  template <uint32_t kLbo>
+  __device__ __forceinline__ static Base<kLbo> base(const void* p) {
+    return Base<kLbo>{static_cast<const uint8_t*>(p)};
+  }
+  template <uint32_t kLbo>
+  __device__ __forceinline__ static uint64_t at(Base<kLbo> b, uint32_t off) {
+    return ptx::make_smem_desc_sw128(ptx::smem_addr(b.p + off), kLbo, kSwizzleAtomBytes);
+  }
+};
+struct DescLowWord {
+  template <uint32_t kLbo>
+  __device__ __forceinline__ static uint32_t base(const void* p) {
+    return (ptx::smem_addr(p) >> 4) | ((kLbo >> 4) << 16);
+  }
+  __device__ __forceinline__ static uint64_t at(uint32_t lo, uint32_t off) { return desc_from_lo(lo + (off >> 4)); }
+};
+struct DescUniform64 {
+  template <uint32_t kLbo>
+  __device__ __forceinline__ static uint32_t base(const void* p) {
+    return __shfl_sync(0xffffffffu, DescLowWord::base<kLbo>(p), 0);
+  }
+  __device__ __forceinline__ static uint64_t at(uint32_t lo, uint32_t off) { return desc_from_lo(lo) + (off >> 4); }
+};
+
+// S (+)= Q K^T over the four k16 slices of one 64-column tile `t` of Q and K (K-major, tiles kTileBytes apart): q / k
+// are the Desc bases (base<kLboKMajor>) of the buffers' first tiles. `overwrite`: the first slice overwrites S.
+template <bool kIsFp16, class Desc, int kN, int kTileBytes, class Base>
+__device__ __forceinline__ void issue_qk_tile(float (&s)[kN / 2], Base q, Base k, int t, bool overwrite) {
+#pragma unroll
+  for (int kk = 0; kk < kRowBytes / 32; ++kk) {
+    const uint32_t off = static_cast<uint32_t>(t * kTileBytes + kk * 32);
+    Element16<kIsFp16>::template mma_ss<kN, 0>(s, Desc::at(q, off), Desc::at(k, off), (overwrite && kk == 0) ? 0 : 1);
+  }
+}
+
+// O += P V over kSlices k16 slices (16 keys each): P from registers, V viewed MN-major from tiles of kTileBytes
+// starting at `v` (slice kk starts kk * 16 rows in).
+template <bool kIsFp16, class Desc, int kTileBytes, int kN, int kSlices>
+__device__ __forceinline__ void issue_pv_rs(float (&o)[kN / 2], const uint32_t (&pa)[kSlices][4], const uint8_t* v) {
+  const auto v_base = Desc::template base<kTileBytes>(v);
+#pragma unroll
+  for (int kk = 0; kk < kSlices; ++kk)
+    Element16<kIsFp16>::template mma_rs<kN, 1>(o, pa[kk], Desc::at(v_base, kk * 16 * kRowBytes), 1);
+}
+
+// O += P V over kSlices k16 slices with P read from a K-major shared tile (the other warpgroup's).
+template <bool kIsFp16, class Desc, int kTileBytes, int kN, int kSlices>
+__device__ __forceinline__ void issue_pv_ss(float (&o)[kN / 2], const uint8_t* p_tile, const uint8_t* v) {
+  const auto p_base = Desc::template base<kLboKMajor>(p_tile);
+  const auto v_base = Desc::template base<kTileBytes>(v);
+#pragma unroll
+  for (int kk = 0; kk < kSlices; ++kk)
+    Element16<kIsFp16>::template mma_ss<kN, 1>(o, Desc::at(p_base, kk * 32), Desc::at(v_base, kk * 16 * kRowBytes), 1);
+}
+
+// The seesaw's P V steps (docs/dense-decode.md, "Warp roles"; sparse prefill's too): each warpgroup owns a 64 x 256 O
+// half, V_half is 4 tiles of 64 rows viewed MN-major, 64 keys (4 slices) a step. Each waits for its result.
+// O_half += P V_half, P from registers.
+template <bool kIsFp16, class Desc = DescAddress>
 __device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&p)[4][4], const uint8_t* v_tiles) {
   ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) Element16<kIsFp16>::mma_pv_rs(o, p[kk], desc_mn_major(v_tiles + kk * 16 * kRowBytes));
+  issue_pv_rs<kIsFp16, Desc, kTileBytes, 256>(o, p, v_tiles);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_registers(o);
 }
 
-// O_half += P V_half with P read from shared memory (written by the other warpgroup). Waits for the result.
-template <bool kIsFp16>
+// O_half += P V_half with P read from shared memory (written by the other warpgroup).
+template <bool kIsFp16, class Desc = DescAddress>
 __device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
   ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    Element16<kIsFp16>::mma_pv_ss(o, desc_k_major(p_tile + kk * 32), desc_mn_major(v_tiles + kk * 16 * kRowBytes));
+  issue_pv_ss<kIsFp16, Desc, kTileBytes, 256, 4>(o, p_tile, v_tiles);
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_registers(o);

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "kernels/mha_prefill/tile_math.h"
+#include "kernels/mha_prefill/config.h"
 
 namespace openmla::heuristics {
 

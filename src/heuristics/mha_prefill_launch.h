@@ -1,6 +1,6 @@
 // Launch plan of dense MHA prefill: the grid, the tile hand-out and the workspace, as pure host functions of the
 // problem (no CUDA call), unit-tested on the CPU (tests/cpp/test_mha_prefill_api.cpp). The tile order itself is in
-// kernels/mha_prefill/tile_math.h, shared with the kernel.
+// kernels/mha_prefill/config.h (the tile) and common/varlen.h (its arithmetic), shared with the kernel.
 //
 // Each choice names the measurement it rests on (docs/mha-prefill.md, "Decisions").
 #pragma once

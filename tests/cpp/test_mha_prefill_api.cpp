@@ -1,6 +1,5 @@
-// Dense MHA prefill: every validation error of mha_prefill, the parameters it builds, the workspace size, the launch
-// plan and the tile arithmetic the kernel shares with the host (kernels/mha_prefill/tile_math.h), checked against
-// brute force. Uses fake, aligned, non-null "device" pointers: validate_mha_prefill makes no CUDA call, so no GPU
+// Dense MHA prefill: every validation error of mha_prefill, the parameters it builds, the workspace size and the launch
+// plan (the tile arithmetic it shares with the kernel is tested in test_varlen.cpp). Uses fake, aligned, non-null "device" pointers: validate_mha_prefill makes no CUDA call, so no GPU
 // is needed and nothing is ever launched on them.
 #include <gtest/gtest.h>
 
@@ -14,15 +13,12 @@
 
 #include "api/mha_prefill_internal.h"
 #include "heuristics/mha_prefill_launch.h"
-#include "kernels/mha_prefill/tile_math.h"
 #include "mha_prefill_fixture.h"
 #include "openmla/capability.h"
 #include "openmla/prefill.h"
 
 namespace openmla {
 namespace {
-
-namespace mp = kernels::mha_prefill;
 
 void* fake_ptr(int i) { return reinterpret_cast<void*>(uintptr_t{0x10000000} + uintptr_t(i) * 0x10000000); }
 
@@ -44,23 +40,26 @@ TEST(MhaPrefillApi, ValidCallBuildsParams) {
   kernels::MhaPrefillParams p;
   const Status st = detail::validate_mha_prefill(valid_problem(), valid_args(), &p);
   ASSERT_TRUE(st.is_ok()) << st.message();
-  EXPECT_EQ(p.batch, 4);
+  EXPECT_EQ(p.seqs.batch, 4);
   EXPECT_EQ(p.h_q, 16);
   EXPECT_EQ(p.h_kv, 2);
   EXPECT_EQ(p.heads_per_kv, 8);
   EXPECT_EQ(p.d_qk, 192);
   EXPECT_FALSE(p.fp16);
   EXPECT_TRUE(p.causal);
-  EXPECT_EQ(p.total_q, 1000);
-  EXPECT_EQ(p.total_k, 1500);
+  EXPECT_EQ(p.seqs.total_q, 1000);
+  EXPECT_EQ(p.seqs.total_k, 1500);
   EXPECT_FLOAT_EQ(p.scale_log2, 0.125f * 1.4426950408889634f);
   EXPECT_EQ(p.q_stride_t, 16 * 192);
   EXPECT_EQ(p.q_stride_h, 192);
   EXPECT_EQ(p.k_stride_t, 2 * 192);
   EXPECT_EQ(p.v_stride_t, 2 * 128);
-  EXPECT_EQ(p.out_stride_t, 16 * 128);
-  EXPECT_EQ(p.lse_stride_t, 1);
-  EXPECT_EQ(p.lse_stride_h, 1000);
+  EXPECT_EQ(p.output.out_stride_b, 16 * 128);  // the packed token is the output view's request
+  EXPECT_EQ(p.output.out_stride_s, 0);
+  EXPECT_EQ(p.output.out_stride_h, 128);
+  EXPECT_EQ(p.output.lse_stride_b, 1);
+  EXPECT_EQ(p.output.lse_stride_h, 1000);
+  EXPECT_EQ(p.output.lse_stride_s, 0);
   EXPECT_EQ(p.q, fake_ptr(1));
   EXPECT_EQ(p.k, fake_ptr(2));
   EXPECT_EQ(p.tile_counter, fake_ptr(6));
@@ -130,7 +129,7 @@ TEST(MhaPrefillApi, SizeOneDimensionsAndEmptyTensors) {
   a.v = make_tensor(nullptr, DType::kBFloat16, {0, 1, 128});
   st = detail::validate_mha_prefill(pr, a, &p);
   ASSERT_TRUE(st.is_ok()) << st.message();
-  EXPECT_EQ(p.total_k, 0);
+  EXPECT_EQ(p.seqs.total_k, 0);
   EXPECT_EQ(p.k, fake_ptr(1));
   EXPECT_EQ(p.v, fake_ptr(1));
 
@@ -353,183 +352,6 @@ TEST(MhaPrefillLaunch, EpilogueChoice) {
   EXPECT_TRUE(heuristics::plan_mha_prefill_launch(p, 2 * 4096, 132).staged_out);
   p.epilogue = MhaPrefillEpilogue::kRegisters;
   EXPECT_FALSE(heuristics::plan_mha_prefill_launch(p, 16, 132).staged_out);
-}
-
-// ---- Tile arithmetic against brute force ---------------------------------------------------------------------------
-TEST(MhaPrefillTiles, ClampRows) {
-  EXPECT_EQ(mp::clamp_rows(10, 20, 100).begin, 10);
-  EXPECT_EQ(mp::clamp_rows(10, 20, 100).len, 10);
-  EXPECT_EQ(mp::clamp_rows(10, 5, 100).len, 0);         // out of order: empty
-  EXPECT_EQ(mp::clamp_rows(-7, 5, 100).begin, 0);       // negative start clamps to 0
-  EXPECT_EQ(mp::clamp_rows(90, 1 << 30, 100).len, 10);  // past the tensor clamps to its end
-  EXPECT_EQ(mp::clamp_rows(200, 300, 100).begin, 100);
-  EXPECT_EQ(mp::clamp_rows(200, 300, 100).len, 0);
-}
-
-bool sees(int s_q, int s_k, int row, int key, bool causal) {
-  return key >= 0 && key < s_k && (!causal || key <= row + s_k - s_q);
-}
-
-TEST(MhaPrefillTiles, KeyBlocksAndMasksMatchBruteForce) {
-  const int lens[] = {0, 1, 2, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257, 300, 383, 384, 385, 640};
-  for (bool causal : {false, true}) {
-    for (int s_q : lens) {
-      for (int s_k : lens) {
-        for (int mb = 0; mb < mp::num_m_blocks(s_q); ++mb) {
-          const int n_end = mp::key_block_end(s_q, s_k, mb, causal);
-          ASSERT_GE(n_end, 0);
-          ASSERT_LE(n_end, mp::num_n_blocks(s_k));
-          const int r0 = mb * mp::kBlockM, r1 = std::min(r0 + mp::kBlockM, s_q);
-          for (int n = 0; n < mp::num_n_blocks(s_k); ++n) {
-            bool any = false, all = true;
-            for (int r = r0; r < r1; ++r)
-              for (int c = n * mp::kBlockN; c < (n + 1) * mp::kBlockN; ++c) {
-                const bool v = sees(s_q, s_k, r, c, causal);
-                any |= v;
-                all &= v;
-              }
-            // Every block holding a visible key is visited; the blocks past n_end hold none.
-            if (any) ASSERT_LT(n, n_end) << "s_q " << s_q << " s_k " << s_k << " mb " << mb << " n " << n;
-            // A block visited without a mask must be entirely visible to every valid row.
-            if (n < n_end && !mp::block_needs_mask(s_q, s_k, mb, n, causal))
-              ASSERT_TRUE(all) << "s_q " << s_q << " s_k " << s_k << " mb " << mb << " n " << n << " causal " << causal;
-          }
-          // The per-row limit is exactly the last visible key.
-          for (int r = r0; r < r1; ++r) {
-            int last = -1;
-            for (int c = 0; c < s_k; ++c)
-              if (sees(s_q, s_k, r, c, causal)) last = c;
-            const int lim = mp::row_key_limit(s_q, s_k, r, causal);
-            ASSERT_EQ(std::max(lim, -1), last) << "s_q " << s_q << " s_k " << s_k << " row " << r;
-          }
-        }
-      }
-    }
-  }
-}
-
-TEST(MhaPrefillTiles, MaskedBlocksComeFirst) {
-  // Blocks are visited last first, so the masked ones must be a suffix of [0, n_end): at most 2 under causal (the
-  // diagonal spans 128 rows), 1 without (the sequence end), plus all of them for rows that see nothing.
-  for (int s_q : {1, 100, 128, 1000, 4097}) {
-    for (int s_k : {1, 100, 128, 1000, 4097, 8192}) {
-      for (bool causal : {false, true}) {
-        for (int mb = 0; mb < mp::num_m_blocks(s_q); ++mb) {
-          const int n_end = mp::key_block_end(s_q, s_k, mb, causal);
-          if (n_end == 0) continue;
-          int masked = 0;
-          bool seen_unmasked = false;
-          for (int n = n_end - 1; n >= 0; --n) {
-            const bool m = mp::block_needs_mask(s_q, s_k, mb, n, causal);
-            if (m) {
-              ASSERT_FALSE(seen_unmasked) << "s_q " << s_q << " s_k " << s_k << " mb " << mb;
-              ++masked;
-            } else {
-              seen_unmasked = true;
-            }
-          }
-          if (mp::row_key_limit(s_q, s_k, mb * mp::kBlockM, causal) >= 0) EXPECT_LE(masked, causal ? 2 : 1);
-        }
-      }
-    }
-  }
-}
-
-TEST(MhaPrefillTiles, TileOrderIsABijectionLongestFirst) {
-  for (bool causal : {false, true}) {
-    for (int m_blocks : {1, 2, 7, 32}) {
-      const int h_q = 3;
-      std::set<std::pair<int, int>> seen;
-      int prev_head = 0, prev_mb = causal ? m_blocks : -1;
-      for (int local = 0; local < h_q * m_blocks; ++local) {
-        const mp::TileCoord c = mp::tile_coord(local, m_blocks, causal);
-        ASSERT_GE(c.head, 0);
-        ASSERT_LT(c.head, h_q);
-        ASSERT_GE(c.m_block, 0);
-        ASSERT_LT(c.m_block, m_blocks);
-        ASSERT_TRUE(seen.insert({c.head, c.m_block}).second);
-        if (c.head == prev_head) {
-          if (causal)
-            ASSERT_LT(c.m_block, prev_mb);  // the block with the most keys first
-          else
-            ASSERT_GT(c.m_block, prev_mb);
-        } else {
-          ASSERT_EQ(c.head, prev_head + 1);  // heads in order: heads of one kv head are neighbours
-        }
-        prev_head = c.head;
-        prev_mb = c.m_block;
-      }
-      EXPECT_EQ(static_cast<int>(seen.size()), h_q * m_blocks);
-    }
-  }
-}
-
-// Query rows of each sequence under the kernel's rule (tile_math.h, next_query_end), sequentially.
-std::vector<mp::RowRange> query_rows(const std::vector<int>& cu, int total) {
-  std::vector<mp::RowRange> rows;
-  int end = mp::first_query_end(cu[0], total);
-  for (size_t i = 0; i + 1 < cu.size(); ++i) {
-    const int next = mp::next_query_end(end, cu[i + 1], total);
-    rows.push_back({end, next - end});
-    end = next;
-  }
-  return rows;
-}
-
-TEST(MhaPrefillTiles, QueryRowsAreDisjointForAnyCumulativeLengths) {
-  // Valid lengths: exactly [cu[i], cu[i + 1]).
-  const std::vector<int> good = {0, 5, 5, 300, 301, 1000};
-  std::vector<mp::RowRange> r = query_rows(good, 1000);
-  for (size_t i = 0; i < r.size(); ++i) {
-    EXPECT_EQ(r[i].begin, good[i]);
-    EXPECT_EQ(r[i].len, good[i + 1] - good[i]);
-  }
-  // Garbage: negative, decreasing, past the tensor. Sequences stay disjoint, in order, inside [0, total).
-  const std::vector<int> bad = {-50, 40, 10, 900, 2000000000, -3, 1200, 700};
-  r = query_rows(bad, 1000);
-  int end = 0;
-  for (const mp::RowRange& x : r) {
-    EXPECT_GE(x.len, 0);
-    EXPECT_EQ(x.begin, end);
-    end = x.begin + x.len;
-    EXPECT_LE(end, 1000);
-  }
-  EXPECT_EQ(r[0].begin, 0);
-  EXPECT_EQ(r[0].len, 40);
-  EXPECT_EQ(r[1].len, 0);    // 10 < 40: empty
-  EXPECT_EQ(r[2].len, 860);  // up to 900
-  EXPECT_EQ(r[3].len, 100);  // clamped to the tensor
-  EXPECT_EQ(r[4].len, 0);
-}
-
-// The host model of the producer's walk (kernel.cuh, find_tile): tile t of the call is tile t - first(i) of the
-// sequence i whose tiles [first(i), first(i) + tiles(i)) contain t, sequences in order, empty ones skipped. Checks
-// that every (sequence, head, query block) with a row is produced exactly once for a batch with empty sequences and
-// out-of-order and out-of-range cumulative lengths across several 32-sequence windows, and that the count stays
-// within the host's bound (which sizes the grid and guards the tile numbers against overflow).
-TEST(MhaPrefillTiles, CallTileWalkCoversEverySequenceOnce) {
-  std::vector<int> cu = {0};
-  const int lens[] = {0, 1, 63, 64, 65, 127, 128, 129, 1000, 0, 0, 4097, 5};
-  for (int i = 0; i < 70; ++i) cu.push_back(cu.back() + lens[i % 13]);
-  cu[40] = cu[39] - 3;               // a decreasing entry
-  const int total = cu.back() - 10;  // the last sequence runs past the tensor
-  const int h_q = 2, batch = static_cast<int>(cu.size()) - 1;
-  const std::vector<mp::RowRange> rows = query_rows(cu, total);
-  std::vector<int64_t> first(batch + 1, 0);
-  for (int b = 0; b < batch; ++b) first[b + 1] = first[b] + mp::sequence_tiles(rows[b].len, h_q);
-  std::set<std::tuple<int, int, int>> produced;
-  for (int64_t t = 0; t < first[batch]; ++t) {
-    int seq = 0;
-    while (first[seq + 1] <= t) ++seq;
-    const mp::TileCoord c = mp::tile_coord(static_cast<int>(t - first[seq]), mp::num_m_blocks(rows[seq].len), true);
-    ASSERT_TRUE(produced.insert({seq, c.head, c.m_block}).second);
-    ASSERT_LT(c.m_block * mp::kBlockM, rows[seq].len);
-    ASSERT_LE(rows[seq].begin + rows[seq].len, total);
-  }
-  int64_t expected = 0;
-  for (int b = 0; b < batch; ++b) expected += h_q * mp::num_m_blocks(rows[b].len);
-  EXPECT_EQ(static_cast<int64_t>(produced.size()), expected);
-  EXPECT_LE(expected, heuristics::mha_prefill_max_tiles(batch, total, h_q, 0));
 }
 
 }  // namespace

@@ -43,6 +43,12 @@ def _full_fp32_reference():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a Hopper GPU and torch")
+    # The output guard of a refactor (output_record.py): every prefill call's outputs, hashed, into this file.
+    if os.environ.get("OPENMLA_RECORD_OUTPUTS") and GPU_SKIP_REASON is None:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import output_record
+
+        output_record.install(os.environ["OPENMLA_RECORD_OUTPUTS"])
 
 
 # The kernel families (query_capability features) each GPU test file calls. In a build with a family switched off

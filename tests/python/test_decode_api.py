@@ -64,8 +64,9 @@ _CAPSULE_NAME = b"dltensor"
 _keep_alive = []  # the structs and buffers behind every capsule live until the end of the session
 
 
-def fake_cuda(shape, dtype="bf16", strides=None, device_type=_KDL_CUDA):
-    """A DLPack capsule describing a `dtype` array of `shape` (element strides, default row-major) on cuda:0,
+def fake_cuda(shape, dtype="bf16", strides=None, device_type=_KDL_CUDA, device_id=0):
+    """A DLPack capsule describing a `dtype` array of `shape` (element strides, default row-major) on cuda:0 (or
+    cuda:`device_id`),
     backed by (never touched) host memory. A capsule can be consumed once: build one per call."""
     code, bits = _DTYPES[dtype]
     if strides is None:
@@ -80,7 +81,7 @@ def fake_cuda(shape, dtype="bf16", strides=None, device_type=_KDL_CUDA):
     stride_arr = (ctypes.c_int64 * len(shape))(*strides)
     mt = _DLManagedTensor()
     mt.dl_tensor.data = addr
-    mt.dl_tensor.device = _DLDevice(device_type, 0)
+    mt.dl_tensor.device = _DLDevice(device_type, device_id)
     mt.dl_tensor.ndim = len(shape)
     mt.dl_tensor.dtype = _DLDataType(code, bits, 1)
     mt.dl_tensor.shape = ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64))
@@ -442,3 +443,241 @@ def test_dense_mode_needs_block_table_and_lengths(name):
     # Without indices the call is dense: None is named (nanobind would only say the call matched no overload).
     with pytest.raises(ValueError, match=rf"argument '{name}' is None, but dense decode \(indices=None\) needs it"):
         _call(**{name: None})
+
+
+# ---------------------------------------------------------------------------------------------------
+# The keyword problem: each entry builds its family's struct (bind_decode_problem.h)
+# ---------------------------------------------------------------------------------------------------
+def test_keyword_problem_fields_of_the_other_family():
+    sparse = problem(cache_format="fp8_v32", causal=False, sparse=True, topk=128)
+    assert C.get_decode_workspace_sizes(**sparse)["num_sm_parts"] == 66  # 132 / (s_q 2 * ceil(16 / 64))
+    # A field the family's struct does not have: accepted at the value the family implies, named otherwise.
+    for field, value, family in (("h_kv", 2, sparse), ("causal", True, sparse), ("max_blocks_per_seq", 8, sparse),
+                                 ("topk", 64, problem()), ("extra_topk", 1, problem()),
+                                 ("extra_page_block_size", 64, problem())):
+        with pytest.raises(ValueError, match=rf"argument 'problem.{field}' is .*decode problem has no {field}"):
+            C.get_decode_workspace_sizes(**dict(family, **{field: value}))
+    # A sparse problem without cache_format is SparseDecodeProblem's default (the V3.2 layout).
+    no_format = {k: v for k, v in sparse.items() if k != "cache_format"}
+    assert C.get_decode_workspace_sizes(**no_format) == C.get_decode_workspace_sizes(**sparse)
+    # dense_decode and sparse_decode take their own family: a contradicting `sparse` is named.
+    with pytest.raises(ValueError, match=r"argument 'problem.sparse' is True; dense_decode takes a dense problem"):
+        C.dense_decode(*dense_args(problem()), **problem(sparse=True))
+    with pytest.raises(ValueError, match=r"argument 'problem.sparse' is False; sparse_decode takes a sparse problem"):
+        C.sparse_decode(*[fake_cuda((1,), "int32") for _ in range(9)], **dict(sparse, sparse=False))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The per-call entries (python/csrc/bind_decode_step.cpp): each serves a call or raises the error of the flash_mla
+# layer's checks (decode._check_call); here, with fake CUDA arrays and a stand-in check function, which calls they
+# hand to the checks. The GPU tests (test_host_path.py) compare the messages themselves.
+# ---------------------------------------------------------------------------------------------------
+class _Refused(Exception):
+    """Raised by the stand-in check function: the entry turned the call down."""
+
+
+def _refuse(*args):
+    raise _Refused(args)
+
+
+class _Device:
+    """Stands for the torch.device of a config: the entry reads its index."""
+
+    index = 0
+
+
+def _outcome(call):
+    """'refused' when the entry called its check function, else what the call raised past the entry: the C++ API's
+    error (here, with fake pointers, a valid call stops at the launch or at the SM count query)."""
+    try:
+        call()
+    except _Refused:
+        return "refused"
+    except Exception as err:  # noqa: BLE001 - the outcome is the exception
+        return err
+    return "served"  # pragma: no cover - nothing can launch on host memory
+
+
+def _schedule(p):
+    sizes = C.get_decode_workspace_sizes(**p)
+    return (fake_cuda((sizes["num_sm_parts"], 8), "int32"), fake_cuda((p["batch"] + 1,), "int32"),
+            fake_cuda((max(sizes["merge_counter_ints"], 1),), "int32"),
+            fake_cuda((sizes["partial_rows"], 512), "fp32"), fake_cuda((sizes["partial_rows"],), "fp32"))
+
+
+DENSE_CONFIG = dict(b=4, s_q=2, h_q=16, page_block_size=64, h_k=1, causal=True, is_fp8_kvcache=False, topk=None,
+                    extra_page_block_size=None, extra_topk=None, d_qk=576, d_v=512, device=_Device())
+SPARSE_CONFIG = dict(DENSE_CONFIG, h_q=64, causal=False, is_fp8_kvcache=True, topk=128, topk_length_given=True)
+SPARSE_PROBLEM = dict(batch=4, s_q=2, h_q=64, cache_format="fp8_v32", sparse=True, topk=128, num_sms=NUM_SMS)
+
+
+def _step_call(sparse=False, **overrides):
+    """DecodeStep.decode's arguments for the planned call of DENSE_CONFIG / SPARSE_CONFIG (fake CUDA arrays, caller
+    outputs, stream 0), with overrides by name (a callable is called, so each call gets fresh capsules)."""
+    h_q = 64 if sparse else 16
+    args = dict(q=lambda: fake_cuda((4, 2, h_q, 576)), k_cache=lambda: fake_cuda((10, 64, 1, 576)),
+                block_table=lambda: fake_cuda((4, 8), "int32"), cache_seqlens=lambda: fake_cuda((4,), "int32"),
+                head_dim_v=512, softmax_scale=None, causal=True, is_fp8_kvcache=False, indices=None, attn_sink=None,
+                extra_k_cache=None, extra_indices=None, topk_length=None, extra_topk_length=None,
+                out=lambda: fake_cuda((4, 2, h_q, 512)),
+                lse=lambda: fake_cuda((4, h_q, 2), "fp32", strides=[2 * h_q, 1, h_q]), stream=0)
+    if sparse:
+        args.update(k_cache=lambda: fake_cuda((10, 64, 1, 656), "uint8"), block_table=None, cache_seqlens=None,
+                    causal=False, is_fp8_kvcache=True, indices=lambda: fake_cuda((4, 2, 128), "int32"),
+                    topk_length=lambda: fake_cuda((4,), "int32"))
+    args.update(overrides)
+    return {k: v() if callable(v) else v for k, v in args.items()}
+
+
+def _dense_step(checks=_refuse):
+    return C.DecodeStep(*_schedule(problem()), config=dec._Config(**DENSE_CONFIG), checks=checks, **problem())
+
+
+def _sparse_step(checks=_refuse):
+    return C.DecodeStep(*_schedule(SPARSE_PROBLEM), config=dec._Config(**SPARSE_CONFIG), checks=checks,
+                        **SPARSE_PROBLEM)
+
+
+def _reaches(outcome, entry):
+    """The entry passed the call on: the C++ API stopped it at the launch (no GPU here), or named an argument."""
+    return isinstance(outcome, (RuntimeError, NotImplementedError, ValueError)) and str(outcome).startswith(entry)
+
+
+def test_decode_step_serves_the_planned_call():
+    for overrides in ({}, dict(head_dim_v=512.0), dict(head_dim_v="512"), dict(causal=1), dict(is_fp8_kvcache=0),
+                      dict(softmax_scale=0.5)):
+        assert _reaches(_outcome(lambda: _dense_step().decode(**_step_call(**overrides))), "dense_decode"), overrides
+    # What the C++ API checks on every call is its to name.
+    err = _outcome(lambda: _dense_step().decode(**_step_call(block_table=lambda: fake_cuda((4, 8), "int64"))))
+    assert isinstance(err, ValueError) and "'block_table'" in str(err)
+    assert _reaches(_outcome(lambda: _sparse_step().decode(**_step_call(sparse=True))), "sparse_decode")
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(attn_sink=lambda: fake_cuda((16,), "fp32")), dict(topk_length=lambda: fake_cuda((4,), "int32")),
+    dict(extra_k_cache=lambda: fake_cuda((10, 64, 1, 656), "uint8")),
+    dict(extra_indices=lambda: fake_cuda((4, 2, 8), "int32")),
+    dict(extra_topk_length=lambda: fake_cuda((4,), "int32")),
+    dict(is_fp8_kvcache=True), dict(block_table=None), dict(cache_seqlens=None),
+    dict(q=lambda: fake_cuda((4, 2, 32, 576))), dict(q=lambda: fake_cuda((4, 1, 16, 576))),
+    dict(q=lambda: fake_cuda((5, 2, 16, 576))), dict(q=lambda: fake_cuda((4, 2, 16, 512))),
+    dict(q=lambda: fake_cuda((8, 16, 576))), dict(q=lambda: fake_cuda((4, 2, 16, 576), device_id=1)),
+    dict(q=lambda: np.zeros((4, 2, 16, 576), dtype=np.float16)), dict(q=object()), dict(q=None),
+    dict(k_cache=lambda: fake_cuda((10, 32, 1, 576))), dict(k_cache=lambda: fake_cuda((10, 64, 2, 576))),
+    dict(k_cache=lambda: fake_cuda((10, 64, 1, 576), device_id=1)), dict(k_cache=lambda: fake_cuda((640, 1, 576))),
+    dict(causal=False), dict(head_dim_v=256), dict(head_dim_v="x"), dict(head_dim_v=None),
+    dict(indices=lambda: fake_cuda((4, 2, 128), "int32"), is_fp8_kvcache=True, causal=False),
+], ids=lambda o: ",".join(o))
+def test_decode_step_hands_a_dense_call_it_cannot_serve_to_the_checks(overrides):
+    assert _outcome(lambda: _dense_step().decode(**_step_call(**overrides))) == "refused"
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(is_fp8_kvcache=False), dict(causal=True),
+    dict(extra_indices=lambda: fake_cuda((4, 2, 8), "int32")),
+    dict(extra_topk_length=lambda: fake_cuda((4,), "int32")),
+    dict(extra_k_cache=lambda: fake_cuda((10, 64, 1, 656), "uint8")),
+    dict(extra_k_cache=lambda: fake_cuda((10, 64, 1, 656), "uint8"), extra_indices=lambda: fake_cuda((4, 2, 8),
+                                                                                                        "int32")),
+    dict(k_cache=lambda: fake_cuda((10, 64, 1, 584), "uint8")), dict(k_cache=lambda: fake_cuda((10, 64, 1, 576))),
+    dict(k_cache=lambda: fake_cuda((10, 32, 1, 656), "uint8")), dict(k_cache=lambda: fake_cuda((10, 64, 2, 656),
+                                                                                                "uint8")),
+    dict(indices=lambda: fake_cuda((4, 2, 64), "int32")), dict(indices=lambda: fake_cuda((8, 128), "int32")),
+    dict(indices=lambda: fake_cuda((4, 2, 128), "int32", device_id=1)), dict(topk_length=None),
+    dict(q=lambda: fake_cuda((4, 2, 32, 576))), dict(q=lambda: fake_cuda((4, 2, 64, 512))), dict(head_dim_v=576),
+    dict(indices=None, block_table=lambda: fake_cuda((4, 8), "int32"), cache_seqlens=lambda: fake_cuda((4,), "int32"),
+         is_fp8_kvcache=False, topk_length=None, k_cache=lambda: fake_cuda((10, 64, 1, 576))),
+], ids=lambda o: ",".join(o))
+def test_decode_step_hands_a_sparse_call_it_cannot_serve_to_the_checks(overrides):
+    assert _outcome(lambda: _sparse_step().decode(**_step_call(sparse=True, **overrides))) == "refused"
+
+
+def test_decode_step_raises_when_the_checks_find_nothing():
+    # The entry and the checks disagree (a bug): an internal error that says what the entry turned down.
+    with pytest.raises(RuntimeError, match=r"internal error: DecodeStep.decode turned the call down \(causal or "
+                                           r"head_dim_v is not the planned one\)"):
+        _dense_step(checks=lambda *args: None).decode(**_step_call(head_dim_v=256))
+    # A reading error stands when the checks find nothing else.
+    with pytest.raises(ValueError, match=r"argument 'q' has a dtype OpenMLA does not handle"):
+        _dense_step(checks=lambda *args: None).decode(**_step_call(q=lambda: np.zeros((4, 2, 16, 576), np.complex64)))
+
+
+def test_decode_step_calls_the_checks_with_the_config_and_the_call():
+    seen = []
+    step = C.DecodeStep(*_schedule(problem()), config=dec._Config(**DENSE_CONFIG),
+                        checks=lambda *args: seen.append(args) or _refuse(), **problem())
+    call = _step_call(causal=False)
+    assert _outcome(lambda: step.decode(**call)) == "refused"
+    config, *args = seen[0]
+    assert config == dec._Config(**DENSE_CONFIG)
+    names = ["q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "causal", "is_fp8_kvcache", "indices",
+             "attn_sink", "extra_k_cache", "extra_indices", "topk_length", "extra_topk_length"]
+    assert all(a is call[n] for a, n in zip(args, names)) and len(args) == len(names)
+
+
+def _tensor_style(check_call=_refuse, check_plan=_refuse):
+    def allocate(device, rows, d_v, counters):
+        return fake_cuda((rows, d_v), "fp32"), fake_cuda((rows,), "fp32"), fake_cuda((counters,), "int32")
+    return C.TensorStyleDecode(allocate, check_call, check_plan)
+
+
+class _Exporter:
+    """A DLPack exporter (the layer takes a tensor-style schedule from anything with __dlpack__)."""
+
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (_KDL_CUDA, 0)
+
+
+def _tensor_call(sparse=False, **overrides):
+    """TensorStyleDecode.decode's arguments (the schedule after head_dim_v)."""
+    args = _step_call(sparse=sparse)
+    p = SPARSE_PROBLEM if sparse else problem()
+    sizes = C.get_decode_workspace_sizes(**p)
+    schedule = [("tile_scheduler_metadata", _Exporter(fake_cuda((sizes["num_sm_parts"], 8), "int32"))),
+                ("num_splits", fake_cuda((5,), "int32"))]
+    args = dict(list(args.items())[:5] + schedule + list(args.items())[5:])
+    args.update({k: v() if callable(v) else v for k, v in overrides.items()})
+    return args
+
+
+def test_tensor_style_entry_serves_a_valid_call():
+    # With fake pointers a valid call passes the entry's tests and stops at the SM count query (no GPU here).
+    for sparse in (False, True):
+        err = _outcome(lambda: _tensor_style().decode(**_tensor_call(sparse=sparse)))
+        assert isinstance(err, RuntimeError) and "SM count" in str(err), err
+
+
+@pytest.mark.parametrize("sparse,overrides", [
+    (False, dict(tile_scheduler_metadata=dec.FlashMLASchedMeta())), (False, dict(tile_scheduler_metadata=None)),
+    (False, dict(tile_scheduler_metadata=b"12345678")),
+    (False, dict(tile_scheduler_metadata=lambda: fake_cuda((1, 8)))),
+    (False, dict(num_splits=None)),
+    (False, dict(attn_sink=lambda: fake_cuda((16,), "fp32"))), (False, dict(is_fp8_kvcache=True)),
+    (False, dict(block_table=None)), (False, dict(head_dim_v="x")),
+    (False, dict(q=lambda: np.zeros((4, 2, 16, 576), dtype=np.float16))), (False, dict(q=lambda: fake_cuda((8, 576)))),
+    (False, dict(stream=None)), (False, dict(k_cache=lambda: np.zeros((10, 64, 1, 576), dtype=np.float16))),
+    (True, dict(is_fp8_kvcache=False)), (True, dict(causal=True)),
+    (True, dict(k_cache=lambda: fake_cuda((10, 64, 1, 584), "uint8"))),
+    (True, dict(extra_k_cache=lambda: fake_cuda((10, 64, 1, 584), "uint8"),
+                extra_indices=lambda: fake_cuda((4, 2, 8), "int32"))),
+    (True, dict(extra_k_cache=lambda: fake_cuda((10, 64, 1, 656), "uint8"))),
+    (True, dict(indices=lambda: fake_cuda((4, 2, 128, 1), "int32"))),
+], ids=lambda o: ",".join(o) if isinstance(o, dict) else str(o))
+def test_tensor_style_entry_hands_a_call_it_cannot_serve_to_the_checks(sparse, overrides):
+    assert _outcome(lambda: _tensor_style().decode(**_tensor_call(sparse=sparse, **overrides))) == "refused"
+
+
+def test_tensor_style_plan_hands_a_host_tensor_to_the_checks():
+    plan_args = (4, 2, 16, 1, False, 0, 0)
+    assert _outcome(lambda: _tensor_style().plan(np.zeros(4, np.int32), None, None, None, *plan_args)) == "refused"
+    # Without a framework allocator the schedule tensors must be given (with the stream).
+    assert _outcome(lambda: _tensor_style().plan(fake_cuda((4,), "int32"), None, None, None, *plan_args)) == "refused"
+    err = _outcome(lambda: _tensor_style().plan(fake_cuda((4,), "int32"), fake_cuda((4,), "int32"), None, None,
+                                                *plan_args, fake_cuda((132, 8), "int32"), fake_cuda((5,), "int32"), 0))
+    assert isinstance(err, RuntimeError) and "SM count" in str(err), err

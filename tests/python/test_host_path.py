@@ -1,10 +1,12 @@
-"""The per-call host path of flash_mla_with_kvcache (python/csrc/bind_decode_step.cpp) and its two schedule styles.
+"""The per-call host path of flash_mla_with_kvcache (python/csrc/bind_decode_step.cpp): one entry per schedule style.
 
-GPU tests (marker `gpu`): the per-call path against the general path (DLPack binding, forced by switching the
-exchange-API path off) bitwise, for dense and sparse, with and without caller outputs; the tensor style
+GPU tests (marker `gpu`): each entry against the same call prepared in Python first (checks, torch outputs and stream,
+tensors read through __dlpack__: what torch without the DLPack exchange API gets, forced by switching the exchange-API
+path off) bitwise, for dense and sparse, with and without caller outputs; the tensor style
 (get_mla_metadata(cache_seqlens, ...)) against the object style bitwise; no allocation on a call whose outputs
-and schedule are given; torch.set_default_device("cuda"); every check of the general path still raised; cross-
-stream use of one schedule; threads on two streams. Without a GPU: what the binding reads from a CPU tensor.
+and schedule are given; torch.set_default_device("cuda"); every check still raised, and an entry that cannot serve a
+call raising the error of the layer's checks; cross-stream use of one schedule; threads on two streams. Without a
+GPU: what the binding reads from a CPU tensor.
 """
 import threading
 
@@ -95,8 +97,9 @@ def sparse_inputs(b=4, s_q=2, h_q=128, topk=512, blocks=64, seed=1, extra=False)
     return q, cache, kwargs
 
 
-def general_path(monkeypatch):
-    """Switches the exchange-API path off: every call takes the general (DLPack) path."""
+def without_exchange_api(monkeypatch):
+    """Switches the exchange-API path off: Python checks every call and gives the entry torch's outputs and stream
+    first (the path of torch without the DLPack exchange API)."""
     monkeypatch.setattr(dec, "_IN_PLACE", False)
 
 
@@ -105,12 +108,12 @@ def layers(q, n=3):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Per-call path == general path, bitwise
+# An entry called at once == the same call prepared in Python first, bitwise
 # ---------------------------------------------------------------------------------------------------------------
 @gpu
 @pytest.mark.parametrize("with_outputs", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_dense_per_call_path_equals_general_path(monkeypatch, with_outputs, dtype):
+def test_dense_entry_equals_the_call_prepared_in_python(monkeypatch, with_outputs, dtype):
     q, k, bt, lens = dense_inputs(dtype=dtype)
 
     def step():
@@ -129,7 +132,7 @@ def test_dense_per_call_path_equals_general_path(monkeypatch, with_outputs, dtyp
     fast, meta = step()
     assert meta._step is not None
     with monkeypatch.context() as m:
-        general_path(m)
+        without_exchange_api(m)
         slow, _ = step()
     torch.cuda.synchronize()
     for (o1, l1), (o2, l2) in zip(fast, slow):
@@ -141,7 +144,7 @@ def test_dense_per_call_path_equals_general_path(monkeypatch, with_outputs, dtyp
 
 @gpu
 @pytest.mark.parametrize("extra", [False, True])
-def test_sparse_per_call_path_equals_general_path(monkeypatch, extra):
+def test_sparse_entry_equals_the_call_prepared_in_python(monkeypatch, extra):
     q, cache, kwargs = sparse_inputs(extra=extra)
 
     def step():
@@ -150,7 +153,7 @@ def test_sparse_per_call_path_equals_general_path(monkeypatch, extra):
 
     fast = step()
     with monkeypatch.context() as m:
-        general_path(m)
+        without_exchange_api(m)
         slow = step()
     torch.cuda.synchronize()
     for (o1, l1), (o2, l2) in zip(fast, slow):
@@ -236,12 +239,12 @@ def test_sparse_tensor_style_equals_object_style():
 
 
 @gpu
-def test_tensor_style_general_path_equals_per_call_path(monkeypatch):
+def test_tensor_style_entry_equals_the_call_prepared_in_python(monkeypatch):
     q, k, bt, lens = dense_inputs()
     tile_md, num_splits = openmla.get_mla_metadata(lens, q.shape[1] * q.shape[2], 1)
     fast = openmla.flash_mla_with_kvcache(q, k, bt, lens, D_V, tile_md, num_splits, causal=True)
     with monkeypatch.context() as m:
-        general_path(m)
+        without_exchange_api(m)
         tile_md2, num_splits2 = openmla.get_mla_metadata(lens, q.shape[1] * q.shape[2], 1)
         slow = openmla.flash_mla_with_kvcache(q, k, bt, lens, D_V, tile_md2, num_splits2, causal=True)
     torch.cuda.synchronize()
@@ -342,7 +345,7 @@ def test_per_call_path_keeps_every_check():
                                                                                    dtype=torch.bfloat16))
     with pytest.raises(ValueError, match=r"'q'"):
         openmla.flash_mla_with_kvcache(q.float(), k, bt, lens, D_V, meta)
-    # Shapes the schedule was planned for: named by the general path.
+    # Shapes the schedule was planned for: named by the layer's checks, which the entry hands the call to.
     with pytest.raises(ValueError, match=r"planned for h_q=64"):
         openmla.flash_mla_with_kvcache(q[:, :, :32], k, bt, lens, D_V, meta)
     with pytest.raises(ValueError, match=r"planned for d_v=512"):
@@ -354,6 +357,97 @@ def test_per_call_path_keeps_every_check():
     out, lse = openmla.flash_mla_with_kvcache(q, k, bt, lens, D_V, meta)  # still usable
     ref_out, ref_lse = dense_decode_ref(q, k, bt, lens)
     check_dense_decode(out, lse, ref_out, ref_lse, "after rejected calls")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# An entry that cannot serve a call raises the error of the layer's checks
+# ---------------------------------------------------------------------------------------------------------------
+def _error(call):
+    """(type, message) of what call() raises."""
+    with pytest.raises(Exception) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+def _same_error_either_way(monkeypatch, call):
+    """The error of call() through the entry at once, which must equal the error of the same call prepared in Python
+    first (the checks run before the entry: torch without the DLPack exchange API)."""
+    at_once = _error(call)
+    with monkeypatch.context() as m:
+        without_exchange_api(m)
+        assert _error(call) == at_once
+    return at_once
+
+
+@gpu
+def test_refusing_object_style_entry_raises_the_checks_error(monkeypatch):
+    """A planned object's entry (DecodeStep.decode) turns each of these calls down and raises what the layer's
+    checks raise for it: the error of the same call with the checks run first and, where the error is the call's own
+    (not a difference from the plan), the error of a fresh object's first call, which runs the checks before
+    planning."""
+    q, k, bt, lens = dense_inputs(b=4, s_q=1, h_q=64)
+    sq, cache, skw = sparse_inputs(b=4, s_q=1, h_q=64)
+    dense_meta, _ = openmla.get_mla_metadata()
+    openmla.flash_mla_with_kvcache(q, k, bt, lens, D_V, dense_meta)
+    sparse_meta, _ = openmla.get_mla_metadata()
+    openmla.flash_mla_with_kvcache(sq, cache, None, None, D_V, sparse_meta, **skw)
+    dense = dict(q=q, k_cache=k, block_table=bt, cache_seqlens=lens, head_dim_v=D_V, tile_scheduler_metadata=dense_meta)
+    sparse = dict(skw, q=sq, k_cache=cache, block_table=None, cache_seqlens=None, head_dim_v=D_V,
+                  tile_scheduler_metadata=sparse_meta)
+    own, planned = True, False  # the error is the call's own / a difference from the plan
+    cases = [
+        (dict(dense, attn_sink=skw["attn_sink"][:64]), own), (dict(dense, topk_length=lens), own),
+        (dict(dense, is_fp8_kvcache=True), own), (dict(dense, block_table=None), own),
+        (dict(dense, cache_seqlens=None), own), (dict(dense, q=q.cpu()), own), (dict(dense, q=q[0]), own),
+        (dict(dense, q=object()), own), (dict(dense, k_cache=k.cpu()), own), (dict(dense, head_dim_v="x"), own),
+        (dict(dense, q=q[:, :, :32]), planned), (dict(dense, q=q.repeat(2, 1, 1, 1)), planned),
+        (dict(dense, k_cache=k[:, :32]), planned), (dict(dense, head_dim_v=256), planned),
+        (dict(dense, causal=True), planned), (dict(sparse, tile_scheduler_metadata=dense_meta), planned),
+        (dict(sparse, is_fp8_kvcache=False), own), (dict(sparse, causal=True), own),
+        (dict(sparse, extra_topk_length=skw["topk_length"]), own),
+        (dict(sparse, extra_k_cache=cache), own), (dict(sparse, k_cache=cache[..., :584]), own),
+        (dict(sparse, k_cache=cache.cpu()), own), (dict(sparse, indices=skw["indices"][0]), own),
+        (dict(sparse, indices=skw["indices"][..., :64]), planned), (dict(sparse, topk_length=None), planned),
+        (dict(sparse, q=sq[:, :, :32]), planned), (dict(sparse, k_cache=cache[:, :32]), planned),
+        (dict(dense, tile_scheduler_metadata=sparse_meta), planned),
+    ]
+    for args, is_own in cases:
+        error = _same_error_either_way(monkeypatch, lambda: openmla.flash_mla_with_kvcache(**args))
+        assert error[0] in (ValueError, TypeError, NotImplementedError), (args.keys(), error)
+        assert "internal error" not in error[1], error
+        if is_own:
+            fresh = dict(args, tile_scheduler_metadata=openmla.get_mla_metadata()[0])
+            assert _error(lambda: openmla.flash_mla_with_kvcache(**fresh)) == error
+        else:
+            assert "was planned for" in error[1], error
+    # Nothing was planned again, and the objects still serve their calls.
+    openmla.flash_mla_with_kvcache(**dense)
+    openmla.flash_mla_with_kvcache(**sparse)
+
+
+@gpu
+def test_refusing_tensor_style_entry_raises_the_checks_error(monkeypatch):
+    """The tensor style's entry (TensorStyleDecode.decode / .plan) raises, for a call it cannot serve, the error of
+    the same call with the layer's checks run first."""
+    q, k, bt, lens = dense_inputs(b=4, s_q=1, h_q=64)
+    sq, cache, skw = sparse_inputs(b=4, s_q=1, h_q=64)
+    md, ns = openmla.get_mla_metadata(lens, 64, 1)
+    dense = dict(q=q, k_cache=k, block_table=bt, cache_seqlens=lens, head_dim_v=D_V, tile_scheduler_metadata=md,
+                 num_splits=ns)
+    cases = [dict(dense, tile_scheduler_metadata=openmla.get_mla_metadata()[0]),
+             dict(dense, tile_scheduler_metadata=object()), dict(dense, tile_scheduler_metadata=None),
+             dict(dense, attn_sink=skw["attn_sink"]), dict(dense, is_fp8_kvcache=True),
+             dict(dense, cache_seqlens=None), dict(dense, q=q.cpu()), dict(dense, q=q[0]),
+             dict(dense, k_cache=k.cpu()), dict(dense, head_dim_v="x"),
+             dict(dense, indices=skw["indices"], is_fp8_kvcache=True),  # a bf16 cache is no FP8 layout
+             dict(skw, q=sq, k_cache=cache[..., :584], block_table=None, cache_seqlens=None, head_dim_v=D_V,
+                  tile_scheduler_metadata=md, num_splits=ns),
+             dict(dense, num_splits=ns[:-1]), dict(dense, block_table=bt.long())]  # the C++ API's
+    for args in cases:
+        error = _same_error_either_way(monkeypatch, lambda: openmla.flash_mla_with_kvcache(**args))
+        assert error[0] in (ValueError, TypeError, NotImplementedError) and "internal error" not in error[1], error
+    error = _same_error_either_way(monkeypatch, lambda: openmla.get_mla_metadata(lens.cpu(), 64, 1))
+    assert error == (ValueError, "argument 'cache_seqlens' must be a CUDA tensor, got Tensor on cpu")
 
 
 @gpu

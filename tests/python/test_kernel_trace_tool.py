@@ -435,8 +435,8 @@ def test_mha_report_and_summary_text(tool):
     assert table.splitlines()[2].startswith("b1 s384 d192 causal h2")
 
 
-def test_block_needs_mask_matches_tile_math(tool):
-    # tile_math.h: under causal with s_q = s_k the diagonal block of each query block is the only masked one.
+def test_block_needs_mask_matches_varlen(tool):
+    # common/varlen.h: under causal with s_q = s_k the diagonal block of each query block is the only masked one.
     for m in range(4):
         assert [tool.block_needs_mask(512, 512, m, n, True) for n in range(m + 1)] == [False] * m + [True]
     assert not tool.block_needs_mask(512, 512, 3, 3, False)

@@ -13,7 +13,7 @@ of 32 calls. Modes:
          caching allocator hands the same blocks back
 Sections: the Python and torch calls an entry may make; the binding's steps timed inside the binding
 (_openmla._host_probe: tensor read, current stream, an output allocation, GIL release, device switch, the C++ API's
-launch-context checks); each entry called directly (DecodeStep.dense / .sparse, decode_with_metadata,
+launch-context checks); each entry called directly (DecodeStep.decode, TensorStyleDecode.decode,
 sparse_prefill_call, kv_cache_append_call) and through the package function, with and without caller outputs
 and torch.set_default_device("cuda"); the same after a torch.profiler session in the process (the benchmark suites
 that run before host_overhead use one: a difference here means the suite should run in a fresh process).
@@ -158,6 +158,7 @@ def main():
     host("empty Python function call", lambda: None)
     host("binding call: _openmla.device_sm_count(0) (cached)", lambda: C.device_sm_count(0))
     is_compiling = torch.compiler.is_compiling
+    in_place = dec._IN_PLACE
     host("torch.compiler.is_compiling()", is_compiling)
     host("getattr(FlashMLASchedMeta, '_step')", lambda: getattr(meta, "_step", None))
     host("torch.cuda.current_device()", torch.cuda.current_device)
@@ -177,10 +178,9 @@ def main():
             host("torch.empty(out) + torch.empty(lse).transpose" + suffix,
                  lambda: (torch.empty((b, 1, h_q, D_V), dtype=q.dtype, device=q.device),
                           torch.empty((b, 1, h_q), dtype=torch.float32, device=q.device).transpose(1, 2)))
-            host("getattr + is_compiling + 7 is-None tests (the fast path's Python)" + suffix,
-                 lambda: (is_compiling(), getattr(meta, "_step", None) is not None and q is not None
-                          and block_table is not None and seqlens is not None and out is not None
-                          and lse is not None and sink is not None and meta is not None))
+            host("is_compiling + 2 tests + getattr (the object style's Python before its entry)" + suffix,
+                 lambda: (is_compiling(), sink is not None and getattr(meta, "_step", None) is not None
+                          and in_place))
         finally:
             if default:
                 torch.set_default_device(None)
@@ -208,21 +208,22 @@ def main():
 
     # ---- the entries
     table.section("entries called directly (busy: behind a GPU sleep)")
-    dense_args = (q, k_cache, block_table, seqlens, D_V, None, True)
-    busy("DecodeStep.dense, outputs allocated", lambda: step.dense(*dense_args, None, None))
-    busy("DecodeStep.dense, out= lse= given", lambda: step.dense(*dense_args, out, lse))
-    sparse_args = (sq, fp8, indices, D_V, None, sink, None, None, None, None)
+    # DecodeStep.decode's arguments: flash_mla_with_kvcache's (schedule aside), then out and lse.
+    dense_args = (q, k_cache, block_table, seqlens, D_V, None, True, False, None, None, None, None, None, None)
+    busy("DecodeStep.decode dense, outputs allocated", lambda: step.decode(*dense_args, None, None))
+    busy("DecodeStep.decode dense, out= lse= given", lambda: step.decode(*dense_args, out, lse))
+    sparse_args = (sq, fp8, None, None, D_V, None, False, True, indices, sink, None, None, None, None)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        busy("DecodeStep.dense, out= lse= given, on a side stream (not the legacy one)",
-             lambda: step.dense(*dense_args, out, lse))
+        busy("DecodeStep.decode dense, out= lse= given, on a side stream (not the legacy one)",
+             lambda: step.decode(*dense_args, out, lse))
     torch.cuda.synchronize()
-    step.dense(*dense_args, out, lse)  # back on the default stream (the object orders the two)
-    busy("DecodeStep.sparse, outputs allocated", lambda: sstep.sparse(*sparse_args, None, None))
-    busy("DecodeStep.sparse, out= lse= given", lambda: sstep.sparse(*sparse_args, sout, slse))
-    busy("decode_with_metadata (dense tensor style), outputs allocated",
-         lambda: C.decode_with_metadata(dec._SCRATCH, q, k_cache, block_table, seqlens, D_V, tile_md, num_splits, None,
-                                        True, None, None, None, None, None, None, None, None))
+    step.decode(*dense_args, out, lse)  # back on the default stream (the object orders the two)
+    busy("DecodeStep.decode sparse, outputs allocated", lambda: sstep.decode(*sparse_args, None, None))
+    busy("DecodeStep.decode sparse, out= lse= given", lambda: sstep.decode(*sparse_args, sout, slse))
+    busy("TensorStyleDecode.decode (dense), outputs allocated",
+         lambda: dec._TENSOR_STYLE.decode(q, k_cache, block_table, seqlens, D_V, tile_md, num_splits, None, True, False,
+                                          None, None, None, None, None, None, None, None))
     busy("sparse_prefill_call, outputs allocated",
          lambda: C.sparse_prefill_call(pq, pkv, pidx, scale, D_V, None, None, None, None, None))
     busy("kv_cache_append_call", lambda: C.kv_cache_append_call(new_kv, slots, fp8, "v32"))
@@ -256,8 +257,8 @@ def main():
 
     # ---- deep queues: the suite queues 300 calls behind one sleep
     table.section("per-call us against the calls already queued behind one sleep (median of 7 sweeps)")
-    for name, fn in (("DecodeStep.dense, out= lse= given", lambda: step.dense(*dense_args, out, lse)),
-                     ("DecodeStep.dense, outputs allocated", lambda: step.dense(*dense_args, None, None))):
+    for name, fn in (("DecodeStep.decode dense, out= lse= given", lambda: step.decode(*dense_args, out, lse)),
+                     ("DecodeStep.decode dense, outputs allocated", lambda: step.decode(*dense_args, None, None))):
         sweeps = []
         for _ in range(7):
             torch.cuda._sleep(int(40e-3 * 2.0e9))  # 40 ms: longer than 320 calls take
@@ -279,9 +280,10 @@ def main():
 
         with profile(activities=[ProfilerActivity.CUDA]):
             for _ in range(4):
-                step.dense(*dense_args, out, lse)
+                step.decode(*dense_args, out, lse)
             torch.cuda.synchronize()
-        busy("DecodeStep.dense, out= lse= given (after the profiler)", lambda: step.dense(*dense_args, out, lse))
+        busy("DecodeStep.decode dense, out= lse= given (after the profiler)",
+             lambda: step.decode(*dense_args, out, lse))
         busy("flash_mla_with_kvcache dense (after the profiler)",
              lambda: openmla.flash_mla_with_kvcache(q, k_cache, block_table, seqlens, D_V, meta, causal=True))
         if probe is not None:

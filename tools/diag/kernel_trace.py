@@ -579,7 +579,7 @@ def mha_tiles(trace):
     return out
 
 
-def row_key_limit(s_q, s_k, row, causal):  # src/kernels/mha_prefill/tile_math.h
+def row_key_limit(s_q, s_k, row, causal):  # src/common/varlen.h (varlen::row_key_limit, Tiles::block_needs_mask)
     return min(s_k - 1, row + s_k - s_q) if causal else s_k - 1
 
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/seesaw.h"
 #include "common/trace_format.h"
 
 namespace openmla::kernels::dense_decode {
@@ -42,16 +43,13 @@ struct Config {
   static_assert(kVTilesPerHalf * kTileCols == 256, "each warpgroup owns a 64 x 256 O tile (wgmma N = 256)");
 };
 
-// Hand-offs between the two warpgroups inside a block pair. Each is an mbarrier with 128 arrivals (every
-// thread of the producing warpgroup arrives with release semantics, after its shared-memory writes AND its
-// last reads of what the other side will overwrite next); the consuming warpgroup waits on the pair's
+// Hand-offs between the two warpgroups inside a block pair (common/barrier_ring.cuh, SeesawHandoff: the first three;
+// P1 goes into K1's RoPE tile before kScale1Ready, P0 into K0's before kP0Ready). Each is an mbarrier with 128
+// arrivals (every thread of the producing warpgroup arrives with release semantics, after its shared-memory writes
+// AND its last reads of what the other side will overwrite next); the consuming warpgroup waits on the pair's
 // parity. mbarriers give the release/acquire ordering explicitly, which plain bar.arrive pairs leave implicit.
-enum class Handoff : int {
-  kMax0Ready = 0,    // WG0 published m0 and a0 = 2^(m - m0) for the pair
-  kScale1Ready = 1,  // WG1 published a1 = 2^(m0 - m1) and m1, and stored P1 into K1's RoPE tile
-  kP0Ready = 2,      // WG0 stored P0 (rescaled to m1) into K0's RoPE tile
-  kCount = 3,
-};
+using Handoff = pipeline::SeesawHandoff;
+inline constexpr int kHandoffs = 3;
 
 // Named barriers (id 0 is __syncthreads); only bar.sync is used, every participant waits.
 enum class NamedBarrier : int {
@@ -81,7 +79,7 @@ struct alignas(1024) SharedStorage {
   float scale1[Config::kBlockM];  // a1 = 2^(m0 - m1)
   float row_sum[2][Config::kBlockM];
   alignas(8) uint64_t k_bar[2][Config::kNumTileGroups];  // one TMA completion barrier per tile group
-  uint64_t handoff[static_cast<int>(Handoff::kCount)];
+  uint64_t handoff[kHandoffs];
   uint64_t merge_bar;  // the other chunk's partial rows landed in the staging area (bulk loads, tx bytes)
   uint64_t q_bar;      // TMA path: a request's Q tile landed (9 box loads, tx bytes)
   int merge_info[3];   // thread 0 -> all: MergeMode of this epilogue, the other chunk's split slot, merges so far

@@ -15,6 +15,7 @@
 #include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
 #include "common/q_tile.cuh"
+#include "common/seesaw.cuh"
 #include "common/tile_gemm.cuh"
 #include "common/trace.cuh"
 #include "kernels/combine/params.h"
@@ -85,7 +86,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int
     if (t % C::kVTilesPerHalf == 0) ptx::mbarrier_wait_parity(&smem.k_bar[buf][tile_group(t)], phase);
 #pragma unroll
     for (int kk = 0; kk < C::kTileCols / 16; ++kk) {
-      Element<kIsFp16>::template mma_qk<0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
+      Element<kIsFp16>::template mma_ss<64, 0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
                                            (i | kk) != 0);
     }
   }
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     ptx::prefetch_tensormap(&k_map_rope);
     for (int b = 0; b < 2; ++b)
       for (int g = 0; g < C::kNumTileGroups; ++g) ptx::mbarrier_init(&smem.k_bar[b][g], 1);
-    for (int h = 0; h < static_cast<int>(Handoff::kCount); ++h)
+    for (int h = 0; h < kHandoffs; ++h)
       ptx::mbarrier_init(&smem.handoff[h], C::kWarpgroupThreads);
     ptx::mbarrier_init(&smem.merge_bar, 1);
     ptx::mbarrier_init(&smem.q_bar, 1);
@@ -335,22 +336,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         if (tid == 0 && blk0 == blk_begin) OPENMLA_DENSE_STAMP(req - rec.begin_req, kFirstTiles);
         mask_logits(s, frag, tok0, border);
         // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
-        float mx[2], m0[2], a0[2], sum[2];
-        row_max(s, mx);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          m0[i] = softmax::new_max(m_run[i], mx[i], params.scale_log2);
-          a0[i] = softmax::rescale_factor(m_run[i], m0[i]);
-        }
-        exponentiate(s, params.scale_log2, m0, sum);
-        softmax::update_row_sums(l_run, a0, sum);
-        if (lane % 4 == 0) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            smem.max0[frag.row[i]] = m0[i];
-            smem.scale0[frag.row[i]] = a0[i];
-          }
-        }
+        float a0[2];
+        seesaw::wg0_softmax(s, params.scale_log2, m_run, l_run, smem, frag, lane, a0);
         handoff.arrive(Handoff::kMax0Ready);
         scale_rows(o, a0[0], a0[1]);
         to_a_fragments<kIsFp16>(s, pa);
@@ -393,20 +380,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         }
         // Step 3: m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); O_R = a0 a1 O_R + P1 V1_R.
         handoff.wait(Handoff::kMax0Ready);
-        float m1[2], a01[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float m0 = smem.max0[frag.row[i]];
-          const float a0 = smem.scale0[frag.row[i]];
-          m1[i] = softmax::new_max(m0, mx[i], params.scale_log2);
-          const float a1 = softmax::rescale_factor(m0, m1[i]);
-          a01[i] = a0 * a1;
-          m_run[i] = m1[i];
-          if (lane % 4 == 0) {
-            smem.scale1[frag.row[i]] = a1;
-            smem.max1[frag.row[i]] = m1[i];
-          }
-        }
+        float m1[2], a1[2], a01[2], sum[2] = {0.f, 0.f};
+        seesaw::wg1_rescale(mx, params.scale_log2, m_run, smem, frag, lane, m1, a1, a01);
         if (has_k1) {
           exponentiate(s, params.scale_log2, m1, sum);
           store_p<kIsFp16>(s, smem.k[1][C::kRopeTile], frag);

@@ -6,10 +6,15 @@
 #include <cstdint>
 
 #include "common/trace_format.h"
-
-#include "kernels/mha_prefill/tile_math.h"
+#include "common/varlen.h"
 
 namespace openmla::kernels::mha_prefill {
+
+// The tile: 128 query rows (two consumer warpgroups of 64) x key blocks of 128; the tile arithmetic is the varlen
+// layer's (common/varlen.h).
+inline constexpr int kBlockM = 128;
+inline constexpr int kBlockN = 128;
+using Tiles = varlen::Tiling<kBlockM, kBlockN>;
 
 // kDQK: the Q/K head dimension (192: MLA's 128 NoPE + 64 RoPE; 128); d_v is 128 in both. kFp16: fp16 operands
 // (else bf16); accumulation is fp32 either way.
@@ -69,18 +74,21 @@ struct TileInfo {
   int pad;
 };
 
-// Mbarriers: the Q buffer (one per CTA) and the K and V rings. (No GEMM turns between the consumer warpgroups since
-// decision mha-v0.18, docs/mha-prefill.md.)
+// Mbarriers: the Q buffer (one per CTA) and the K and V rings (pipeline::BarrierRing<kStages> names their slots and
+// parities). (No GEMM turns between the consumer warpgroups since decision mha-v0.18, docs/mha-prefill.md.)
 //   q_full:   producer -> consumers, 1 arrival (+ Q's TMA bytes; a plain arrival for a tile without keys)
 //   k_full/v_full[s]: producer -> consumers, 1 arrival + the block's TMA bytes
 //   k_free/v_free[s]: consumers -> producer, one arrival per consumer warp (8) after the wgmma reading the stage
-// Named barrier kExchangeBarrier (producer warp + both consumer warpgroups, bar.sync on both sides): once before the
+// Named barrier kExchange (producer warp + both consumer warpgroups, bar.sync on both sides): once before the
 // first tile, then once per tile when the consumers are past its last Q K^T (Q may be rewritten, the next record is
 // published). A symmetric barrier rather than an mbarrier arrive / wait pair: both order the record's accesses in the
 // PTX memory model, but compute-sanitizer racecheck follows only barriers every side waits on (docs/mha-prefill.md).
-inline constexpr int kExchangeBarrier = 1;
-// Named barriers 2 and 3: warpgroup w's own (128 threads) around its O staging (the staged-O kernels only).
-inline constexpr int kOStageBarrier = 2;
+// Named barriers (id 0 is __syncthreads).
+enum class NamedBarrier : int {
+  kExchange = 1,  // producer warp + both consumer warpgroups, once per tile (above)
+  kOStage0 = 2,   // warpgroup w's own (128 threads, id kOStage0 + w) around its O staging (the staged-O kernels only)
+  kOStage1 = 3,
+};
 inline constexpr int kConsumerWarps = 8;
 
 template <int kDQK, bool kFp16>

@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include "kernels/mha_prefill/params.h"
-#include "kernels/mha_prefill/tile_math.h"
 #include "openmla/status.h"
 #if defined(OPENMLA_HAS_TRACE)
 #include <cstddef>
@@ -30,24 +29,5 @@ template <int kDQK, bool kFp16>
 Status trace_buffer(detail::TraceBuffer* out);
 }  // namespace mha_prefill
 #endif
-
-namespace mha_prefill {
-
-// The TMA map of one packed (rows, heads, cols) operand, addressed per sequence (docs/mha-prefill.md, "Loads"):
-// rows past a sequence's end are outside the map (loads read zeros, stores skip them). Box: 64 columns x 1 head x
-// box_rows rows.
-// `stride_t` / `stride_h`: element strides of the token and head dimensions (multiples of 8, < 2^33).
-struct RaggedOperand {
-  const void* base;
-  int64_t cols;
-  int64_t heads;
-  int64_t stride_t;
-  int64_t stride_h;
-  bool fp16;
-  int box_rows = kBlockM;  // rows per TMA box: a tile (loads) or a warpgroup's 64 (O's stores)
-};
-Status make_ragged_map(const RaggedOperand& op, CUtensorMap* map, const char* what);
-
-}  // namespace mha_prefill
 
 }  // namespace openmla::kernels

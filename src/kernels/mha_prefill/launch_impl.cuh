@@ -3,6 +3,7 @@
 
 #include "common/cuda_check.h"
 #include "common/dynamic_smem.h"
+#include "common/tensor_map.h"
 #include "kernels/mha_prefill/kernel.cuh"
 #include "kernels/mha_prefill/launch.h"
 
@@ -12,12 +13,13 @@ template <int kDQK, bool kFp16>
 Status launch_mha_prefill_typed(const MhaPrefillParams& p, cudaStream_t stream) {
   using T = mha_prefill::Traits<kDQK, kFp16>;
   CUtensorMap q_map, k_map, v_map;
-  OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map({p.q, kDQK, p.h_q, p.q_stride_t, p.q_stride_h, kFp16}, &q_map,
-                                                       "dense MHA prefill q"));
-  OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map({p.k, kDQK, p.h_kv, p.k_stride_t, p.k_stride_h, kFp16}, &k_map,
-                                                       "dense MHA prefill k"));
-  OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map({p.v, T::kHeadDimV, p.h_kv, p.v_stride_t, p.v_stride_h, kFp16},
-                                                       &v_map, "dense MHA prefill v"));
+  // Q, K and V by boxes of a whole tile (128 rows), addressed per sequence (common/tensor_map.h, make_ragged_map).
+  OPENMLA_RETURN_IF_ERROR(detail::make_ragged_map({p.q, kDQK, p.h_q, p.q_stride_t, p.q_stride_h, kFp16, T::kBlockM},
+                                                  &q_map, "dense MHA prefill q"));
+  OPENMLA_RETURN_IF_ERROR(detail::make_ragged_map({p.k, kDQK, p.h_kv, p.k_stride_t, p.k_stride_h, kFp16, T::kBlockN},
+                                                  &k_map, "dense MHA prefill k"));
+  OPENMLA_RETURN_IF_ERROR(detail::make_ragged_map(
+      {p.v, T::kHeadDimV, p.h_kv, p.v_stride_t, p.v_stride_h, kFp16, T::kBlockN}, &v_map, "dense MHA prefill v"));
   // Launches `kernel` on the maps given, asking for `smem_bytes` of dynamic shared memory (the limit is set once per
   // device and kernel: common/dynamic_smem.h).
   auto launch = [&](auto kernel, int smem_bytes, detail::DynamicSmemLimit& limit, const auto&... maps) {
@@ -35,9 +37,9 @@ Status launch_mha_prefill_typed(const MhaPrefillParams& p, cudaStream_t stream) 
   // O through shared memory and TMA stores of 64 rows x 64 columns per warpgroup (rows past a sequence's end fall
   // outside the map and are not written).
   CUtensorMap o_map;
-  OPENMLA_RETURN_IF_ERROR(mha_prefill::make_ragged_map(
-      {p.out, T::kHeadDimV, p.h_q, p.out_stride_t, p.out_stride_h, kFp16, T::kRowsPerWarpgroup}, &o_map,
-      "dense MHA prefill out"));
+  OPENMLA_RETURN_IF_ERROR(detail::make_ragged_map({p.output.out, T::kHeadDimV, p.h_q, p.output.out_stride_b,
+                                                   p.output.out_stride_h, kFp16, T::kRowsPerWarpgroup},
+                                                  &o_map, "dense MHA prefill out"));
   return launch(mha_prefill::mha_prefill_staged_kernel<kDQK, kFp16>, mha_prefill::kSmemBytes<kDQK, kFp16, true>,
                 staged_smem_limit, q_map, k_map, v_map, o_map);
 }

@@ -635,7 +635,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       if (!w.is_split) {
         // bf16 (out's rows are 16-byte aligned: checked on the host).
         auto* out = static_cast<uint8_t*>(p.output.out) + 2 * p.output.out_offset(req, s_idx, head);
-        epilogue::store_row_bf16(o, i, q4, out, col_base, live);
+        epilogue::store_row<false, false>(o, i, q4, out, col_base, live);
       } else {
         // fp32 partials: 8-byte stores straight from the fragment.
         const int64_t prow = (static_cast<int64_t>(w.split_slot) * p.s_q + s_idx) * p.h_q + head;

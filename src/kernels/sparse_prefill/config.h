@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/seesaw.h"
 #include "common/trace_format.h"
 
 // Bytes of L2 prefetch per 16-byte gather (compile definition): 128, so that the hint on a row's last chunk does not
@@ -55,14 +56,9 @@ struct Traits {
 };
 
 // Hand-offs between the consumer warpgroups inside a block pair (mbarriers of 128 arrivals, one completion per
-// pair), as in dense decode's seesaw.
-enum class Handoff : int {
-  kMax0Ready = 0,    // WG0 published m0 and a0 = 2^(m - m0)
-  kScale1Ready = 1,  // WG1 published m1 and a1 = 2^(m0 - m1) (before its exponentials)
-  kP0Ready = 2,      // WG0 stored P0, rescaled to m1
-  kP1Ready = 3,      // WG1 stored P1
-  kCount = 4,
-};
+// pair): the seesaw's four (common/seesaw.h; WG1 publishes m1 and a1 before its exponentials, then P1 on its own).
+using Handoff = pipeline::SeesawHandoff;
+inline constexpr int kHandoffs = 4;
 
 // Named barriers (id 0 is __syncthreads).
 enum class NamedBarrier : int {
@@ -84,7 +80,7 @@ struct alignas(1024) SharedStorage {
   alignas(8) uint16_t valid[2][4];  // per K buffer: bit i of word w = slot 16w + i holds a token
   uint64_t full[2][T::kNumGroups];   // producer -> consumers: a tile group landed (cp.async arrivals + 4 plain)
   uint64_t free_[2][T::kNumGroups];  // last reader (128 threads) -> producer: the tile group may be refilled
-  uint64_t handoff[static_cast<int>(Handoff::kCount)];
+  uint64_t handoff[kHandoffs];
   uint64_t q_full;  // producer's TMA of the tile's Q landed (tx bytes)
   uint64_t q_free;  // both consumer warpgroups (256 arrivals) are past their last Q K^T of the tile
 };

@@ -9,30 +9,40 @@
 //       O[:, 0:256] and computes Q K0^T, WG1 owns O[:, 256:512] and computes Q K1^T; the two online-softmax
 //       updates are chained through shared memory so one warpgroup's softmax overlaps the other's wgmma.
 // The output leaves straight from the accumulators (no staging), so the producer can fill the K buffers with
-// the next tile's blocks while the consumers finish the current one. Design note: docs/sparse-prefill.md.
+// the next tile's blocks while the consumers finish the current one. The Q load, the softmax parts, the issue loops,
+// the hand-offs, the mask and the row stores are the layer's (src/common/, docs/architecture.md "Device layer"); this
+// file composes them into the roles. Design note: docs/sparse-prefill.md.
 #pragma once
-
-#include <cuda_bf16.h>
 
 #include <cstdint>
 
+#include "common/attention_mask.cuh"
+#include "common/barrier_ring.cuh"
+#include "common/epilogue.cuh"
 #include "common/mma_tile.cuh"
+#include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
+#include "common/q_tile.cuh"
+#include "common/seesaw.cuh"
+#include "common/tile_gemm.cuh"
 #include "common/trace.cuh"
 #include "kernels/sparse_prefill/config.h"
 #include "kernels/sparse_prefill/params.h"
 
 namespace openmla::kernels::sparse_prefill {
 
-using tile::desc_from_lo;
-using tile::desc_lo_k_major;
-using tile::desc_lo_mn_major;
 using tile::exponentiate;
 using tile::Fragment;
 using tile::make_fragment;
 using tile::quad_sum;
 using tile::row_max;
 using tile::scale_rows;
+using tile::scale_rows_if_changed;
+// Each wgmma's descriptor is its buffer's low word plus the slice's offset (common/tile_gemm.cuh, DescLowWord;
+// decision sparse-prefill-v8).
+using Desc = tile::DescLowWord;
+// The K buffers' and the Q tile's barriers complete once per use: parity = uses & 1 (common/barrier_ring.cuh).
+using Uses = pipeline::BarrierRing<1>;
 
 // ---------------------------------------------------------------------------------------------------
 // PTX used by this kernel only
@@ -56,10 +66,6 @@ __device__ __forceinline__ void cp_async_16_hint(uint32_t smem_dst, const void* 
 // Pulls `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
 __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -154,7 +160,7 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
   // Fills tile group `grp` of buffer `buf` with this thread's 4 rows x the group's tiles (row indices in `ridx`,
   // -1: zero-fill), once its last reader released it. `valid16`: written before the first group of a buffer.
   auto fill = [&](int buf, int grp, const int (&ridx)[T::kRowsPerThread], bool first, uint32_t valid16) {
-    ptx::mbarrier_wait_parity(&smem.free_[buf][grp], (use[buf] & 1) ^ 1);
+    ptx::mbarrier_wait_parity(&smem.free_[buf][grp], Uses::free_parity(use[buf]));
     if (first && lane == 0) smem.valid[buf][warp] = static_cast<uint16_t>(valid16);
     const int t_begin = grp * T::kVTilesPerHalf;
     const int t_end = grp == 2 ? T::kNumTiles : t_begin + T::kVTilesPerHalf;
@@ -189,11 +195,8 @@ __device__ __forceinline__ void produce(const SparsePrefillParams& p, SharedStor
     if (tile != static_cast<int>(blockIdx.x)) w = tile_work(p, tile);
     // Q of this tile, once both consumer warpgroups are past the previous tile's last Q K^T.
     if (wg_tid == 0) {
-      ptx::mbarrier_wait_parity(&smem.q_free, (tile_iter & 1) ^ 1);
-      ptx::mbarrier_arrive_expect_tx(&smem.q_full, T::kNumTiles * T::kTileBytes);
-#pragma unroll
-      for (int t = 0; t < T::kNumTiles; ++t)
-        ptx::tma_load_4d(smem.q[t], q_map, &smem.q_full, t * T::kTileCols, w.head0, w.token, 0, q_policy);
+      ptx::mbarrier_wait_parity(&smem.q_free, Uses::free_parity(tile_iter));
+      load_q_tile_tma<T::kNumTiles>(smem.q, q_map, &smem.q_full, w.head0, w.token, 0, q_policy);
     }
     for (int blk0 = 0; blk0 < w.num_blocks; blk0 += 2) {
       const bool has_k1 = blk0 + 1 < w.num_blocks;
@@ -262,13 +265,8 @@ __device__ __forceinline__ void issue_qk(float (&s)[32], SharedStorage<kDQK>& sm
       ptx::mbarrier_wait_parity(&smem.full[buf][t / T::kVTilesPerHalf], phase);
       gathered_fence();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
     }
-    const uint32_t q_lo = desc_lo_k_major(smem.q[0]), k_lo = desc_lo_k_major(smem.k[buf][0]);
-#pragma unroll
-    for (int kk = 0; kk < T::kTileCols / 16; ++kk) {
-      const uint32_t off = static_cast<uint32_t>(t * T::kTileBytes + kk * 32) >> 4;
-      ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_from_lo(q_lo + off), desc_from_lo(k_lo + off),
-                                      (init && i == 0 && kk == 0) ? 0 : 1);
-    }
+    const uint32_t q = Desc::base<tile::kLboKMajor>(smem.q[0]), k = Desc::base<tile::kLboKMajor>(smem.k[buf][0]);
+    tile::issue_qk_tile<false, Desc, T::kBlockN, T::kTileBytes>(s, q, k, t, init && i == 0);
   }
 }
 
@@ -283,31 +281,6 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage<kDQK>& sme
   ptx::fence_registers(s);
 }
 
-// Logits of invalid slots become -inf (overwrite: never add to a zero-filled row's logit). `valid` is the block's
-// 64-bit mask; shifted right by f.col, the bit of column j * 8 + f.col + e is the constant bit j * 8 + e (no
-// per-thread 64-bit masks for ptxas to hoist). A full block (the common case) skips the work.
-__device__ __forceinline__ void mask_logits(float (&s)[32], uint64_t valid, int col) {
-  if (valid == ~0ull) return;
-  valid >>= col;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      if (((valid >> (j * 8 + e)) & 1ull) == 0) {
-        s[j * 4 + e] = -INFINITY;
-        s[j * 4 + 2 + e] = -INFINITY;
-      }
-    }
-  }
-}
-
-// Rescales O's rows by a (a0 for row[0], a1 for row[1]) unless every row of the warp keeps its scale (a == 1 exactly:
-// the running max did not move, the common case after the first blocks). Exact either way; a warp-level decision
-// (plain FMULs, no collective instruction).
-__device__ __forceinline__ void rescale_rows(float (&o)[128], float a0, float a1) {
-  if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) scale_rows(o, a0, a1);
-}
-
 // Keeps ptxas from hoisting values derived from `x` out of the loops (they would hold registers for the whole
 // tile; the consumers have none to spare).
 __device__ __forceinline__ int launder32(int x) {
@@ -315,70 +288,20 @@ __device__ __forceinline__ int launder32(int x) {
   return x;
 }
 
-// The 64 x 64 P tile in the register A-operand layout of m64nNk16 (four k16 slices).
-__device__ __forceinline__ void to_a_fragments(const float (&s)[32], uint32_t (&a)[4][4]) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    a[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-    a[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-    a[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-    a[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-  }
-}
-
-// Stores P (bf16) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma, with four stmatrix.x4
-// per thread (docs/sparse-prefill.md, decision sparse-prefill-v4; 16 scalar stores before, which ptxas emitted as
-// generic ST.E because it cannot prove the tile pointer shared). One stmatrix.x4 per 16 columns: matrices (rows 0-7,
-// chunk 2c), (rows 8-15, chunk 2c), (rows 0-7, chunk 2c + 1), (rows 8-15, chunk 2c + 1) of the warp's 16 rows, i.e.
-// fragment words (4j, 4j + 2) for j = 2c, 2c + 1. Lane l addresses row warp * 16 + 8 ((l / 8) & 1) + l % 8, chunk
-// 2c + l / 16. Chunk 2c + h lands at 16-byte slot (2c + h) ^ (row & 7) = (h ^ (row & 7)) ^ 2c: the slot of chunk h,
-// XOR 2c (bits 5-6 of the byte offset only).
+// Stores P (bf16) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma (tile::stmatrix_tile:
+// four stmatrix.x4 per thread, decision sparse-prefill-v4) and fences the stores for the async proxy (the hand-off
+// barrier that follows publishes them).
 __device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, int wg_tid) {
-  const int lane = wg_tid % 32;
-  const int row = (wg_tid / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-  const uint32_t base = ptx::smem_addr(tile) + tile::swizzled_chunk(row, lane >> 4);
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    ptx::stmatrix_x4(base ^ static_cast<uint32_t>(c << 5), pack_bf16(s[8 * c + 0], s[8 * c + 1]),
-                     pack_bf16(s[8 * c + 2], s[8 * c + 3]), pack_bf16(s[8 * c + 4], s[8 * c + 5]),
-                     pack_bf16(s[8 * c + 6], s[8 * c + 7]));
-  }
+  tile::stmatrix_tile<false, 0>(s, ptx::smem_addr(tile), wg_tid);
   ptx::fence_proxy_async_shared();
 }
 
-// Issues (no fence, commit or wait) O_half += P V_half over 64 slots, P from registers, V = 4 tiles of a K buffer
-// viewed MN-major. `pa` must stay untouched until the wgmmas completed.
+// The P V steps on tiles of 64 rows (8 KB): O_half (64 x 256) += P V_half over 64 slots, 4 k16 slices.
 __device__ __forceinline__ void issue_pv_rs(float (&o)[128], const uint32_t (&pa)[4][4], const uint8_t* v_tiles) {
-  const uint32_t v_lo = desc_lo_mn_major(v_tiles);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_from_lo(v_lo + kk * 16 * 128 / 16), 1);
+  tile::issue_pv_rs<false, Desc, tile::kTileBytes, 256>(o, pa, v_tiles);
 }
-
-// O_half += P V_half over 64 slots, P from registers, V = 4 tiles of a K buffer viewed MN-major.
-__device__ __forceinline__ void gemm_pv_rs(float (&o)[128], const uint32_t (&pa)[4][4], const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
-  issue_pv_rs(o, pa, v_tiles);
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<0>();
-  ptx::fence_registers(o);
-}
-
-// Issues (no fence, commit or wait) O_half += P V_half with P read from shared memory (the other warpgroup's).
 __device__ __forceinline__ void issue_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
-  const uint32_t p_lo = desc_lo_k_major(p_tile), v_lo = desc_lo_mn_major(v_tiles);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    ptx::wgmma_m64n256k16_ss_bf16<1>(o, desc_from_lo(p_lo + kk * 32 / 16), desc_from_lo(v_lo + kk * 16 * 128 / 16), 1);
-}
-
-// O_half += P V_half with P read from shared memory (written by the other warpgroup).
-__device__ __forceinline__ void gemm_pv_ss(float (&o)[128], const uint8_t* p_tile, const uint8_t* v_tiles) {
-  ptx::wgmma_fence();
-  issue_pv_ss(o, p_tile, v_tiles);
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<0>();
-  ptx::fence_registers(o);
+  tile::issue_pv_ss<false, Desc, tile::kTileBytes, 256, 4>(o, p_tile, v_tiles);
 }
 
 template <int kDQK, int kWg>
@@ -388,14 +311,10 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
   const int lane = tid % 32;
   uint8_t* const p_tile[2] = {T::kPInRopeTile ? smem.k[0][T::kRopeTile] : smem.p[0],
                               T::kPInRopeTile ? smem.k[1][T::kRopeTile] : smem.p[T::kPInRopeTile ? 0 : 1]};
-  uint32_t use[2] = {0, 0};      // fills of each K buffer consumed so far: full parity
-  uint32_t handoff_phase = 0;    // every hand-off completes once per block pair
+  uint32_t use[2] = {0, 0};  // fills of each K buffer consumed so far: full parity (Uses)
   auto arrive = [&](uint64_t* bar) { ptx::mbarrier_arrive(bar); };
-  // Hand-offs between the consumer warpgroups (one completion per pair): publish / wait.
-  auto handoff_signal = [&](Handoff h) { ptx::mbarrier_arrive(&smem.handoff[static_cast<int>(h)]); };
-  auto handoff_wait = [&](Handoff h) {
-    ptx::mbarrier_wait_parity(&smem.handoff[static_cast<int>(h)], handoff_phase);
-  };
+  // Hand-offs between the consumer warpgroups (one completion per pair): arrive / wait, the phase flipped per pair.
+  pipeline::Handoffs<Handoff> handoff{smem.handoff};
 
   uint32_t tile_iter = 0;
   uint32_t pair_count = 0;  // trace only
@@ -404,7 +323,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
   bool qk_head_issued = false;
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += p.grid, ++tile_iter) {
     const TileWork w = tile_work(p, tile);
-    ptx::mbarrier_wait_parity(&smem.q_full, tile_iter & 1);
+    ptx::mbarrier_wait_parity(&smem.q_full, Uses::parity(tile_iter));
     if (w.num_blocks == 0) arrive(&smem.q_free);
 
     // The sink of this thread's two rows, loaded now so that its latency stays off the epilogue.
@@ -428,7 +347,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     for (int blk0 = 0; blk0 < w.num_blocks; blk0 += 2) {
       const bool has_k1 = blk0 + 1 < w.num_blocks;
       const bool last_pair = blk0 + 2 >= w.num_blocks;
-      const uint32_t ph0 = use[0] & 1, ph1 = use[1] & 1;
+      const uint32_t ph0 = Uses::parity(use[0]), ph1 = Uses::parity(use[1]);
       const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
       OPENMLA_PREFILL_STAMP(kWg, pair_count, 0);
       uint32_t pa[4][4];
@@ -445,34 +364,19 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         ptx::fence_registers(s);
         OPENMLA_PREFILL_STAMP(0, pair_count, 1);
         if (last_pair) arrive(&smem.q_free);
-        mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[0]), frag.col);
-        float mx[2], m0[2], a0[2], sum[2];
-        row_max(s, mx);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          m0[i] = fmaxf(m_run[i], mx[i] * p.scale_log2);
-          a0[i] = ptx::exp2_approx(m_run[i] - m0[i]);
-        }
-        exponentiate(s, p.scale_log2, m0, sum);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a0[i] + sum[i];
-        if (lane % 4 == 0) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            smem.max0[frag.row[i]] = m0[i];
-            smem.scale0[frag.row[i]] = a0[i];
-          }
-        }
-        handoff_signal(Handoff::kMax0Ready);
+        mask::by_valid_bits(s, *reinterpret_cast<const uint64_t*>(smem.valid[0]), frag.col);
+        float a0[2];
+        seesaw::wg0_softmax(s, p.scale_log2, m_run, l_run, smem, frag, lane, a0);
+        handoff.arrive(Handoff::kMax0Ready);
         OPENMLA_PREFILL_STAMP(0, pair_count, 2);
-        rescale_rows(o, a0[0], a0[1]);
-        to_a_fragments(s, pa);
-        gemm_pv_rs(o, pa, smem.k[0][0]);
+        scale_rows_if_changed(o, a0[0], a0[1]);
+        tile::to_a_fragments<false>(s, pa);
+        tile::gemm_pv_rs<false, Desc>(o, pa, smem.k[0][0]);
         arrive(&smem.free_[0][0]);
         OPENMLA_PREFILL_STAMP(0, pair_count, 3);
 
         // a1 and P1 from WG1; P0 rescaled to m1 goes to WG1.
-        handoff_wait(Handoff::kScale1Ready);
+        handoff.wait(Handoff::kScale1Ready);
         OPENMLA_PREFILL_STAMP(0, pair_count, 4);
         float a1[2];
 #pragma unroll
@@ -481,21 +385,13 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
           m_run[i] = smem.max1[frag.row[i]];
           l_run[i] *= a1[i];
         }
-        if (__any_sync(0xffffffffu, a1[0] != 1.f || a1[1] != 1.f)) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            s[j * 4 + 0] *= a1[0];
-            s[j * 4 + 1] *= a1[0];
-            s[j * 4 + 2] *= a1[1];
-            s[j * 4 + 3] *= a1[1];
-          }
-        }
+        scale_rows_if_changed(s, a1[0], a1[1]);
         store_p(s, p_tile[0], wg_tid);
-        handoff_signal(Handoff::kP0Ready);
+        handoff.arrive(Handoff::kP0Ready);
         OPENMLA_PREFILL_STAMP(0, pair_count, 5);
         // O_L = a1 O_L + P1 V1_L.
-        rescale_rows(o, a1[0], a1[1]);
-        handoff_wait(Handoff::kP1Ready);  // every pair, even without K1
+        scale_rows_if_changed(o, a1[0], a1[1]);
+        handoff.wait(Handoff::kP1Ready);  // every pair, even without K1
         // has_k1 is false only in a tile's last pair, so the next pair (if any) follows in this tile.
         qk_head_issued = false;
         if (has_k1) {
@@ -522,49 +418,36 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
           gemm_qk<kDQK, T::kVTilesPerHalf>(s, smem, 1, ph1);
-          mask_logits(s, *reinterpret_cast<const uint64_t*>(smem.valid[1]), frag.col);
+          mask::by_valid_bits(s, *reinterpret_cast<const uint64_t*>(smem.valid[1]), frag.col);
           row_max(s, mx);
         }
         OPENMLA_PREFILL_STAMP(1, pair_count, 1);
         if (last_pair) arrive(&smem.q_free);
         // m1 = max(m0, rowmax S1), a1 = 2^(m0 - m1); O_R = a0 a1 O_R + P1 V1_R.
-        handoff_wait(Handoff::kMax0Ready);
+        handoff.wait(Handoff::kMax0Ready);
         OPENMLA_PREFILL_STAMP(1, pair_count, 2);
         float m1[2], a1[2], a01[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float m0 = smem.max0[frag.row[i]];
-          const float a0 = smem.scale0[frag.row[i]];
-          m1[i] = fmaxf(m0, mx[i] * p.scale_log2);
-          a1[i] = ptx::exp2_approx(m0 - m1[i]);
-          a01[i] = a0 * a1[i];
-          m_run[i] = m1[i];
-          if (lane % 4 == 0) {
-            smem.scale1[frag.row[i]] = a1[i];
-            smem.max1[frag.row[i]] = m1[i];
-          }
-        }
+        seesaw::wg1_rescale(mx, p.scale_log2, m_run, smem, frag, lane, m1, a1, a01);
         // m1 and a1 go out before the exponentials: WG0 rescales and stores P0 while this warpgroup computes P1.
-        handoff_signal(Handoff::kScale1Ready);
+        handoff.arrive(Handoff::kScale1Ready);
         if (has_k1) {
           exponentiate(s, p.scale_log2, m1, sum);
           store_p(s, p_tile[1], wg_tid);
         }
-        handoff_signal(Handoff::kP1Ready);
+        handoff.arrive(Handoff::kP1Ready);
         OPENMLA_PREFILL_STAMP(1, pair_count, 3);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * a01[i] + sum[i];
-        rescale_rows(o, a01[0], a01[1]);
+        softmax::update_row_sums(l_run, a01, sum);
+        scale_rows_if_changed(o, a01[0], a01[1]);
         // O_R += P1 V1_R, then O_R += P0 V0_R queued right behind it (the same accumulator chains in order); K1's
         // V_R group is released once the first group of wgmmas is done.
         if (has_k1) {
-          to_a_fragments(s, pa);
+          tile::to_a_fragments<false>(s, pa);
           ptx::wgmma_fence();
           issue_pv_rs(o, pa, smem.k[1][T::kVTilesPerHalf]);
           ptx::wgmma_commit();
         }
         OPENMLA_PREFILL_STAMP(1, pair_count, 4);
-        handoff_wait(Handoff::kP0Ready);
+        handoff.wait(Handoff::kP0Ready);
         OPENMLA_PREFILL_STAMP(1, pair_count, 5);
         ptx::mbarrier_wait_parity(&smem.full[0][1], ph0);
         gathered_fence();
@@ -584,7 +467,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
       }
       ++use[0];
       if (has_k1) ++use[1];
-      handoff_phase ^= 1;
+      handoff.next_step();
       ++pair_count;
     }
 
@@ -610,8 +493,8 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
       float denom = total[i];
       // The sink joins the denominator of out only (natural-log units): out = O / (L + 2^(sink log2 e - m)).
       if (p.attn_sink != nullptr && head < p.h_q)
-        denom += ptx::exp2_approx(sink[i] * 1.4426950408889634f - m_run[i]);
-      inv[i] = total[i] > 0.f ? 1.f / denom : 0.f;
+        denom += epilogue::sink_term(sink[i], m_run[i]);
+      inv[i] = epilogue::is_empty_row(total[i]) ? 0.f : 1.f / denom;
     }
     scale_rows(o, inv[0], inv[1]);
     const int col_base = kWg * (T::kHeadDimV / 2);
@@ -620,28 +503,18 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     for (int i = 0; i < 2; ++i) {
       const int head = w.head0 + frag.row[i];
       const bool live = head < p.h_q;  // the same for the whole quad
-      auto* out = static_cast<uint8_t*>(p.out) +
-                  2 * (static_cast<int64_t>(w.token) * p.out_stride_s + static_cast<int64_t>(head) * p.out_stride_h);
-      // A 4 x 4 word transpose across the quad gives each lane 8 contiguous columns: 16-byte stores.
-#pragma unroll
-      for (int m = 0; m < 8; ++m) {
-        uint32_t v[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) v[k] = pack_bf16(o[(4 * m + k) * 4 + 2 * i], o[(4 * m + k) * 4 + 2 * i + 1]);
-        tile::quad_transpose4(v, q4);
-        if (live) ptx::st_global_cs(out + (col_base + (4 * m + q4) * 8) * 2, make_uint4(v[0], v[1], v[2], v[3]));
-      }
+      auto* out = static_cast<uint8_t*>(p.output.out) + 2 * p.output.token_out_offset(w.token, head);
+      // Streaming 16-byte stores through the quad transpose (the output is not read again here).
+      epilogue::store_row<false, true>(o, i, q4, out, col_base, live);
       if (live && q4 == 0) {
-        const bool empty = !(total[i] > 0.f);
-        constexpr float kLn2 = 0.69314718055994531f;
+        const bool empty = epilogue::is_empty_row(total[i]);
         if constexpr (kWg == 0) {
-          ptx::st_global_cs(p.lse + static_cast<int64_t>(w.token) * p.lse_stride_s +
-                                static_cast<int64_t>(head) * p.lse_stride_h,
-                            empty ? INFINITY : (m_run[i] + log2f(total[i])) * kLn2);
+          ptx::st_global_cs(p.output.lse + p.output.token_lse_offset(w.token, head),
+                            empty ? INFINITY : epilogue::lse_log2(m_run[i], total[i]) * epilogue::kLn2);
         } else {
           ptx::st_global_cs(p.max_logits + static_cast<int64_t>(w.token) * p.max_logits_stride_s +
                                 static_cast<int64_t>(head) * p.max_logits_stride_h,
-                            empty ? -INFINITY : m_run[i] * kLn2);
+                            empty ? -INFINITY : m_run[i] * epilogue::kLn2);
         }
       }
     }
@@ -671,7 +544,7 @@ __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
         ptx::mbarrier_init(&smem.free_[b][g], T::kWarpgroupThreads);     // every thread of the last reader
       }
     }
-    for (int h = 0; h < static_cast<int>(Handoff::kCount); ++h)
+    for (int h = 0; h < kHandoffs; ++h)
       ptx::mbarrier_init(&smem.handoff[h], T::kWarpgroupThreads);
     ptx::mbarrier_init(&smem.q_full, 1);
     ptx::mbarrier_init(&smem.q_free, 2 * T::kWarpgroupThreads);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/output_view.h"
 #include "openmla/status.h"
 
 namespace openmla::kernels {
@@ -28,12 +29,11 @@ struct SparsePrefillParams {
   const int32_t* topk_length;  // (s_q,) int32, may be null: slots [0, clamp(topk_length[t], 0, topk)) are used
   const float* attn_sink;      // (h_q,) float32, may be null; natural-log units, +-inf allowed
 
-  void* out;  // (s_q, h_q, 512) bf16, last dim contiguous, 16-byte aligned rows
-  int64_t out_stride_s, out_stride_h;
+  // out: (s_q, h_q, 512) bf16, last dim contiguous, 16-byte aligned rows; lse: (s_q, h_q) float32. Indexed with the
+  // query token as the view's `req` and query position 0 (out_stride_s = lse_stride_s = 0).
+  OutputView output;
   float* max_logits;  // (s_q, h_q) float32
   int64_t max_logits_stride_s, max_logits_stride_h;
-  float* lse;  // (s_q, h_q) float32
-  int64_t lse_stride_s, lse_stride_h;
 
   int grid;  // persistent CTAs (<= num_tiles); CTA c takes tiles c, c + grid, ...
 };
