@@ -66,13 +66,19 @@ __device__ __forceinline__ void put(unsigned long long* buffer, int role, uint32
   const unsigned c = cta();
   if (c < T::kCtas && step < T::kSteps) buffer[index<F, kTrack>(c, role, step, ev)] = value;
 }
-// Event `ev` of `role`'s step `step` in track kTrack of format F: the time now on the track's clock. `step` is
-// unsigned, so a negative step converted to it is dropped.
+// Event `ev` of `role`'s step `step` of CTA `c` in track kTrack of format F: the time now on the track's clock. `c` is
+// the linear CTA id; a kernel that knows it more cheaply for the CTAs it stamps passes it (sparse decode: blockIdx.x
+// where blockIdx.y = blockIdx.z = 0: the linear id computed in its loops cost registers). `step` is unsigned, so a
+// negative step converted to it is dropped.
+template <class F, int kTrack>
+__device__ __forceinline__ void stamp_at(unsigned long long* buffer, unsigned c, int role, uint32_t step, int ev) {
+  using T = typename F::template TrackAt<kTrack>;
+  if (c < T::kCtas && step < T::kSteps) buffer[index<F, kTrack>(c, role, step, ev)] = now<T::kClock>();
+}
+// The same for the calling CTA.
 template <class F, int kTrack>
 __device__ __forceinline__ void stamp(unsigned long long* buffer, int role, uint32_t step, int ev) {
-  using T = typename F::template TrackAt<kTrack>;
-  const unsigned c = cta();
-  if (c < T::kCtas && step < T::kSteps) buffer[index<F, kTrack>(c, role, step, ev)] = now<T::kClock>();
+  stamp_at<F, kTrack>(buffer, cta(), role, step, ev);
 }
 // The same once `dep` has landed: the value is stored first (to the CTA header's scratch value), the store needs the
 // register, and the warp issues in order, so the stamp measures when a load's result arrived.

@@ -114,10 +114,10 @@ static_assert(sizeof(SharedStorage<Layout::kModel1>) + 1024 <= 232448, "MODEL1 s
 
 // The trace of a trace build (CMake -DOPENMLA_TRACE=ON; format common/trace_format.h; kernel.cuh stamps it,
 // tools/diag/kernel_trace.py sparse-decode reads it). Only constants here.
-//   Track 0, clock64: thread 0 of each warpgroup of the CTAs with linear id < kCtas (h_q = 128: the cluster pair of
-//     query position 0, partition 0) stamps its steps per block (roles WG0, WG1, producer; step = the block, the
-//     first kIters), and WG0's thread 0 its request switches (role kRoleSwitch; step = the partition's request, the
-//     first kSwitches).
+//   Track 0, clock64: thread 0 of each warpgroup of the CTAs x < kCtas of query position 0, partition 0 (y = z = 0,
+//     so their linear id is x; h_q = 128: the cluster pair) stamps its steps per block (roles WG0, WG1, producer;
+//     step = the block, the first kIters), and WG0's thread 0 its request switches (role kRoleSwitch; step = the
+//     partition's request, the first kSwitches).
 //   Track 1, %globaltimer (ns, one clock for all SMs): the whole-kernel timeline of every CTA (linear id <
 //     kTimelineCtas; one role, one step).
 //   CTA header: start at kEntry, end at kExit (value 0).

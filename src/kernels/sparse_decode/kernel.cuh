@@ -38,9 +38,13 @@ namespace openmla::kernels::sparse_decode {
 // ---------------------------------------------------------------------------------------------------
 #if defined(OPENMLA_HAS_TRACE)
 __device__ unsigned long long g_trace[Trace::Format::kDeviceValues];
+// Track 0's CTAs are those of query position 0, partition 0 (blockIdx.y = blockIdx.z = 0), whose linear id is
+// blockIdx.x: passed as such (trace::stamp_at), as the linear id computed in the loops spilled registers.
+__device__ __forceinline__ bool block_trace_cta() { return blockIdx.y == 0 && blockIdx.z == 0; }
 // Event `ev` of `role`'s block `it` (thread 0 of each warpgroup).
 __device__ __forceinline__ void trace_stamp(int role, uint32_t it, int ev) {
-  if (trace::warpgroup_leader()) trace::stamp<Trace::Format, 0>(g_trace, role, it, ev);
+  if (block_trace_cta() && trace::warpgroup_leader())
+    trace::stamp_at<Trace::Format, 0>(g_trace, blockIdx.x, role, it, ev);
 }
 // Timeline event kEv (thread 0 of each warpgroup); kEntry and kExit are the CTA header's start and end too.
 template <int kEv>
@@ -52,8 +56,8 @@ __device__ __forceinline__ void timeline_stamp() {
 }
 // Event `ev` of WG0's switch from the partition's request k (thread 0; the first kSwitches requests).
 __device__ __forceinline__ void switch_stamp(int k, int ev) {
-  if (threadIdx.x == 0 && static_cast<unsigned>(k) < Trace::kSwitches)
-    trace::stamp<Trace::Format, 0>(g_trace, Trace::kRoleSwitch, k, ev);
+  if (block_trace_cta() && threadIdx.x == 0 && static_cast<unsigned>(k) < Trace::kSwitches)
+    trace::stamp_at<Trace::Format, 0>(g_trace, blockIdx.x, Trace::kRoleSwitch, k, ev);
 }
 // Timeline event `ev` once `dep` has landed (trace::stamp_after).
 __device__ __forceinline__ void timeline_stamp_after(int ev, uint32_t dep) {
