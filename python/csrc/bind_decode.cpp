@@ -14,12 +14,6 @@
 #include "openmla/decode.h"
 #include "openmla/test_hooks.h"
 
-#if defined(OPENMLA_HAS_TRACE)
-#include <vector>
-#include <nanobind/stl/vector.h>
-#include "api/trace.h"
-#endif
-
 namespace openmla::py {
 
 namespace {
@@ -191,24 +185,6 @@ void bind_decode(nb::module_& m) {
   // publish before they may merge. Off by default.
   m.def("_set_dense_merge_publish_always", [](bool on) { g_test_merge_publish_always.store(on); }, nb::arg("on"));
 
-#if defined(OPENMLA_HAS_TRACE)
-  // Diagnostics build only (CMake -DOPENMLA_TRACE=ON): the clock64 trace of the last sparse launch,
-  // flat, in kernel.cuh's Trace order (cta, role, block, event), then the per-CTA %globaltimer timeline.
-  // tools/diag/trace_sparse_decode.py reads it. A build without the decode kernels binds them too: they raise
-  // NotImplementedError naming CMake OPENMLA_ENABLE_DENSE_DECODE (api/trace.h).
-  auto reader = [](Status (*copy)(unsigned long long*, size_t)) {
-    return [copy](size_t count) {
-      std::vector<unsigned long long> v(count);
-      throw_if_error(copy(v.data(), v.size()));
-      return v;
-    };
-  };
-  m.def("_sparse_decode_trace", reader(detail::read_sparse_decode_trace), nb::arg("count"));
-  m.def("_sparse_decode_timeline_clear", [] { throw_if_error(detail::clear_sparse_decode_trace()); });
-  // The dense kernel's request timeline (kernel.cuh, struct Timeline); tools/diag/trace_dense_decode.py reads it.
-  m.def("_dense_decode_timeline", reader(detail::read_dense_decode_timeline), nb::arg("count"));
-  m.def("_dense_decode_timeline_clear", [] { throw_if_error(detail::clear_dense_decode_timeline()); });
-#endif
 }
 
 }  // namespace openmla::py

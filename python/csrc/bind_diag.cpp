@@ -1,7 +1,8 @@
-// Diagnostics of the per-call host path (tools/diag/host_profile.py): times, inside the binding, each step the
-// per-call entries of bind_decode_step.cpp take (reading a tensor, the framework's current stream, an output
-// allocation, the GIL release, the device switch, the launch-context checks), so a profile separates them from
-// the Python call around them. Not an API: the name starts with an underscore.
+// Diagnostics: the per-call host path (tools/diag/host_profile.py): times, inside the binding, each step the per-call
+// entries of bind_decode_step.cpp take (reading a tensor, the framework's current stream, an output allocation, the GIL
+// release, the device switch, the launch-context checks), so a profile separates them from the Python call around
+// them; and, in a trace build, the kernels' traces (tools/diag/kernel_trace.py). Not an API: the names start with an
+// underscore.
 #include <chrono>
 #include <functional>
 #include <string>
@@ -9,6 +10,14 @@
 #include "api/validate.h"
 #include "bind_common.h"
 #include "object_tensors.h"
+
+#if defined(OPENMLA_HAS_TRACE)
+#include <nanobind/stl/vector.h>
+
+#include <vector>
+
+#include "api/trace.h"
+#endif
 
 namespace openmla::py {
 
@@ -123,6 +132,22 @@ nb::tuple new_decode_outputs(nb::handle like, int64_t b, int64_t s_q, int64_t h_
   return nb::make_tuple(made[0], made[1]);
 }
 
+#if defined(OPENMLA_HAS_TRACE)
+// The trace of `kernel`'s last launch (api/trace.h), flat, in the format of common/trace_format.h; [] after a clear.
+std::vector<unsigned long long> read_trace(const std::string& kernel, bool clear) {
+  trace::Kernel k;
+  throw_if_error(detail::trace_kernel_from_name(kernel, &k));
+  size_t count = 0;
+  throw_if_error(detail::trace_values(k, &count));
+  std::vector<unsigned long long> v(clear ? 0 : count);
+  {
+    nb::gil_scoped_release release;  // the read synchronises the device
+    throw_if_error(detail::read_trace(k, v.data(), v.size(), clear));
+  }
+  return v;
+}
+#endif
+
 }  // namespace
 
 void bind_diag(nb::module_& m) {
@@ -132,6 +157,14 @@ void bind_diag(nb::module_& m) {
   m.def("_host_probe", &host_probe, nb::arg("what"), nb::arg("batches"), nb::arg("tensor"),
         "Diagnostics (tools/diag/host_profile.py): per-call ns of one step of the per-call host path, one value per "
         "batch of 32 calls.");
+#if defined(OPENMLA_HAS_TRACE)
+  // Trace builds only (CMake -DOPENMLA_TRACE=ON): bound whatever families the build has; for an absent one it raises
+  // NotImplementedError naming the CMake option (api/trace.h).
+  m.def("_trace", &read_trace, nb::arg("kernel"), nb::arg("clear") = false,
+        "Trace builds: the trace of the last launch of kernel ('dense_decode', 'sparse_decode', 'sparse_prefill', "
+        "'mha_prefill'; the variant that launched last), flat (common/trace_format.h; tools/diag/kernel_trace.py "
+        "parses it); clear=True zeroes the trace of every variant instead and returns [].");
+#endif
 }
 
 }  // namespace openmla::py

@@ -8,12 +8,6 @@
 #include "bind_common.h"
 #include "openmla/prefill.h"
 
-#if defined(OPENMLA_HAS_TRACE)
-#include <vector>
-#include <nanobind/stl/vector.h>
-#include "api/trace.h"
-#endif
-
 namespace openmla::py {
 
 namespace {
@@ -106,22 +100,6 @@ void bind_mha(nb::module_& m) {
       "d_v), written; lse: (total_q, h_q) float32, written (natural log; +inf for a row without keys). "
       "softmax_scale 0 means d_qk ** -0.5. epilogue: how O is stored, 'auto' (by the mean sequence length), "
       "'registers' or 'staged' (shared memory and TMA stores); the same bits either way.");
-#if defined(OPENMLA_HAS_TRACE)
-  // Diagnostics build only (CMake -DOPENMLA_TRACE=ON): the clock64 trace of the last launch of the (d_qk, fp16)
-  // variant, flat: a layout header, then the traced CTAs (src/kernels/mha_prefill/config.h, struct Trace).
-  // tools/diag/trace_mha_prefill.py reads it. clear=True zeroes it (before a launch) and returns []. Bound in a build
-  // without the family too, where it raises NotImplementedError naming CMake OPENMLA_ENABLE_MHA_PREFILL.
-  m.def(
-      "_mha_prefill_trace",
-      [](int d_qk, bool fp16, bool clear) {
-        size_t count = 0;
-        throw_if_error(detail::mha_prefill_trace_size(&count));
-        std::vector<unsigned long long> v(clear ? 0 : count);
-        throw_if_error(detail::read_mha_prefill_trace(d_qk, fp16, v.data(), count, clear));
-        return v;
-      },
-      nb::arg("d_qk"), nb::arg("fp16") = false, nb::arg("clear") = false);
-#endif
 }
 
 }  // namespace openmla::py

@@ -5,12 +5,6 @@
 #include "bind_common.h"
 #include "openmla/prefill.h"
 
-#if defined(OPENMLA_HAS_TRACE)
-#include <vector>
-#include <nanobind/stl/vector.h>
-#include "api/trace.h"
-#endif
-
 namespace openmla::py {
 
 namespace {
@@ -50,16 +44,6 @@ void bind_prefill(nb::module_& m) {
         "int32 per query token; attn_sink: (h_q,) float32; out: (s_q, h_q, 512) bf16, written; max_logits, lse: "
         "(s_q, h_q) float32, written (natural log; +inf lse / -inf max for a row without a valid key). "
         "softmax_scale 0 means d_qk ** -0.5.");
-#if defined(OPENMLA_HAS_TRACE)
-  // Diagnostics build only: the clock64 trace of the last launch (kernel.cuh, struct Trace: cta, role, pair, event),
-  // flat; tools/diag/trace_sparse_prefill.py reads it. clear=True zeroes it (before a launch). Bound in a build
-  // without the family too, where it raises NotImplementedError naming CMake OPENMLA_ENABLE_SPARSE_PREFILL.
-  m.def("_sparse_prefill_trace", [](int d_qk, size_t count, bool clear) {
-    std::vector<unsigned long long> v(clear ? 0 : count);
-    throw_if_error(detail::read_sparse_prefill_trace(d_qk, v.data(), count, clear));
-    return v;
-  }, nb::arg("d_qk"), nb::arg("count"), nb::arg("clear") = false);
-#endif
 }
 
 }  // namespace openmla::py

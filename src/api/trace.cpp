@@ -1,17 +1,21 @@
-// Trace readers (api/trace.h): forward to the family's launcher in a trace build that has the family, else answer
+// The trace reader (api/trace.h): forwards to the kernel's launcher in a trace build that has its family, else answers
 // why not. The only file outside src/kernels that names the kernels' trace functions.
 #include "api/trace.h"
 
 #include "api/families.h"
 
 #if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_DENSE_DECODE)
+#include "kernels/dense_decode/config.h"
 #include "kernels/dense_decode/launch.h"
+#include "kernels/sparse_decode/config.h"
 #include "kernels/sparse_decode/launch.h"
 #endif
 #if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_SPARSE_PREFILL)
+#include "kernels/sparse_prefill/config.h"
 #include "kernels/sparse_prefill/launch.h"
 #endif
 #if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_MHA_PREFILL)
+#include "kernels/mha_prefill/config.h"
 #include "kernels/mha_prefill/launch.h"
 #endif
 
@@ -19,88 +23,102 @@ namespace openmla::detail {
 
 namespace {
 
-// Why this build cannot read the family's trace; OK when it can.
-[[maybe_unused]] Status trace_gap(KernelFamily family, const char* entry) {
+using trace::Kernel;
+
+constexpr Kernel kKernels[] = {Kernel::kDenseDecode, Kernel::kSparseDecode, Kernel::kSparsePrefill,
+                               Kernel::kMhaPrefill};
+
+KernelFamily trace_family(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::kSparsePrefill: return KernelFamily::kSparsePrefill;
+    case Kernel::kMhaPrefill: return KernelFamily::kMhaPrefill;
+    default: return KernelFamily::kDecode;
+  }
+}
+
+// The entry named in an answer: "<kernel>_trace".
+std::string entry_of(Kernel kernel) { return std::string(trace_kernel_name(kernel)) + "_trace"; }
+
+// Why this build cannot read `kernel`'s trace; OK when it can.
+Status trace_gap(Kernel kernel) {
+  const std::string entry = entry_of(kernel);
 #if !defined(OPENMLA_HAS_TRACE)
-  (void)family;
-  return trace_not_built(entry);
+  return trace_not_built(entry.c_str());
 #else
-  if (!family_built(family)) return family_not_built(family, entry);
+  if (!family_built(trace_family(kernel))) return family_not_built(trace_family(kernel), entry.c_str());
   return Status::ok();
 #endif
+}
+
+bool known(Kernel kernel) {
+  for (Kernel k : kKernels)
+    if (k == kernel) return true;
+  return false;
 }
 
 }  // namespace
 
-Status read_sparse_decode_trace(unsigned long long* host, size_t count) {
-#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_DENSE_DECODE)
-  return kernels::copy_sparse_decode_trace(host, count);
-#else
-  (void)host;
-  (void)count;
-  return trace_gap(KernelFamily::kDecode, "sparse_decode_trace");
-#endif
+const char* trace_kernel_name(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::kDenseDecode: return "dense_decode";
+    case Kernel::kSparseDecode: return "sparse_decode";
+    case Kernel::kSparsePrefill: return "sparse_prefill";
+    case Kernel::kMhaPrefill: return "mha_prefill";
+  }
+  return "unknown";
 }
 
-Status clear_sparse_decode_trace() {
-#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_DENSE_DECODE)
-  return kernels::clear_sparse_decode_timeline();
-#else
-  return trace_gap(KernelFamily::kDecode, "sparse_decode_timeline_clear");
-#endif
+Status trace_kernel_from_name(const std::string& name, Kernel* kernel) {
+  for (Kernel k : kKernels) {
+    if (name == trace_kernel_name(k)) {
+      *kernel = k;
+      return Status::ok();
+    }
+  }
+  return Status::invalid_argument("argument 'kernel': no traced kernel '" + name +
+                                  "'; expected 'dense_decode', 'sparse_decode', 'sparse_prefill' or 'mha_prefill'");
 }
 
-Status read_dense_decode_timeline(unsigned long long* host, size_t count) {
-#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_DENSE_DECODE)
-  return kernels::copy_dense_decode_timeline(host, count);
-#else
-  (void)host;
-  (void)count;
-  return trace_gap(KernelFamily::kDecode, "dense_decode_timeline");
-#endif
-}
-
-Status clear_dense_decode_timeline() {
-#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_DENSE_DECODE)
-  return kernels::clear_dense_decode_timeline();
-#else
-  return trace_gap(KernelFamily::kDecode, "dense_decode_timeline_clear");
-#endif
-}
-
-Status read_sparse_prefill_trace(int d_qk, unsigned long long* host, size_t count, bool clear) {
-#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_SPARSE_PREFILL)
-  return kernels::sparse_prefill_trace(d_qk, host, count, clear);
-#else
-  (void)d_qk;
-  (void)host;
-  (void)count;
-  (void)clear;
-  return trace_gap(KernelFamily::kSparsePrefill, "sparse_prefill_trace");
-#endif
-}
-
-Status mha_prefill_trace_size(size_t* count) {
-#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_MHA_PREFILL)
-  *count = kernels::mha_prefill_trace_values();
-  return Status::ok();
-#else
+Status trace_values(Kernel kernel, size_t* count) {
   *count = 0;
-  return trace_gap(KernelFamily::kMhaPrefill, "mha_prefill_trace");
+  if (!known(kernel)) return Status::invalid_argument("argument 'kernel': not a traced kernel");
+  OPENMLA_RETURN_IF_ERROR(trace_gap(kernel));
+  switch (kernel) {
+#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_DENSE_DECODE)
+    case Kernel::kDenseDecode: *count = kernels::dense_decode::Trace::Format::kValues; break;
+    case Kernel::kSparseDecode: *count = kernels::sparse_decode::Trace::Format::kValues; break;
 #endif
+#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_SPARSE_PREFILL)
+    case Kernel::kSparsePrefill: *count = kernels::sparse_prefill::Trace::Format::kValues; break;
+#endif
+#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_MHA_PREFILL)
+    case Kernel::kMhaPrefill: *count = kernels::mha_prefill::Trace::Format::kValues; break;
+#endif
+    default: return Status::internal(entry_of(kernel) + ": no reader");
+  }
+  return Status::ok();
 }
 
-Status read_mha_prefill_trace(int d_qk, bool fp16, unsigned long long* host, size_t count, bool clear) {
-#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_MHA_PREFILL)
-  return kernels::mha_prefill_trace(d_qk, fp16, host, count, clear);
-#else
-  (void)d_qk;
-  (void)fp16;
-  (void)host;
-  (void)count;
-  (void)clear;
-  return trace_gap(KernelFamily::kMhaPrefill, "mha_prefill_trace");
+Status read_trace(Kernel kernel, unsigned long long* host, size_t count, bool clear) {
+  if (!known(kernel)) return Status::invalid_argument("argument 'kernel': not a traced kernel");
+  OPENMLA_RETURN_IF_ERROR(trace_gap(kernel));
+  switch (kernel) {
+#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_DENSE_DECODE)
+    case Kernel::kDenseDecode: return kernels::dense_decode_trace(host, count, clear);
+    case Kernel::kSparseDecode: return kernels::sparse_decode_trace(host, count, clear);
 #endif
+#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_SPARSE_PREFILL)
+    case Kernel::kSparsePrefill: return kernels::sparse_prefill_trace(host, count, clear);
+#endif
+#if defined(OPENMLA_HAS_TRACE) && defined(OPENMLA_HAS_MHA_PREFILL)
+    case Kernel::kMhaPrefill: return kernels::mha_prefill_trace(host, count, clear);
+#endif
+    default:
+      (void)host;
+      (void)count;
+      (void)clear;
+      return Status::internal(entry_of(kernel) + ": no reader");
+  }
 }
 
 }  // namespace openmla::detail

@@ -1,24 +1,25 @@
-// Trace builds only (CMake -DOPENMLA_TRACE=ON): host helpers that read and clear the __device__ arrays the kernels
-// stamp their timelines into (openmla/test_hooks.h; tools/trace_*_decode.py read them through the Python module).
-// Every compilation unit that instantiates a kernel has its own copy of these arrays (whole-program compilation):
-// a reader either runs in the unit that launched (the *_symbol helpers), or the unit hands out the address of its
-// copies (trace_buffer) and the reader copies from the unit of the variant that launched last.
+// Trace builds only (CMake -DOPENMLA_TRACE=ON): the host side of the one trace format (common/trace_format.h). Every
+// compilation unit that instantiates a kernel has its own copy of the kernel's __device__ trace array (whole-program
+// compilation), so each unit hands out the address of its copy (trace_buffer, instantiated in the unit) and the
+// family's launcher, which knows the variant that launched last, has read_trace copy that one (or clear them all).
+// The one entry above it is api/trace.h; tools/diag/kernel_trace.py parses what it returns.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <string>
 
 #include "common/cuda_check.h"
+#include "common/trace_format.h"
 #include "openmla/status.h"
 
 namespace openmla::detail {
 
-// One __device__ array of unsigned long long stamps: its device address and size.
+// One unit's copy of a kernel's __device__ trace array: its device address and size.
 struct TraceBuffer {
   void* address = nullptr;
   size_t bytes = 0;
-  size_t values() const { return bytes / sizeof(unsigned long long); }
 };
 
 // The calling unit's copy of `symbol`.
@@ -29,37 +30,30 @@ Status trace_buffer(const Symbol& symbol, TraceBuffer* out, const char* what) {
   return Status::ok();
 }
 
-// Copies `buffer` to host[offset, offset + its values); the caller checked the room and synchronised.
-inline Status copy_trace_buffer(unsigned long long* host, size_t offset, const TraceBuffer& buffer, const char* what) {
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemcpy(host + offset, buffer.address, buffer.bytes, cudaMemcpyDeviceToHost), what);
-  return Status::ok();
-}
-
-// Zeroes `buffer` (entries a CTA never stamps then read as 0).
-inline Status clear_trace_buffer(const TraceBuffer& buffer, const char* what) {
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemset(buffer.address, 0, buffer.bytes), what);
-  return Status::ok();
-}
-
-// Number of 64-bit values of a __device__ array of unsigned long long.
-template <typename Symbol>
-constexpr size_t symbol_values(const Symbol& symbol) {
-  return sizeof(symbol) / sizeof(unsigned long long);
-}
-
-// Copies the calling unit's `symbol` to host[offset, offset + its size); the caller checked the room and synchronised.
-template <typename Symbol>
-Status copy_symbol(unsigned long long* host, size_t offset, const Symbol& symbol, const char* what) {
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemcpyFromSymbol(host + offset, symbol, sizeof(symbol)), what);
-  return Status::ok();
-}
-
-// Zeroes the calling unit's `symbol` (entries a CTA never stamps then read as 0).
-template <typename Symbol>
-Status clear_symbol(const Symbol& symbol, const char* what) {
-  void* address = nullptr;
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaGetSymbolAddress(&address, symbol), what);
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemset(address, 0, sizeof(symbol)), what);
+// The trace of format F of one family's kernel: `clear` zeroes every variant's array (`buffers[0, variants)`; stamps
+// a CTA never makes then read 0), otherwise the device is synchronised and host[0, F::kValues) receives the header
+// and track table (kernel, `variant`), then the array of the variant that launched last (`buffers[last]`).
+template <class F>
+Status read_trace(trace::Kernel kernel, unsigned long long variant, const TraceBuffer* buffers, int variants, int last,
+                  unsigned long long* host, size_t count, bool clear, const char* what) {
+  const std::string name(what);
+  for (int i = 0; i < variants; ++i)
+    if (buffers[i].bytes != F::kDeviceValues * sizeof(unsigned long long))
+      return Status::internal(name + ": a variant's array does not have the format's size");
+  if (clear) {
+    for (int i = 0; i < variants; ++i)
+      OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemset(buffers[i].address, 0, buffers[i].bytes), (name + ": clearing").c_str());
+    return Status::ok();
+  }
+  if (count < F::kValues)
+    return Status::invalid_argument("argument 'count': the " + name + " holds " + std::to_string(F::kValues) +
+                                    " values, not " + std::to_string(count));
+  if (last < 0 || last >= variants) return Status::internal(name + ": no such variant");
+  F::write_table(host, kernel, variant);
+  OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), (name + ": synchronising").c_str());
+  OPENMLA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(host + F::kTableValues, buffers[last].address, buffers[last].bytes, cudaMemcpyDeviceToHost),
+      (name + ": copying").c_str());
   return Status::ok();
 }
 

@@ -281,35 +281,40 @@ TEST(BuildOptions, ArgumentErrorsComeFirstInEveryBuild) {
 
 TEST(BuildOptions, TraceReadersNameWhatIsMissing) {
   std::vector<unsigned long long> host(16);
-  size_t count = 0;
   const struct {
-    const char* entry;
+    const char* name;
     Family family;
-    std::function<Status()> read;
-  } readers[] = {
-      {"sparse_decode_trace", kDecode, [&] { return detail::read_sparse_decode_trace(host.data(), host.size()); }},
-      {"sparse_decode_timeline_clear", kDecode, [] { return detail::clear_sparse_decode_trace(); }},
-      {"dense_decode_timeline", kDecode, [&] { return detail::read_dense_decode_timeline(host.data(), host.size()); }},
-      {"dense_decode_timeline_clear", kDecode, [] { return detail::clear_dense_decode_timeline(); }},
-      {"sparse_prefill_trace", kSparsePrefill,
-       [&] { return detail::read_sparse_prefill_trace(576, host.data(), host.size(), false); }},
-      {"mha_prefill_trace", kMhaPrefill, [&] { return detail::mha_prefill_trace_size(&count); }},
-      {"mha_prefill_trace", kMhaPrefill,
-       [&] { return detail::read_mha_prefill_trace(192, false, host.data(), host.size(), false); }},
+  } kernels[] = {
+      {"dense_decode", kDecode},
+      {"sparse_decode", kDecode},
+      {"sparse_prefill", kSparsePrefill},
+      {"mha_prefill", kMhaPrefill},
   };
-  for (const auto& r : readers) {
-    SCOPED_TRACE(r.entry);
-    if (!kHasTrace) {
-      expect_not_built(r.read(), r.entry, "OPENMLA_TRACE");
-    } else if (!r.family.built) {
-      expect_not_built(r.read(), r.entry, r.family.option);
+  for (const auto& k : kernels) {
+    SCOPED_TRACE(k.name);
+    trace::Kernel kernel;
+    ASSERT_TRUE(detail::trace_kernel_from_name(k.name, &kernel).is_ok());  // in every build
+    EXPECT_STREQ(detail::trace_kernel_name(kernel), k.name);
+    const std::string entry = std::string(k.name) + "_trace";
+    size_t count = 0;
+    const Status size = detail::trace_values(kernel, &count);
+    if (!kHasTrace || !k.family.built) {
+      const char* option = kHasTrace ? k.family.option : "OPENMLA_TRACE";
+      expect_not_built(size, entry, option);
+      expect_not_built(detail::read_trace(kernel, host.data(), host.size(), false), entry, option);
+      expect_not_built(detail::read_trace(kernel, nullptr, 0, true), entry, option);
+    } else {
+      // A trace build with the family: the size needs no device; the read and the clear do (the GPU runs of
+      // tools/diag/kernel_trace.py cover them).
+      ASSERT_TRUE(size.is_ok()) << size.message();
+      EXPECT_GT(count, host.size());
     }
-    // A trace build with the family reads the device: the GPU runs of tools/diag cover it.
   }
-  if (kHasTrace && kHasMhaPrefill) {
-    ASSERT_TRUE(detail::mha_prefill_trace_size(&count).is_ok());
-    EXPECT_GT(count, 0u);
-  }
+  trace::Kernel kernel;
+  const Status unknown = detail::trace_kernel_from_name("dense_prefill", &kernel);
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.message().find("argument 'kernel'"), std::string::npos) << unknown.message();
+  EXPECT_NE(unknown.message().find("'mha_prefill'"), std::string::npos) << unknown.message();
 }
 
 }  // namespace

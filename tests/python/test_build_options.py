@@ -2,8 +2,8 @@
 
 A build may leave a kernel family out (CMake OPENMLA_ENABLE_<FAMILY>=OFF). Then every entry point of the family raises
 NotImplementedError naming the entry, the family and the option, after its argument checks (src/api/families.h), and
-query_capability says "compiled out" with the option. A trace build (OPENMLA_TRACE=ON) binds every trace reader; a
-reader of an absent family raises the same way (src/api/trace.h). The calls use fake CUDA arrays
+query_capability says "compiled out" with the option. A trace build (OPENMLA_TRACE=ON) binds the trace reader _trace;
+reading the trace of an absent family's kernel raises the same way (src/api/trace.h). The calls use fake CUDA arrays
 (test_decode_api.fake_cuda) with num_sms given, so a family that is absent answers before any CUDA call; a built
 family's call would reach the device, so its case is skipped. In the default build every family is there: these tests
 run for real on the family-off build of tools/test.sh (every family off, OPENMLA_TRACE on).
@@ -136,20 +136,25 @@ def test_argument_errors_come_first():
         C.kv_cache_quantize(fake_cuda((4, 64, 1, 576)), fake_cuda((5, 64, 1, 656), "uint8"), "v32")
 
 
-# ---- Trace readers (trace builds only) -----------------------------------------------------------------------------
-TRACE_READERS = [  # (binding name, arguments, feature of its family, entry named in the message)
-    ("_sparse_decode_trace", (16,), "sparse_decode", "sparse_decode_trace"),
-    ("_sparse_decode_timeline_clear", (), "sparse_decode", "sparse_decode_timeline_clear"),
-    ("_dense_decode_timeline", (16,), "dense_decode", "dense_decode_timeline"),
-    ("_dense_decode_timeline_clear", (), "dense_decode", "dense_decode_timeline_clear"),
-    ("_sparse_prefill_trace", (576, 16), "sparse_prefill", "sparse_prefill_trace"),
-    ("_mha_prefill_trace", (192,), "dense_prefill", "mha_prefill_trace"),
+# ---- The trace reader (trace builds only) ---------------------------------------------------------------------------
+TRACED = [  # (kernel, feature of its family)
+    ("dense_decode", "dense_decode"),
+    ("sparse_decode", "sparse_decode"),
+    ("sparse_prefill", "sparse_prefill"),
+    ("mha_prefill", "dense_prefill"),
 ]
 
 
-@pytest.mark.parametrize("name,args,feature,entry", TRACE_READERS, ids=[r[0] for r in TRACE_READERS])
-def test_trace_reader_of_an_absent_family(name, args, feature, entry):
-    if not hasattr(C, "_sparse_prefill_trace"):
-        pytest.skip("not a trace build (CMake OPENMLA_TRACE=OFF): the module has no trace readers")
-    assert hasattr(C, name), f"a trace build binds every trace reader; {name} is missing"
-    expect_not_built(feature, re.escape(entry), lambda: getattr(C, name)(*args))
+@pytest.mark.parametrize("clear", [False, True], ids=["read", "clear"])
+@pytest.mark.parametrize("kernel,feature", TRACED, ids=[k for k, _ in TRACED])
+def test_trace_of_an_absent_family(kernel, feature, clear):
+    if not hasattr(C, "_trace"):
+        pytest.skip("not a trace build (CMake OPENMLA_TRACE=OFF): the module has no trace reader")
+    expect_not_built(feature, re.escape(f"{kernel}_trace"), lambda: C._trace(kernel, clear=clear))
+
+
+def test_trace_names_an_unknown_kernel():
+    if not hasattr(C, "_trace"):
+        pytest.skip("not a trace build (CMake OPENMLA_TRACE=OFF): the module has no trace reader")
+    with pytest.raises(ValueError, match=r"argument 'kernel': no traced kernel 'dense_prefill'"):
+        C._trace("dense_prefill")

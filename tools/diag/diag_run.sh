@@ -2,9 +2,9 @@
 # Question: where does a decode kernel's time go on the GPU (clock64 / %globaltimer traces, ncu, per-kernel breakdown)?
 # One-call diagnostics on the lent GPU (carry .deps/wheels and .deps/googletest, as tools/gpu_check.sh).
 #
-# Builds build-trace/ (the Python extension only, sparse decode with its clock64 trace compiled in) with all
+# Builds build-trace/ (the Python extension only, the kernels with their trace compiled in) with all
 # cores, then runs, as selected by DIAG (space-separated; default "trace ncu-sparse ncu-dense"):
-#   trace       tools/diag/trace_sparse_decode.py at h_q 128 (crossover) and 64            -> $OUT/trace.txt
+#   trace       tools/diag/kernel_trace.py sparse-decode at h_q 128 (crossover) and 64     -> $OUT/trace.txt
 #   trace-b2    the same at b 2, h_q 128, L2 flushed and warm                          -> $OUT/trace.txt
 #   ncu-sparse  ncu source-level stall samples of the sparse kernel (b 128, h_q 128)  -> $OUT/ncu_sparse_*.txt
 #   ncu-dense   ncu speed-of-light + memory tables of dense decode (b 128, s_q 2, 32K) -> $OUT/ncu_dense.txt
@@ -34,7 +34,7 @@ bdir=build-trace
 [[ $trace == ON ]] || bdir=build-diag
 bash tools/setup_deps.sh --offline >"$out/build.log" 2>&1 || { echo "setup_deps failed"; tail -20 "$out/build.log"; exit 1; }
 if ! { cmake -S . -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
-         -DOPENMLA_SPARSE_TRACE="$trace" -DOPENMLA_BUILD_TESTS=OFF >>"$out/build.log" 2>&1 &&
+         -DOPENMLA_TRACE="$trace" -DOPENMLA_BUILD_TESTS=OFF >>"$out/build.log" 2>&1 &&
        cmake --build "$bdir" -j "$(nproc)" --target _openmla >>"$out/build.log" 2>&1; }; then
   echo "build failed"; grep -E "error|Error" "$out/build.log" | head -30; exit 1
 fi
@@ -88,11 +88,11 @@ PY
 for d in $diag; do
   case $d in
     trace)
-      { timeout 60 "$py" tools/diag/trace_sparse_decode.py --b 128 --h-q 128
-        timeout 60 "$py" tools/diag/trace_sparse_decode.py --b 128 --h-q 64; } >"$out/trace.txt" 2>&1 ;;
+      { timeout 60 "$py" tools/diag/kernel_trace.py sparse-decode --b 128 --h-q 128
+        timeout 60 "$py" tools/diag/kernel_trace.py sparse-decode --b 128 --h-q 64; } >"$out/trace.txt" 2>&1 ;;
     trace-b2)
-      { timeout 60 "$py" tools/diag/trace_sparse_decode.py --b 2 --h-q 128
-        timeout 60 "$py" tools/diag/trace_sparse_decode.py --b 2 --h-q 128 --no-flush; } >"$out/trace.txt" 2>&1 ;;
+      { timeout 60 "$py" tools/diag/kernel_trace.py sparse-decode --b 2 --h-q 128
+        timeout 60 "$py" tools/diag/kernel_trace.py sparse-decode --b 2 --h-q 128 --no-flush; } >"$out/trace.txt" 2>&1 ;;
     ncu-sparse)
       timeout 240 ncu --clock-control none -k regex:sparse_decode_kernel --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis \
@@ -112,13 +112,13 @@ for d in $diag; do
         ncu_sass_top "$out/ncu_b2_$cc.ncu-rep" "$out/ncu_b2_${cc}_sass.txt"
       done ;;
     timeline)
-      { timeout 60 "$py" tools/diag/trace_sparse_decode.py --timeline-only --b 2 --h-q 128
-        timeout 60 "$py" tools/diag/trace_sparse_decode.py --timeline-only --b 2 --h-q 128 --no-flush
-        timeout 60 "$py" tools/diag/trace_sparse_decode.py --timeline-only --b 64 --h-q 128; } >"$out/timeline.txt" 2>&1 ;;
+      { timeout 60 "$py" tools/diag/kernel_trace.py sparse-decode --timeline-only --b 2 --h-q 128
+        timeout 60 "$py" tools/diag/kernel_trace.py sparse-decode --timeline-only --b 2 --h-q 128 --no-flush
+        timeout 60 "$py" tools/diag/kernel_trace.py sparse-decode --timeline-only --b 64 --h-q 128; } >"$out/timeline.txt" 2>&1 ;;
     dense-timeline)
-      { timeout 100 "$py" tools/diag/trace_dense_decode.py --b 128 --s-q 2 --s-k 4096
-        timeout 100 "$py" tools/diag/trace_dense_decode.py --b 128 --s-q 2 --s-k 32768
-        timeout 100 "$py" tools/diag/trace_dense_decode.py --b 128 --s-q 1 --s-k 4096; } >"$out/dense_timeline.txt" 2>&1 ;;
+      { timeout 100 "$py" tools/diag/kernel_trace.py dense-decode --b 128 --s-q 2 --s-k 4096
+        timeout 100 "$py" tools/diag/kernel_trace.py dense-decode --b 128 --s-q 2 --s-k 32768
+        timeout 100 "$py" tools/diag/kernel_trace.py dense-decode --b 128 --s-q 1 --s-k 4096; } >"$out/dense_timeline.txt" 2>&1 ;;
     code)
       timeout 240 "$py" tools/diag/diag_code_b2.py >"$out/code.txt" 2>&1 ;;
     breakdown)

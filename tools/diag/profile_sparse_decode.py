@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 
 def add_case_arguments(ap):
-    """The configuration options shared with tools/diag/trace_sparse_decode.py."""
+    """The configuration options (kernel_trace.py sparse-decode has the same ones)."""
     ap.add_argument("--b", type=int, default=128)
     ap.add_argument("--s-q", type=int, default=2)
     ap.add_argument("--h-q", type=int, default=128)

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/seesaw.h"
+#include "common/trace_format.h"
 
 namespace openmla::kernels::dense_decode {
 
@@ -89,5 +90,25 @@ struct alignas(1024) SharedStorage {
 
 static_assert(sizeof(SharedStorage::k) >= Traits::kBlockM * Traits::kStageF32Pitch * 4, "fp32 staging fits in K");
 static_assert(sizeof(SharedStorage) + 1024 <= 232448, "227 KB opt-in shared memory limit of sm_90");
+
+// The trace of a trace build (CMake -DOPENMLA_TRACE=ON; format common/trace_format.h; kernel.cuh stamps it,
+// tools/diag/kernel_trace.py dense-decode reads it): one track, the request timeline. Thread 0 of every CTA (linear
+// id < kCtas) stamps %globaltimer (ns, one clock for all SMs) at each step of its first kRequests requests (the
+// track's steps). Its CTA header: start = the first request's prologue start, end = the last request's kDone (value:
+// the requests the CTA ran); a CTA without a request stamps nothing. Only constants here.
+struct Trace {
+  static constexpr int kCtas = 1024, kRequests = 8, kEvents = 8;
+  using Format = trace::Format<trace::Track<kCtas, 1, kRequests, kEvents, trace::Clock::kNanoseconds>>;
+  enum Event : int {
+    kPrologueStart = 0,  // top of the request
+    kPrologueDone = 1,   // after the prologue's barrier (first KV loads issued, Q landed)
+    kFirstTiles = 2,     // WG0: the request's first K tiles landed (first Q K^T done)
+    kLoopDone = 3,       // after the last block pair
+    kStaged = 4,         // epilogue: output staged in shared memory
+    kStored = 5,         // epilogue: global stores issued
+    kDone = 6,           // after the epilogue's last barrier
+    kBlocks = 7,         // (value, not a time) blocks of the request in this partition
+  };
+};
 
 }  // namespace openmla::kernels::dense_decode

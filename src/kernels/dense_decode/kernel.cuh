@@ -17,6 +17,7 @@
 #include "common/q_tile.cuh"
 #include "common/seesaw.cuh"
 #include "common/tile_gemm.cuh"
+#include "common/trace.cuh"
 #include "kernels/combine/params.h"
 #include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/dense_decode/config.h"
@@ -25,36 +26,24 @@
 namespace openmla::kernels::dense_decode {
 
 // ---------------------------------------------------------------------------------------------------
-// Optional request timeline (trace build: CMake -DOPENMLA_TRACE=ON; tools/diag/trace_dense_decode.py
-// reads it): thread 0 of every CTA (linear id < kCtas) stamps %globaltimer (ns, one clock for all SMs) at each
-// step of its first kRequests requests. Compiled out otherwise, so the production kernel is unchanged.
+// Trace builds (CMake -DOPENMLA_TRACE=ON): the request timeline of config.h, struct Trace, in the format of
+// common/trace.cuh (tools/diag/kernel_trace.py dense-decode reads it). Without the option the macros are empty and the
+// kernel compiles to the production SASS.
 // ---------------------------------------------------------------------------------------------------
-struct Timeline {
-  static constexpr int kCtas = 1024, kRequests = 8, kEvents = 8;
-  enum Event {
-    kPrologueStart = 0,  // top of the request
-    kPrologueDone = 1,   // after the prologue's barrier (first KV loads issued, Q landed)
-    kFirstTiles = 2,     // WG0: the request's first K tiles landed (first Q K^T done)
-    kLoopDone = 3,       // after the last block pair
-    kStaged = 4,         // epilogue: output staged in shared memory
-    kStored = 5,         // epilogue: global stores issued
-    kDone = 6,           // after the epilogue's last barrier
-    kBlocks = 7,         // (value, not a time) blocks of the request in this partition
-  };
-};
 #if defined(OPENMLA_HAS_TRACE)
-__device__ unsigned long long g_dense_timeline[Timeline::kCtas][Timeline::kRequests][Timeline::kEvents];
+__device__ unsigned long long g_trace[Trace::Format::kDeviceValues];
+// Event `ev` of the CTA's request k (0 = the partition's first); a value instead of the time when value >= 0.
 __device__ __forceinline__ void dense_stamp(int k, int ev, long long value = -1) {
-  const unsigned cta = ptx::linear_cta_id();
-  if (cta < Timeline::kCtas && k >= 0 && k < Timeline::kRequests)
-    g_dense_timeline[cta][k][ev] = value >= 0 ? static_cast<unsigned long long>(value) : ptx::globaltimer();
+  using F = Trace::Format;
+  if (value >= 0) trace::put<F, 0>(g_trace, 0, k, ev, static_cast<unsigned long long>(value));
+  else trace::stamp<F, 0>(g_trace, 0, k, ev);
+  if (k == 0 && ev == Trace::kPrologueStart) trace::cta_start<F>(g_trace);
+  if (ev == Trace::kDone) trace::cta_end<F>(g_trace, k + 1);
 }
-#define OPENMLA_DENSE_STAMP(k, ev) ::openmla::kernels::dense_decode::dense_stamp(k, Timeline::ev)
-#define OPENMLA_DENSE_VALUE(k, ev, v) ::openmla::kernels::dense_decode::dense_stamp(k, Timeline::ev, v)
-#else
-#define OPENMLA_DENSE_STAMP(k, ev) ((void)0)
-#define OPENMLA_DENSE_VALUE(k, ev, v) ((void)0)
 #endif
+#define OPENMLA_DENSE_STAMP(k, ev) OPENMLA_TRACE_ONLY(::openmla::kernels::dense_decode::dense_stamp(k, Trace::ev))
+#define OPENMLA_DENSE_VALUE(k, ev, v) \
+  OPENMLA_TRACE_ONLY(::openmla::kernels::dense_decode::dense_stamp(k, Trace::ev, v))
 
 using T = Traits;  // T names the traits in every kernel (elsewhere T = Traits<layout or shape>)
 

@@ -2,11 +2,15 @@
 // themselves are compiled in instantiations/*.cu.
 #include "kernels/dense_decode/launch.h"
 
+#if defined(OPENMLA_HAS_TRACE)
+#include "kernels/dense_decode/config.h"
+#endif
+
 namespace openmla::kernels {
 
 #if defined(OPENMLA_HAS_TRACE)
 namespace {
-// Trace builds: which variant launched last (its unit holds the timeline the readers copy).
+// Trace builds: which variant launched last (its unit holds the trace the reader copies).
 bool g_last_fp16 = false;
 }  // namespace
 #endif
@@ -20,23 +24,13 @@ Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream)
 }
 
 #if defined(OPENMLA_HAS_TRACE)
-Status copy_dense_decode_timeline(unsigned long long* host, size_t count) {
-  detail::TraceBuffer timeline;
-  OPENMLA_RETURN_IF_ERROR(g_last_fp16 ? dense_decode::timeline_buffer<true>(&timeline)
-                                      : dense_decode::timeline_buffer<false>(&timeline));
-  if (count < timeline.values()) return Status::invalid_argument("argument 'count': the timeline holds more values");
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "dense decode timeline: synchronising");
-  return detail::copy_trace_buffer(host, 0, timeline, "dense decode timeline: copying");
-}
-
-Status clear_dense_decode_timeline() {
-  for (const bool fp16 : {false, true}) {
-    detail::TraceBuffer timeline;
-    OPENMLA_RETURN_IF_ERROR(fp16 ? dense_decode::timeline_buffer<true>(&timeline)
-                                 : dense_decode::timeline_buffer<false>(&timeline));
-    OPENMLA_RETURN_IF_ERROR(detail::clear_trace_buffer(timeline, "dense decode timeline: clearing"));
-  }
-  return Status::ok();
+Status dense_decode_trace(unsigned long long* host, size_t count, bool clear) {
+  detail::TraceBuffer buffers[2];
+  OPENMLA_RETURN_IF_ERROR(dense_decode::trace_buffer<false>(&buffers[0]));
+  OPENMLA_RETURN_IF_ERROR(dense_decode::trace_buffer<true>(&buffers[1]));
+  return detail::read_trace<dense_decode::Trace::Format>(trace::Kernel::kDenseDecode, g_last_fp16, buffers, 2,
+                                                         g_last_fp16 ? 1 : 0, host, count, clear,
+                                                         "dense decode trace");
 }
 #endif
 

@@ -18,11 +18,10 @@ namespace openmla::kernels {
 Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
-// Trace builds only (CMake -DOPENMLA_TRACE=ON; the Python module's _dense_decode_timeline): copies the request
-// timeline of the last launch (kernel.cuh, struct Timeline) to `host`, synchronising the device first;
-// clear_dense_decode_timeline() zeroes it (every variant) before a launch.
-Status copy_dense_decode_timeline(unsigned long long* host, size_t count);
-Status clear_dense_decode_timeline();
+// Trace builds only (CMake -DOPENMLA_TRACE=ON; api/trace.h): copies the trace of the last launch (config.h, struct
+// Trace; format common/trace_format.h, variant code: 1 for fp16) to host[0, Trace::Format::kValues), synchronising the
+// device first, or zeroes the trace of every variant when `clear` is set.
+Status dense_decode_trace(unsigned long long* host, size_t count, bool clear);
 #endif
 
 namespace dense_decode {
@@ -32,9 +31,9 @@ template <bool kIsFp16>
 Status launch_variant(const DenseDecodeParams& params, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
-// The variant's unit's request timeline (kernel.cuh, struct Timeline).
+// The variant's unit's trace array (kernel.cuh).
 template <bool kIsFp16>
-Status timeline_buffer(detail::TraceBuffer* out);
+Status trace_buffer(detail::TraceBuffer* out);
 #endif
 
 }  // namespace dense_decode

@@ -81,8 +81,8 @@ Status launch_variant(const DenseDecodeParams& p, cudaStream_t stream) {
 
 #if defined(OPENMLA_HAS_TRACE)
 template <bool kIsFp16>
-Status timeline_buffer(detail::TraceBuffer* out) {
-  return detail::trace_buffer(g_dense_timeline, out, "dense decode timeline: finding the buffer");
+Status trace_buffer(detail::TraceBuffer* out) {
+  return detail::trace_buffer(g_trace, out, "dense decode trace: finding the buffer");
 }
 #endif
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/trace_format.h"
 #include "common/varlen.h"
 
 namespace openmla::kernels::mha_prefill {
@@ -106,27 +107,18 @@ struct alignas(1024) SharedStorage {
   uint64_t v_free[T::kStages];
 };
 
-// Layout of the trace of a trace build (CMake -DOPENMLA_TRACE=ON; kernel.cuh stamps it, launch_impl.cuh reads it,
-// tools/diag/trace_mha_prefill.py parses it): per traced CTA (blockIdx.x < kCtas) a header of kHeaderValues, then
-// per role (WG0, WG1, producer) and traced tile (the CTA's first kTiles tiles) kEvents values: kFixedEvents, then
-// kBlockEvents per visited key block (the first kMaxBlocks of the tile, in visit order: block n_end - 1 first).
-// Stamps are clock64 (per-SM cycles) by the role's first thread; 0 = never stamped. Only constants here: a build
-// without the trace compiles no stamp.
+// The trace of a trace build (CMake -DOPENMLA_TRACE=ON; format common/trace_format.h; kernel.cuh stamps it,
+// tools/diag/kernel_trace.py mha-prefill reads it): one clock64 track. Per traced CTA (linear id < kCtas), role (WG0,
+// WG1, producer) and traced tile (the steps: the CTA's first kTiles tiles) kEvents values: kFixedEvents, then
+// kBlockEvents per visited key block (the first kMaxBlocks of the tile, in visit order: block n_end - 1 first). Stamps
+// by the role's first thread. CTA header: start at kernel start (thread 0), end when WG0 finds no tile left (value:
+// the tiles the CTA ran). Only constants here: a build without the trace compiles no stamp.
 struct Trace {
   static constexpr int kCtas = 8, kRoles = 3, kTiles = 16, kMaxBlocks = 32;
-  static constexpr int kHeaderValues = 8, kFixedEvents = 10, kBlockEvents = 6;
+  static constexpr int kFixedEvents = 10, kBlockEvents = 6;
   static constexpr int kEvents = kFixedEvents + kMaxBlocks * kBlockEvents;
-  static constexpr int kCtaValues = kHeaderValues + kRoles * kTiles * kEvents;
+  using Format = trace::Format<trace::Track<kCtas, kRoles, kTiles, kEvents>>;
   static constexpr int kRoleWg0 = 0, kRoleWg1 = 1, kRoleProducer = 2;
-  // Header of a CTA.
-  enum Header : int {
-    kHeadSmid = 0,         // %smid | 1 << 63
-    kHeadStartClock = 1,   // clock64 at kernel start (thread 0)
-    kHeadStartTimer = 2,   // %globaltimer (ns) at kernel start
-    kHeadEndClock = 3,     // clock64 when WG0 finds no tile left
-    kHeadEndTimer = 4,     // %globaltimer then
-    kHeadTilesTaken = 5,   // tiles this CTA ran
-  };
   // Fixed events of a consumer warpgroup's tile.
   enum ConsumerEvent : int {
     kTileStart = 0,      // the tile's record read (valid)

@@ -31,6 +31,7 @@
 #include "common/ptx.cuh"
 #include "common/ragged_tma.cuh"
 #include "common/tile_gemm.cuh"
+#include "common/trace.cuh"
 #include "common/varlen_walk.cuh"
 #include "kernels/mha_prefill/config.h"
 #include "kernels/mha_prefill/params.h"
@@ -48,28 +49,19 @@ inline constexpr int kExchangeThreads = kConsumerWarps * 32 + 32;
 
 // ---------------------------------------------------------------------------------------------------
 // Trace builds (CMake -DOPENMLA_TRACE=ON): clock64 stamps of each role's steps for the first Trace::kTiles tiles of
-// the first Trace::kCtas CTAs (layout: config.h, struct Trace; reader: launch_impl.cuh; tool:
-// tools/diag/trace_mha_prefill.py). Without the option every OPENMLA_MHA_* macro below is empty and the kernel
+// the first Trace::kCtas CTAs (config.h, struct Trace), in the format of common/trace.cuh (tool:
+// tools/diag/kernel_trace.py mha-prefill). Without the option every OPENMLA_MHA_* macro below is empty and the kernel
 // compiles to the production SASS.
 // ---------------------------------------------------------------------------------------------------
 #if defined(OPENMLA_HAS_TRACE)
-// Each instantiation unit has its own copy (whole-program compilation), read by that unit's reader.
-__device__ unsigned long long g_mha_prefill_trace[Trace::kCtas][Trace::kCtaValues];
+// Each instantiation unit has its own copy (whole-program compilation), handed out by that unit's trace_buffer.
+__device__ unsigned long long g_trace[Trace::Format::kDeviceValues];
 
-// clock64 with a memory clobber, so the compiler keeps it in program order with the wgmma and barrier asm around it.
-__device__ __forceinline__ unsigned long long trace_clock() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
-  return t;
+// Event `ev` of `role`'s record of traced tile `tile`, by the role's first thread (thread 0 of the warpgroup: lane 0
+// of the producer warp for the producer).
+__device__ __forceinline__ void trace_stamp(int role, uint32_t tile, int ev) {
+  if (trace::warpgroup_leader()) trace::stamp<Trace::Format, 0>(g_trace, role, tile, ev);
 }
-
-// Value `ev` of `role`'s record of traced tile `tile`, written by the role's first thread (thread 0 of the
-// warpgroup: lane 0 of the producer warp for the producer).
-__device__ __forceinline__ void trace_put(int role, uint32_t tile, int ev, unsigned long long value) {
-  if (blockIdx.x < Trace::kCtas && tile < Trace::kTiles && threadIdx.x % 128 == 0)
-    g_mha_prefill_trace[blockIdx.x][Trace::kHeaderValues + (role * Trace::kTiles + tile) * Trace::kEvents + ev] = value;
-}
-__device__ __forceinline__ void trace_stamp(int role, uint32_t tile, int ev) { trace_put(role, tile, ev, trace_clock()); }
 // Event `ev` of visited block `block` (0: the tile's first, block n_end - 1); blocks past kMaxBlocks are not kept.
 __device__ __forceinline__ void trace_stamp_block(int role, uint32_t tile, int block, int ev) {
   if (block >= 0 && block < Trace::kMaxBlocks)
@@ -77,42 +69,27 @@ __device__ __forceinline__ void trace_stamp_block(int role, uint32_t tile, int b
 }
 // The producer's record of what tile `tile` is (its block count and coordinates).
 __device__ __forceinline__ void trace_tile_meta(uint32_t tile, const TileInfo& info) {
-  if (!info.valid) return;
-  trace_put(Trace::kRoleProducer, tile, Trace::kMetaBlocks, static_cast<unsigned long long>(info.n_end) | (1ull << 63));
-  trace_put(Trace::kRoleProducer, tile, Trace::kMetaCoord,
-            (static_cast<unsigned long long>(info.head) << 32) | static_cast<uint32_t>(info.m_block));
+  if (!info.valid || !trace::warpgroup_leader()) return;
+  trace::put<Trace::Format, 0>(g_trace, Trace::kRoleProducer, tile, Trace::kMetaBlocks,
+                               static_cast<unsigned long long>(info.n_end) | (1ull << 63));
+  const unsigned long long coord = (static_cast<unsigned long long>(info.head) << 32) | uint32_t(info.m_block);
+  trace::put<Trace::Format, 0>(g_trace, Trace::kRoleProducer, tile, Trace::kMetaCoord, coord);
 }
-__device__ __forceinline__ void trace_header(int index, unsigned long long value) {
-  if (blockIdx.x < Trace::kCtas) g_mha_prefill_trace[blockIdx.x][index] = value;
-}
-// Kernel start (one thread): the SM, and both clocks, so the tool can convert cycles to nanoseconds.
-__device__ __forceinline__ void trace_cta_start() {
-  uint32_t smid;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-  trace_header(Trace::kHeadSmid, static_cast<unsigned long long>(smid) | (1ull << 63));
-  trace_header(Trace::kHeadStartClock, trace_clock());
-  trace_header(Trace::kHeadStartTimer, ptx::globaltimer());
-}
-// WG0's exit (its first thread): the tiles the CTA ran and both clocks.
+// Kernel start (one thread): the CTA header's SM, block and start clocks.
+__device__ __forceinline__ void trace_cta_start() { trace::cta_start<Trace::Format>(g_trace); }
+// WG0's exit (its first thread): the tiles the CTA ran and the end clocks.
 __device__ __forceinline__ void trace_cta_end(uint32_t tiles) {
-  if (threadIdx.x != 0) return;
-  trace_header(Trace::kHeadTilesTaken, tiles);
-  trace_header(Trace::kHeadEndClock, trace_clock());
-  trace_header(Trace::kHeadEndTimer, ptx::globaltimer());
+  if (threadIdx.x == 0) trace::cta_end<Trace::Format>(g_trace, tiles);
 }
-#define OPENMLA_MHA_STAMP(role, tile, ev) ::openmla::kernels::mha_prefill::trace_stamp(role, tile, ev)
-#define OPENMLA_MHA_STAMP_BLOCK(role, tile, block, ev) \
-  ::openmla::kernels::mha_prefill::trace_stamp_block(role, tile, block, ev)
-#define OPENMLA_MHA_TRACE_META(tile, info) ::openmla::kernels::mha_prefill::trace_tile_meta(tile, info)
-#define OPENMLA_MHA_TRACE_CTA_START() ::openmla::kernels::mha_prefill::trace_cta_start()
-#define OPENMLA_MHA_TRACE_CTA_END(tiles) ::openmla::kernels::mha_prefill::trace_cta_end(tiles)
-#else
-#define OPENMLA_MHA_STAMP(role, tile, ev) ((void)0)
-#define OPENMLA_MHA_STAMP_BLOCK(role, tile, block, ev) ((void)0)
-#define OPENMLA_MHA_TRACE_META(tile, info) ((void)0)
-#define OPENMLA_MHA_TRACE_CTA_START() ((void)0)
-#define OPENMLA_MHA_TRACE_CTA_END(tiles) ((void)0)
 #endif
+#define OPENMLA_MHA_STAMP(role, tile, ev) \
+  OPENMLA_TRACE_ONLY(::openmla::kernels::mha_prefill::trace_stamp(role, tile, ev))
+#define OPENMLA_MHA_STAMP_BLOCK(role, tile, block, ev) \
+  OPENMLA_TRACE_ONLY(::openmla::kernels::mha_prefill::trace_stamp_block(role, tile, block, ev))
+#define OPENMLA_MHA_TRACE_META(tile, info) \
+  OPENMLA_TRACE_ONLY(::openmla::kernels::mha_prefill::trace_tile_meta(tile, info))
+#define OPENMLA_MHA_TRACE_CTA_START() OPENMLA_TRACE_ONLY(::openmla::kernels::mha_prefill::trace_cta_start())
+#define OPENMLA_MHA_TRACE_CTA_END(tiles) OPENMLA_TRACE_ONLY(::openmla::kernels::mha_prefill::trace_cta_end(tiles))
 
 // ---------------------------------------------------------------------------------------------------
 // The consumer step's pieces on a 64 x 128 accumulator fragment (m64n128: element j * 4 + 2 i + e is row f.row[i],

@@ -3,10 +3,26 @@
 
 #include <string>
 
+#if defined(OPENMLA_HAS_TRACE)
+#include "kernels/mha_prefill/config.h"
+#endif
 
 namespace openmla::kernels {
 
+#if defined(OPENMLA_HAS_TRACE)
+namespace {
+// Trace builds: which variant launched last (its unit holds the trace the reader copies).
+int g_last_d_qk = 192;
+bool g_last_fp16 = false, g_last_staged = false;
+}  // namespace
+#endif
+
 Status launch_mha_prefill(const MhaPrefillParams& p, cudaStream_t stream) {
+#if defined(OPENMLA_HAS_TRACE)
+  g_last_d_qk = p.d_qk;
+  g_last_fp16 = p.fp16;
+  g_last_staged = p.staged_out;
+#endif
   if (p.d_qk == 192)
     return p.fp16 ? launch_mha_prefill_typed<192, true>(p, stream) : launch_mha_prefill_typed<192, false>(p, stream);
   if (p.d_qk == 128)
@@ -16,19 +32,18 @@ Status launch_mha_prefill(const MhaPrefillParams& p, cudaStream_t stream) {
 }
 
 #if defined(OPENMLA_HAS_TRACE)
-size_t mha_prefill_trace_values() {
-  return mha_prefill::kTraceLayoutValues + size_t{mha_prefill::Trace::kCtas} * mha_prefill::Trace::kCtaValues;
-}
-
-Status mha_prefill_trace(int d_qk, bool fp16, unsigned long long* host, size_t count, bool clear) {
-  if (d_qk == 192)
-    return fp16 ? mha_prefill_trace_typed<192, true>(host, count, clear)
-                : mha_prefill_trace_typed<192, false>(host, count, clear);
-  if (d_qk == 128)
-    return fp16 ? mha_prefill_trace_typed<128, true>(host, count, clear)
-                : mha_prefill_trace_typed<128, false>(host, count, clear);
-  return Status::invalid_argument("argument 'd_qk': the dense MHA prefill trace has variants for 192 and 128, not " +
-                                  std::to_string(d_qk));
+Status mha_prefill_trace(unsigned long long* host, size_t count, bool clear) {
+  using mha_prefill::trace_buffer;
+  detail::TraceBuffer buffers[4];  // index: fp16 | (d_qk == 128) << 1
+  OPENMLA_RETURN_IF_ERROR((trace_buffer<192, false>(&buffers[0])));
+  OPENMLA_RETURN_IF_ERROR((trace_buffer<192, true>(&buffers[1])));
+  OPENMLA_RETURN_IF_ERROR((trace_buffer<128, false>(&buffers[2])));
+  OPENMLA_RETURN_IF_ERROR((trace_buffer<128, true>(&buffers[3])));
+  const int last = (g_last_fp16 ? 1 : 0) | (g_last_d_qk == 128 ? 2 : 0);
+  const unsigned long long variant = static_cast<unsigned long long>(g_last_d_qk) | (g_last_fp16 ? 1ull << 16 : 0) |
+                                     (g_last_staged ? 1ull << 17 : 0);
+  return detail::read_trace<mha_prefill::Trace::Format>(trace::Kernel::kMhaPrefill, variant, buffers, 4, last, host,
+                                                        count, clear, "dense MHA prefill trace");
 }
 #endif
 

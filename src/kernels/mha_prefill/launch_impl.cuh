@@ -4,9 +4,6 @@
 #include "common/cuda_check.h"
 #include "common/dynamic_smem.h"
 #include "common/tensor_map.h"
-#if defined(OPENMLA_HAS_TRACE)
-#include "common/trace_symbols.cuh"
-#endif
 #include "kernels/mha_prefill/kernel.cuh"
 #include "kernels/mha_prefill/launch.h"
 
@@ -48,19 +45,10 @@ Status launch_mha_prefill_typed(const MhaPrefillParams& p, cudaStream_t stream) 
 }
 
 #if defined(OPENMLA_HAS_TRACE)
-// Trace builds: the clock64 trace of the last launch of this instantiation (config.h, struct Trace), after a layout
-// header of kTraceLayoutValues (launch.h); cleared first when `clear` is set (then nothing is copied).
+// Trace builds: this unit's copy of the kernel's trace array (launch.h).
 template <int kDQK, bool kFp16>
-Status mha_prefill_trace_typed(unsigned long long* host, size_t count, bool clear) {
-  using mha_prefill::g_mha_prefill_trace;
-  if (clear) return detail::clear_symbol(g_mha_prefill_trace, "dense MHA prefill trace: clearing");
-  if (count < mha_prefill_trace_values())
-    return Status::invalid_argument("argument 'count': the dense MHA prefill trace holds " +
-                                    std::to_string(mha_prefill_trace_values()) + " values");
-  mha_prefill::write_trace_layout(host);
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "dense MHA prefill trace: synchronising");
-  return detail::copy_symbol(host, mha_prefill::kTraceLayoutValues, g_mha_prefill_trace,
-                             "dense MHA prefill trace: copying");
+Status mha_prefill::trace_buffer(detail::TraceBuffer* out) {
+  return detail::trace_buffer(mha_prefill::g_trace, out, "dense MHA prefill trace: finding the buffer");
 }
 #endif
 

@@ -8,6 +8,8 @@
 
 #include "common/fp8_cache_layout.h"
 
+#include "common/trace_format.h"
+
 namespace openmla::kernels::sparse_decode {
 
 enum class Layout { kV32, kModel1 };
@@ -107,5 +109,54 @@ struct alignas(1024) SharedStorage {
 
 static_assert(sizeof(SharedStorage<Layout::kV32>) + 1024 <= 232448, "V3.2 smem plan exceeds 227 KB");
 static_assert(sizeof(SharedStorage<Layout::kModel1>) + 1024 <= 232448, "MODEL1 smem plan exceeds 227 KB");
+
+// The trace of a trace build (CMake -DOPENMLA_TRACE=ON; format common/trace_format.h; kernel.cuh stamps it,
+// tools/diag/kernel_trace.py sparse-decode reads it). Only constants here.
+//   Track 0, clock64: thread 0 of each warpgroup of the CTAs x < kCtas of query position 0, partition 0 (y = z = 0,
+//     so their linear id is x; h_q = 128: the cluster pair) stamps its steps per block (roles WG0, WG1, producer;
+//     step = the block, the first kIters), and WG0's thread 0 its request switches (role kRoleSwitch; step = the
+//     partition's request, the first kSwitches).
+//   Track 1, %globaltimer (ns, one clock for all SMs): the whole-kernel timeline of every CTA (linear id <
+//     kTimelineCtas; one role, one step).
+//   CTA header: start at kEntry, end at kExit (value 0).
+struct Trace {
+  static constexpr int kCtas = 2, kRoles = 4, kIters = 256, kEvents = 6, kSwitches = 16;
+  static constexpr int kTimelineCtas = 1024, kTimelineEvents = 12;
+  using Format = trace::Format<trace::Track<kCtas, kRoles, kIters, kEvents>,
+                               trace::Track<kTimelineCtas, 1, 1, kTimelineEvents, trace::Clock::kNanoseconds>>;
+  enum Role : int { kRoleWg0 = 0, kRoleWg1 = 1, kRoleProducer = 2, kRoleSwitch = 3 };
+  // Events of a block (the kernel stamps them by number).
+  enum Wg0Event : int { kWg0Wait = 0, kWg0Full = 1, kWg0Scores = 2, kWg0PHanded = 3, kWg0OLeft = 4 };
+  enum Wg1Event : int { kWg1Wait = 0, kWg1PFull = 1, kWg1ORight = 2 };
+  // Producer: step start, V_L half free, all stores issued (after the V_R half free), full arrived; the plain path
+  // also round 0 and round 1 stored (between the V_L free and the stores issued).
+  enum ProducerEvent : int {
+    kProdStart = 0, kProdVlFree = 1, kProdStored = 2, kProdArrived = 3, kProdRound0 = 4, kProdRound1 = 5 };
+  // A request switch of WG0 (step k: from request k to k + 1; the partition's last request stops at kSwStores).
+  enum SwitchEvent : int {
+    kSwLoopDone = 0,    // the request's last block done
+    kSwQReleased = 1,   // Q released (q_free)
+    kSwEpilogue = 2,    // epilogue barrier passed
+    kSwStores = 3,      // output stores issued
+    kSwNextQ = 4,       // next request: Q landed (cp.async wait)
+    kSwQBarrier = 5,    // Q barrier passed
+  };
+  enum TimelineEvent : int {
+    kEntry = 0,         // thread 0 at kernel entry
+    kInitDone = 1,      // thread 0 after barrier init + cluster sync
+    kQReady = 2,        // WG0 thread 0: first Q tile landed
+    kFirstFull = 3,     // WG0 thread 0: first K block full
+    kLastBlockDone = 4, // WG0 thread 0: O_L of the partition's last block done
+    kEpilogueDone = 5,  // WG0 thread 0: last output stores issued
+    kProducerDone = 6,  // producer thread 0: last block handed over
+    kExit = 7,          // WG0 thread 0: after the closing cluster sync
+    // Producer thread 0, head of the kernel; each waits for the value it names (the stamp forces the wait, so
+    // these measure the dependent-load chain of the first block).
+    kProdCursor = 8,    // first request's work (topk length) known
+    kProdIndex = 9,     // first index landed
+    kProdToken = 10,    // first token's bytes landed
+    kProdFirstSent = 11,  // first block: V_L half stored and sent
+  };
+};
 
 }  // namespace openmla::kernels::sparse_decode

@@ -24,6 +24,7 @@
 #include "common/mma_tile.cuh"
 #include "common/online_softmax.cuh"
 #include "common/ptx.cuh"
+#include "common/trace.cuh"
 #include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/sparse_decode/config.h"
 #include "kernels/sparse_decode/params.h"
@@ -31,73 +32,43 @@
 namespace openmla::kernels::sparse_decode {
 
 // ---------------------------------------------------------------------------------------------------
-// Optional clock64 trace (CMake -DOPENMLA_TRACE=ON; tools/diag/trace_sparse_decode.py reads it): thread 0
-// of each warpgroup of the CTAs (x < 2, y = 0, z = 0) stamps its steps per block. Compiled out otherwise.
+// Trace builds (CMake -DOPENMLA_TRACE=ON): the block steps, request switches and per-CTA timeline of config.h, struct
+// Trace, in the format of common/trace.cuh (tools/diag/kernel_trace.py sparse-decode reads it). Without the option the
+// macros are empty and the kernel compiles to the production SASS.
 // ---------------------------------------------------------------------------------------------------
-struct Trace {
-  static constexpr int kCtas = 2, kRoles = 3, kIters = 256, kEvents = 6;
-  // Events. Producer (role 2): step start, V_L half free, all stores issued (after the V_R half free), full arrived;
-  // plain path also 4 = round 0 stored, 5 = round 1 stored (between events 1 and 2).
-  // WG0: before full wait, full, S = QK^T done, P handed over, O_L done. WG1: before waits, P + full, O_R done.
-  // Whole-kernel timeline: %globaltimer (ns, one clock for all SMs) of every CTA (linear id < kTimelineCtas).
-  static constexpr int kTimelineCtas = 1024, kTimelineEvents = 12;
-  // Request switches of CTAs x < kCtas (y = z = 0), clock64 of WG0 thread 0 per request of the partition:
-  // 0 last block done, 1 Q released (q_free), 2 epilogue barrier passed, 3 output stores issued, 4 next request:
-  // Q landed (cp.async wait), 5 Q barrier passed.
-  static constexpr int kSwitches = 16, kSwitchEvents = 6;
-  enum TimelineEvent {
-    kEntry = 0,         // thread 0 at kernel entry
-    kInitDone = 1,      // thread 0 after barrier init + cluster sync
-    kQReady = 2,        // WG0 thread 0: first Q tile landed
-    kFirstFull = 3,     // WG0 thread 0: first K block full
-    kLastBlockDone = 4, // WG0 thread 0: O_L of the partition's last block done
-    kEpilogueDone = 5,  // WG0 thread 0: last output stores issued
-    kProducerDone = 6,  // producer thread 0: last block handed over
-    kExit = 7,          // WG0 thread 0: after the closing cluster sync
-    // Producer thread 0, head of the kernel; each waits for the value it names (the stamp forces the wait, so
-    // these measure the dependent-load chain of the first block).
-    kProdCursor = 8,    // first request's work (topk length) known
-    kProdIndex = 9,     // first index landed
-    kProdToken = 10,    // first token's bytes landed
-    kProdFirstSent = 11,  // first block: V_L half stored and sent
-  };
-};
 #if defined(OPENMLA_HAS_TRACE)
-__device__ unsigned long long g_sparse_trace[Trace::kCtas][Trace::kRoles][Trace::kIters][Trace::kEvents];
-__device__ unsigned long long g_sparse_timeline[Trace::kTimelineCtas][Trace::kTimelineEvents];
+__device__ unsigned long long g_trace[Trace::Format::kDeviceValues];
+// Track 0's CTAs are those of query position 0, partition 0 (blockIdx.y = blockIdx.z = 0), whose linear id is
+// blockIdx.x: passed as such (trace::stamp_at), as the linear id computed in the loops spilled registers.
+__device__ __forceinline__ bool block_trace_cta() { return blockIdx.y == 0 && blockIdx.z == 0; }
+// Event `ev` of `role`'s block `it` (thread 0 of each warpgroup).
 __device__ __forceinline__ void trace_stamp(int role, uint32_t it, int ev) {
-  if (blockIdx.y == 0 && blockIdx.z == 0 && blockIdx.x < Trace::kCtas && it < Trace::kIters && threadIdx.x % 128 == 0)
-    g_sparse_trace[blockIdx.x][role][it][ev] = clock64();
+  if (block_trace_cta() && trace::warpgroup_leader())
+    trace::stamp_at<Trace::Format, 0>(g_trace, blockIdx.x, role, it, ev);
 }
-__device__ __forceinline__ void timeline_stamp(int ev) {
-  const unsigned cta = ptx::linear_cta_id();
-  if (cta < Trace::kTimelineCtas && threadIdx.x % 128 == 0) g_sparse_timeline[cta][ev] = ptx::globaltimer();
+// Timeline event kEv (thread 0 of each warpgroup); kEntry and kExit are the CTA header's start and end too.
+template <int kEv>
+__device__ __forceinline__ void timeline_stamp() {
+  if (!trace::warpgroup_leader()) return;
+  trace::stamp<Trace::Format, 1>(g_trace, 0, 0, kEv);
+  if constexpr (kEv == Trace::kEntry) trace::cta_start<Trace::Format>(g_trace);
+  if constexpr (kEv == Trace::kExit) trace::cta_end<Trace::Format>(g_trace, 0);
 }
-__device__ uint32_t g_sparse_timeline_dep[Trace::kTimelineCtas];
-__device__ unsigned long long g_sparse_switch[Trace::kCtas][Trace::kSwitches][Trace::kSwitchEvents];
+// Event `ev` of WG0's switch from the partition's request k (thread 0; the first kSwitches requests).
 __device__ __forceinline__ void switch_stamp(int k, int ev) {
-  if (blockIdx.y == 0 && blockIdx.z == 0 && blockIdx.x < Trace::kCtas && k >= 0 && k < Trace::kSwitches &&
-      threadIdx.x == 0)
-    g_sparse_switch[blockIdx.x][k][ev] = clock64();
+  if (block_trace_cta() && threadIdx.x == 0 && static_cast<unsigned>(k) < Trace::kSwitches)
+    trace::stamp_at<Trace::Format, 0>(g_trace, blockIdx.x, Trace::kRoleSwitch, k, ev);
 }
-// Stamps once `dep` has landed: the store needs the register, and the warp issues in order.
+// Timeline event `ev` once `dep` has landed (trace::stamp_after).
 __device__ __forceinline__ void timeline_stamp_after(int ev, uint32_t dep) {
-  const unsigned cta = ptx::linear_cta_id();
-  if (cta < Trace::kTimelineCtas && threadIdx.x % 128 == 0) {
-    *reinterpret_cast<volatile uint32_t*>(&g_sparse_timeline_dep[cta]) = dep;
-    timeline_stamp(ev);
-  }
+  if (trace::warpgroup_leader()) trace::stamp_after<Trace::Format, 1>(g_trace, 0, 0, ev, dep);
 }
-#define OPENMLA_TRACE(role, it, ev) ::openmla::kernels::sparse_decode::trace_stamp(role, it, ev)
-#define OPENMLA_TIMELINE(ev) ::openmla::kernels::sparse_decode::timeline_stamp(Trace::ev)
-#define OPENMLA_TIMELINE_AFTER(ev, dep) ::openmla::kernels::sparse_decode::timeline_stamp_after(Trace::ev, dep)
-#define OPENMLA_SWITCH(k, ev) ::openmla::kernels::sparse_decode::switch_stamp(k, ev)
-#else
-#define OPENMLA_TRACE(role, it, ev) ((void)0)
-#define OPENMLA_TIMELINE(ev) ((void)0)
-#define OPENMLA_TIMELINE_AFTER(ev, dep) ((void)0)
-#define OPENMLA_SWITCH(k, ev) ((void)0)
 #endif
+#define OPENMLA_TRACE(role, it, ev) OPENMLA_TRACE_ONLY(::openmla::kernels::sparse_decode::trace_stamp(role, it, ev))
+#define OPENMLA_TIMELINE(ev) OPENMLA_TRACE_ONLY(::openmla::kernels::sparse_decode::timeline_stamp<Trace::ev>())
+#define OPENMLA_TIMELINE_AFTER(ev, dep) \
+  OPENMLA_TRACE_ONLY(::openmla::kernels::sparse_decode::timeline_stamp_after(Trace::ev, dep))
+#define OPENMLA_SWITCH(k, ev) OPENMLA_TRACE_ONLY(::openmla::kernels::sparse_decode::switch_stamp(k, ev))
 
 // ---------------------------------------------------------------------------------------------------
 // FP8 e4m3 -> BF16 dequantisation

@@ -6,15 +6,8 @@ namespace openmla::kernels {
 
 #if defined(OPENMLA_HAS_TRACE)
 namespace {
-// Trace builds: which variant launched last (its unit holds the trace the readers copy).
+// Trace builds: which variant launched last (its unit holds the trace the reader copies).
 bool g_last_model1 = false, g_last_crossover = false;
-
-Status variant_trace_buffers(bool model1, bool crossover, sparse_decode::TraceBuffers* out) {
-  using sparse_decode::Layout;
-  using sparse_decode::trace_buffers;
-  if (model1) return crossover ? trace_buffers<Layout::kModel1, true>(out) : trace_buffers<Layout::kModel1, false>(out);
-  return crossover ? trace_buffers<Layout::kV32, true>(out) : trace_buffers<Layout::kV32, false>(out);
-}
 }  // namespace
 #endif
 
@@ -32,28 +25,17 @@ Status launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream) {
 }
 
 #if defined(OPENMLA_HAS_TRACE)
-Status copy_sparse_decode_trace(unsigned long long* host, size_t count) {
-  sparse_decode::TraceBuffers b;
-  OPENMLA_RETURN_IF_ERROR(variant_trace_buffers(g_last_model1, g_last_crossover, &b));
-  const size_t steps = b.trace.values(), timeline = b.timeline.values();
-  if (count < steps + timeline + b.switches.values())
-    return Status::invalid_argument("argument 'count': the trace holds more values");
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "sparse decode trace: synchronising");
-  OPENMLA_RETURN_IF_ERROR(detail::copy_trace_buffer(host, 0, b.trace, "sparse decode trace: copying"));
-  OPENMLA_RETURN_IF_ERROR(
-      detail::copy_trace_buffer(host, steps, b.timeline, "sparse decode trace: copying the timeline"));
-  return detail::copy_trace_buffer(host, steps + timeline, b.switches, "sparse decode trace: copying the switches");
-}
-
-Status clear_sparse_decode_timeline() {
-  for (const bool model1 : {false, true}) {
-    for (const bool crossover : {false, true}) {
-      sparse_decode::TraceBuffers b;
-      OPENMLA_RETURN_IF_ERROR(variant_trace_buffers(model1, crossover, &b));
-      OPENMLA_RETURN_IF_ERROR(detail::clear_trace_buffer(b.timeline, "sparse decode trace: clearing the timeline"));
-    }
-  }
-  return Status::ok();
+Status sparse_decode_trace(unsigned long long* host, size_t count, bool clear) {
+  using sparse_decode::Layout;
+  using sparse_decode::trace_buffer;
+  detail::TraceBuffer buffers[4];  // index: MODEL1 | crossover << 1, as the variant code
+  OPENMLA_RETURN_IF_ERROR((trace_buffer<Layout::kV32, false>(&buffers[0])));
+  OPENMLA_RETURN_IF_ERROR((trace_buffer<Layout::kModel1, false>(&buffers[1])));
+  OPENMLA_RETURN_IF_ERROR((trace_buffer<Layout::kV32, true>(&buffers[2])));
+  OPENMLA_RETURN_IF_ERROR((trace_buffer<Layout::kModel1, true>(&buffers[3])));
+  const int last = (g_last_model1 ? 1 : 0) | (g_last_crossover ? 2 : 0);
+  return detail::read_trace<sparse_decode::Trace::Format>(trace::Kernel::kSparseDecode, last, buffers, 4, last, host,
+                                                          count, clear, "sparse decode trace");
 }
 #endif
 

@@ -20,12 +20,10 @@ namespace openmla::kernels {
 Status launch_sparse_decode(const SparseDecodeParams& params, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
-// Trace builds only (CMake -DOPENMLA_TRACE=ON; the Python module's _sparse_decode_trace): copies the trace of the
-// last launch to `host` (synchronising the device first): the clock64 block trace, then the per-CTA %globaltimer
-// timeline, then the request-switch stamps (kernel.cuh, struct Trace).
-Status copy_sparse_decode_trace(unsigned long long* host, size_t count);
-// Zeroes the per-CTA timeline of every variant (CTAs that exit early stamp only some events).
-Status clear_sparse_decode_timeline();
+// Trace builds only (CMake -DOPENMLA_TRACE=ON; api/trace.h): copies the trace of the last launch (config.h, struct
+// Trace; format common/trace_format.h; variant code: 1 for MODEL1 | 2 for crossover) to host[0,
+// Trace::Format::kValues), synchronising the device first, or zeroes the trace of every variant when `clear` is set.
+Status sparse_decode_trace(unsigned long long* host, size_t count, bool clear);
 #endif
 
 namespace sparse_decode {
@@ -35,12 +33,9 @@ template <Layout L, bool kCrossover>
 Status launch_variant(const SparseDecodeParams& params, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
-// The variant's unit's trace arrays (kernel.cuh, struct Trace): block trace, per-CTA timeline, request switches.
-struct TraceBuffers {
-  detail::TraceBuffer trace, timeline, switches;
-};
+// The variant's unit's trace array (kernel.cuh).
 template <Layout L, bool kCrossover>
-Status trace_buffers(TraceBuffers* out);
+Status trace_buffer(detail::TraceBuffer* out);
 #endif
 
 }  // namespace sparse_decode

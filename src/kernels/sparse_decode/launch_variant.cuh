@@ -39,11 +39,8 @@ Status launch_variant(const SparseDecodeParams& p, cudaStream_t stream) {
 
 #if defined(OPENMLA_HAS_TRACE)
 template <Layout L, bool kCrossover>
-Status trace_buffers(TraceBuffers* out) {
-  OPENMLA_RETURN_IF_ERROR(detail::trace_buffer(g_sparse_trace, &out->trace, "sparse decode trace: finding the buffer"));
-  OPENMLA_RETURN_IF_ERROR(
-      detail::trace_buffer(g_sparse_timeline, &out->timeline, "sparse decode trace: finding the timeline"));
-  return detail::trace_buffer(g_sparse_switch, &out->switches, "sparse decode trace: finding the switches");
+Status trace_buffer(detail::TraceBuffer* out) {
+  return detail::trace_buffer(g_trace, out, "sparse decode trace: finding the buffer");
 }
 #endif
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/seesaw.h"
+#include "common/trace_format.h"
 
 // Bytes of L2 prefetch per 16-byte gather (compile definition): 128, so that the hint on a row's last chunk does not
 // pull half of a neighbouring, unselected 1152-byte (V3.2) or 1024-byte (MODEL1) row into L2. 256 (FlashMLA's
@@ -86,5 +87,32 @@ struct alignas(1024) SharedStorage {
 
 static_assert(sizeof(SharedStorage<576>) + 1024 <= 232448, "d_qk 576 plan exceeds 227 KB");
 static_assert(sizeof(SharedStorage<512>) + 1024 <= 232448, "d_qk 512 plan exceeds 227 KB");
+
+// The trace of a trace build (CMake -DOPENMLA_TRACE=ON; format common/trace_format.h; kernel.cuh stamps it,
+// tools/diag/kernel_trace.py sparse-prefill reads it): one clock64 track. Thread 0 of each warpgroup of the CTAs with
+// linear id < kCtas stamps each step of its first kPairs block pairs (the steps, counted over the CTA's tiles). CTA
+// header: start = the producer's first pair start, end = WG0's last tile epilogue (value: the pairs WG0 ran). The
+// kernel stamps the events by number. Only constants here.
+struct Trace {
+  static constexpr int kCtas = 2, kRoles = 3, kPairs = 96, kEvents = 8;
+  using Format = trace::Format<trace::Track<kCtas, kRoles, kPairs, kEvents>>;
+  enum Role : int { kRoleWg0 = 0, kRoleWg1 = 1, kRoleProducer = 2 };
+  // WG0: pair start, S0 = Q K0^T done, m0 published, P0 V0_L done, a1 received, P0 stored, P1 V1_L done, tile
+  // epilogue done (last pair of a tile only).
+  enum Wg0Event : int {
+    kWg0Start = 0, kWg0S0 = 1, kWg0M0Published = 2, kWg0PV0 = 3, kWg0A1 = 4, kWg0P0Stored = 5, kWg0PV1 = 6,
+    kWg0Epilogue = 7 };
+  // WG1: pair start, S1 = Q K1^T done, m0 received, P1 stored + a1 published, P1 V1_R done, P0 received, P0 V0_R
+  // done, tile epilogue done. kWg1P1Stored follows the P1 store (a1 went out before the exponentials, decision
+  // sparse-prefill-v5); kWg1PV1 is P1 V1_R issued (not waited for).
+  enum Wg1Event : int {
+    kWg1Start = 0, kWg1S1 = 1, kWg1M0 = 2, kWg1P1Stored = 3, kWg1PV1 = 4, kWg1P0 = 5, kWg1PV0 = 6,
+    kWg1Epilogue = 7 };
+  // Producer: pair start, then the fill of K0 V_L, K1 V_R, K0 V_R, K0 RoPE, K1 RoPE, K1 V_L issued (each after its
+  // free wait), the next pair's rows prefetched.
+  enum ProducerEvent : int {
+    kProdStart = 0, kProdK0Vl = 1, kProdK1Vr = 2, kProdK0Vr = 3, kProdK0Rope = 4, kProdK1Rope = 5, kProdK1Vl = 6,
+    kProdPrefetch = 7 };
+};
 
 }  // namespace openmla::kernels::sparse_prefill

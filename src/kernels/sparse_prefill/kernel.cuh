@@ -25,6 +25,7 @@
 #include "common/q_tile.cuh"
 #include "common/seesaw.cuh"
 #include "common/tile_gemm.cuh"
+#include "common/trace.cuh"
 #include "kernels/sparse_prefill/config.h"
 #include "kernels/sparse_prefill/params.h"
 
@@ -68,31 +69,24 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Optional clock64 trace (trace builds: CMake OPENMLA_TRACE; tools/diag/trace_sparse_prefill.py
-// reads it through openmla._openmla._sparse_prefill_trace): thread 0 of each warpgroup of CTAs 0 and 1 stamps each
-// step of its first kPairs block pairs (counted over the CTA's tiles). Compiled out otherwise.
+// Trace builds (CMake -DOPENMLA_TRACE=ON): the clock64 pair steps of config.h, struct Trace, in the format of
+// common/trace.cuh (tools/diag/kernel_trace.py sparse-prefill reads it). Without the option the macro is empty and the
+// kernel compiles to the production SASS.
 // ---------------------------------------------------------------------------------------------------
-struct Trace {
-  static constexpr int kCtas = 2, kRoles = 3, kPairs = 96, kEvents = 8;
-  // WG0 (role 0): 0 pair start, 1 S0 = Q K0^T done, 2 m0 published, 3 P0 V0_L done, 4 a1 received, 5 P0 stored,
-  //   6 P1 V1_L done, 7 tile epilogue done (last pair of a tile only).
-  // WG1 (role 1): 0 pair start, 1 S1 = Q K1^T done, 2 m0 received, 3 P1 stored + a1 published, 4 P1 V1_R done,
-  //   5 P0 received, 6 P0 V0_R done, 7 tile epilogue done. Event 3 follows the P1 store (a1 went out before the
-  //   exponentials, decision sparse-prefill-v5); 4 is P1 V1_R issued (not waited for).
-  // Producer (role 2): 0 pair start, then the fill of K0 V_L, K1 V_R, K0 V_R, K0 RoPE, K1 RoPE, K1 V_L issued
-  //   (events 1-6, each after its free wait), 7 the next pair's rows prefetched.
-};
 #if defined(OPENMLA_HAS_TRACE)
 #define OPENMLA_PREFILL_TRACE_ON 1
-__device__ unsigned long long g_sparse_prefill_trace[Trace::kCtas][Trace::kRoles][Trace::kPairs][Trace::kEvents];
+__device__ unsigned long long g_trace[Trace::Format::kDeviceValues];
+// Event `ev` of `role`'s pair `pair` (thread 0 of each warpgroup). The producer's first pair start is the CTA header's
+// start; each of WG0's tile epilogues its end so far.
 __device__ __forceinline__ void trace_stamp(int role, uint32_t pair, int ev) {
-  if (blockIdx.x < Trace::kCtas && pair < Trace::kPairs && threadIdx.x % 128 == 0)
-    g_sparse_prefill_trace[blockIdx.x][role][pair][ev] = clock64();
+  if (!trace::warpgroup_leader()) return;
+  trace::stamp<Trace::Format, 0>(g_trace, role, pair, ev);
+  if (role == Trace::kRoleProducer && pair == 0 && ev == Trace::kProdStart) trace::cta_start<Trace::Format>(g_trace);
+  if (role == Trace::kRoleWg0 && ev == Trace::kWg0Epilogue) trace::cta_end<Trace::Format>(g_trace, pair + 1);
 }
-#define OPENMLA_PREFILL_STAMP(role, pair, ev) ::openmla::kernels::sparse_prefill::trace_stamp(role, pair, ev)
-#else
-#define OPENMLA_PREFILL_STAMP(role, pair, ev) ((void)0)
 #endif
+#define OPENMLA_PREFILL_STAMP(role, pair, ev) \
+  OPENMLA_TRACE_ONLY(::openmla::kernels::sparse_prefill::trace_stamp(role, pair, ev))
 
 // ---------------------------------------------------------------------------------------------------
 // Work of one tile

@@ -10,14 +10,28 @@ namespace openmla::kernels {
 template <int kDQK>
 Status launch_sparse_prefill_typed(const SparsePrefillParams& p, cudaStream_t stream);
 
+#if defined(OPENMLA_HAS_TRACE)
+namespace {
+// Trace builds: which variant launched last (its unit holds the trace the reader copies).
+int g_last_d_qk = 576;
+}  // namespace
+#endif
+
 Status launch_sparse_prefill(const SparsePrefillParams& p, cudaStream_t stream) {
+#if defined(OPENMLA_HAS_TRACE)
+  g_last_d_qk = p.d_qk;
+#endif
   return p.d_qk == 576 ? launch_sparse_prefill_typed<576>(p, stream) : launch_sparse_prefill_typed<512>(p, stream);
 }
 
 #if defined(OPENMLA_HAS_TRACE)
-Status sparse_prefill_trace(int d_qk, unsigned long long* host, size_t count, bool clear) {
-  return d_qk == 576 ? sparse_prefill_trace_typed<576>(host, count, clear)
-                     : sparse_prefill_trace_typed<512>(host, count, clear);
+Status sparse_prefill_trace(unsigned long long* host, size_t count, bool clear) {
+  detail::TraceBuffer buffers[2];  // d_qk 576, 512
+  OPENMLA_RETURN_IF_ERROR(sparse_prefill::trace_buffer<576>(&buffers[0]));
+  OPENMLA_RETURN_IF_ERROR(sparse_prefill::trace_buffer<512>(&buffers[1]));
+  return detail::read_trace<sparse_prefill::Trace::Format>(trace::Kernel::kSparsePrefill, g_last_d_qk, buffers, 2,
+                                                           g_last_d_qk == 576 ? 0 : 1, host, count, clear,
+                                                           "sparse prefill trace");
 }
 #endif
 

@@ -7,6 +7,11 @@
 
 #include "kernels/sparse_prefill/params.h"
 #include "openmla/status.h"
+#if defined(OPENMLA_HAS_TRACE)
+#include <cstddef>
+
+#include "common/trace_symbols.cuh"
+#endif
 
 namespace openmla::kernels {
 
@@ -14,10 +19,15 @@ template <int kDQK>
 Status launch_sparse_prefill_typed(const SparsePrefillParams& p, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
+// Trace builds only (CMake -DOPENMLA_TRACE=ON; api/trace.h): copies the trace of the last launch (config.h, struct
+// Trace; format common/trace_format.h; variant code: d_qk) to host[0, Trace::Format::kValues), synchronising the device
+// first, or zeroes the trace of every variant when `clear` is set.
+Status sparse_prefill_trace(unsigned long long* host, size_t count, bool clear);
+namespace sparse_prefill {
+// The head dimension's unit's trace array (kernel.cuh).
 template <int kDQK>
-Status sparse_prefill_trace_typed(unsigned long long* host, size_t count, bool clear);
-// Trace builds: copies (or clears) the clock64 trace of the last launch with head dimension d_qk.
-Status sparse_prefill_trace(int d_qk, unsigned long long* host, size_t count, bool clear);
+Status trace_buffer(detail::TraceBuffer* out);
+}  // namespace sparse_prefill
 #endif
 
 namespace sparse_prefill {

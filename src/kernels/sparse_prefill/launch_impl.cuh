@@ -3,9 +3,6 @@
 
 #include "common/cuda_check.h"
 #include "common/dynamic_smem.h"
-#if defined(OPENMLA_HAS_TRACE)
-#include "common/trace_symbols.cuh"
-#endif
 #include "kernels/sparse_prefill/kernel.cuh"
 #include "kernels/sparse_prefill/launch.h"
 
@@ -29,16 +26,10 @@ Status launch_sparse_prefill_typed(const SparsePrefillParams& p, cudaStream_t st
 }
 
 #if defined(OPENMLA_HAS_TRACE)
-// Trace builds: the clock64 trace of the last launch of this instantiation (kernel.cuh, struct Trace), cleared first
-// when `clear` is set.
+// Trace builds: this unit's copy of the kernel's trace array (launch.h).
 template <int kDQK>
-Status sparse_prefill_trace_typed(unsigned long long* host, size_t count, bool clear) {
-  using sparse_prefill::g_sparse_prefill_trace;
-  if (clear) return detail::clear_symbol(g_sparse_prefill_trace, "sparse prefill trace: clearing");
-  if (count < detail::symbol_values(g_sparse_prefill_trace))
-    return Status::invalid_argument("argument 'count': the trace holds more values");
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "sparse prefill trace: synchronising");
-  return detail::copy_symbol(host, 0, g_sparse_prefill_trace, "sparse prefill trace: copying");
+Status sparse_prefill::trace_buffer(detail::TraceBuffer* out) {
+  return detail::trace_buffer(sparse_prefill::g_trace, out, "sparse prefill trace: finding the buffer");
 }
 #endif
 

@@ -5,7 +5,7 @@ namespace openmla::kernels::dense_decode {
 
 template Status launch_variant<true>(const DenseDecodeParams& params, cudaStream_t stream);
 #if defined(OPENMLA_HAS_TRACE)
-template Status timeline_buffer<true>(detail::TraceBuffer* out);
+template Status trace_buffer<true>(detail::TraceBuffer* out);
 #endif
 
 }  // namespace openmla::kernels::dense_decode

@@ -6,6 +6,6 @@ template Status launch_mha_prefill_typed<128, false>(const MhaPrefillParams&, cu
 }  // namespace openmla::kernels
 #if defined(OPENMLA_HAS_TRACE)
 namespace openmla::kernels {
-template Status mha_prefill_trace_typed<128, false>(unsigned long long*, size_t, bool);
+template Status mha_prefill::trace_buffer<128, false>(detail::TraceBuffer*);
 }  // namespace openmla::kernels
 #endif

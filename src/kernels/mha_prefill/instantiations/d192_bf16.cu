@@ -6,6 +6,6 @@ template Status launch_mha_prefill_typed<192, false>(const MhaPrefillParams&, cu
 }  // namespace openmla::kernels
 #if defined(OPENMLA_HAS_TRACE)
 namespace openmla::kernels {
-template Status mha_prefill_trace_typed<192, false>(unsigned long long*, size_t, bool);
+template Status mha_prefill::trace_buffer<192, false>(detail::TraceBuffer*);
 }  // namespace openmla::kernels
 #endif

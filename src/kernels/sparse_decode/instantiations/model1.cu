@@ -5,7 +5,7 @@ namespace openmla::kernels::sparse_decode {
 
 template Status launch_variant<Layout::kModel1, false>(const SparseDecodeParams& params, cudaStream_t stream);
 #if defined(OPENMLA_HAS_TRACE)
-template Status trace_buffers<Layout::kModel1, false>(TraceBuffers* out);
+template Status trace_buffer<Layout::kModel1, false>(detail::TraceBuffer* out);
 #endif
 
 }  // namespace openmla::kernels::sparse_decode

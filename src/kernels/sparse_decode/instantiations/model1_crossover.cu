@@ -5,7 +5,7 @@ namespace openmla::kernels::sparse_decode {
 
 template Status launch_variant<Layout::kModel1, true>(const SparseDecodeParams& params, cudaStream_t stream);
 #if defined(OPENMLA_HAS_TRACE)
-template Status trace_buffers<Layout::kModel1, true>(TraceBuffers* out);
+template Status trace_buffer<Layout::kModel1, true>(detail::TraceBuffer* out);
 #endif
 
 }  // namespace openmla::kernels::sparse_decode

@@ -5,7 +5,7 @@ namespace openmla::kernels::sparse_decode {
 
 template Status launch_variant<Layout::kV32, true>(const SparseDecodeParams& params, cudaStream_t stream);
 #if defined(OPENMLA_HAS_TRACE)
-template Status trace_buffers<Layout::kV32, true>(TraceBuffers* out);
+template Status trace_buffer<Layout::kV32, true>(detail::TraceBuffer* out);
 #endif
 
 }  // namespace openmla::kernels::sparse_decode

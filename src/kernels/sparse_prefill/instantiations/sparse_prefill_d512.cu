@@ -6,6 +6,6 @@ template Status launch_sparse_prefill_typed<512>(const SparsePrefillParams&, cud
 }  // namespace openmla::kernels
 #if defined(OPENMLA_HAS_TRACE)
 namespace openmla::kernels {
-template Status sparse_prefill_trace_typed<512>(unsigned long long*, size_t, bool);
+template Status sparse_prefill::trace_buffer<512>(detail::TraceBuffer*);
 }  // namespace openmla::kernels
 #endif

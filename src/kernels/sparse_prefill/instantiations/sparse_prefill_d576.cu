@@ -6,6 +6,6 @@ template Status launch_sparse_prefill_typed<576>(const SparsePrefillParams&, cud
 }  // namespace openmla::kernels
 #if defined(OPENMLA_HAS_TRACE)
 namespace openmla::kernels {
-template Status sparse_prefill_trace_typed<576>(unsigned long long*, size_t, bool);
+template Status sparse_prefill::trace_buffer<576>(detail::TraceBuffer*);
 }  // namespace openmla::kernels
 #endif
