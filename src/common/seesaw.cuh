@@ -2,7 +2,8 @@
 // where two warpgroups take the two blocks of a pair and chain the softmax through shared memory: WG0 computes its
 // block's max and publishes it with the factor that rescales the running state (wg0_softmax), WG1 continues from
 // them with its block's max (wg1_rescale). The scalar parts are common/online_softmax.cuh's; the kernels' shared
-// memory provides the exchange arrays max0, scale0, max1, scale1 (one float per row of the 64-row tile). The
+// memory provides the exchange arrays max0, scale0, max1, scale1 (one float per row of the 64-row tile); WG0 then takes
+// WG1's max back (wg0_receive). The
 // hand-offs that order them: common/seesaw.h. Device only (the layer: docs/architecture.md, "Device layer").
 #pragma once
 
@@ -54,6 +55,19 @@ __device__ __forceinline__ void wg1_rescale(const float (&mx)[2], float scale_lo
       smem.scale1[frag.row[i]] = a1[i];
       smem.max1[frag.row[i]] = m1[i];
     }
+  }
+}
+
+// WG0, once WG1 published (kScale1Ready): a1 = 2^(m0 - m1) and m1 from shared memory; the running max becomes m1
+// and this warpgroup's row sums move to it (l <- l a1). Returns a1, the factor P0 and O_L are rescaled by.
+template <class Smem>
+__device__ __forceinline__ void wg0_receive(const Smem& smem, const tile::Fragment& frag, float (&m_run)[2],
+                                            float (&l_run)[2], float (&a1)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    a1[i] = smem.scale1[frag.row[i]];
+    m_run[i] = smem.max1[frag.row[i]];
+    l_run[i] *= a1[i];
   }
 }
 

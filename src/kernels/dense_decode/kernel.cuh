@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/barrier_ring.cuh"
+#include "common/cta.cuh"
 #include "common/epilogue.cuh"
 #include "common/mma_tile.cuh"
 #include "common/online_softmax.cuh"
@@ -161,13 +162,12 @@ template <bool kIsFp16>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map,
                         const __grid_constant__ CUtensorMap k_map_rope, const __grid_constant__ CUtensorMap q_map) {
-  extern __shared__ uint8_t smem_raw[];
-  SharedStorage& smem = *reinterpret_cast<SharedStorage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  SharedStorage& smem = cta::shared_storage<SharedStorage>();
 
   const int tid = threadIdx.x;
   // Broadcast from lane 0 so the compiler knows the value is warp-uniform: wgmma under a branch it cannot
   // prove uniform gets serialised (ptxas C7520).
-  const int wg = __shfl_sync(0xffffffff, tid / T::kWarpgroupThreads, 0);
+  const int wg = cta::warpgroup(tid);
   const int wg_tid = tid % T::kWarpgroupThreads;
   const int m_block = blockIdx.x;
   const int kv_head = blockIdx.y;
@@ -349,12 +349,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // Step 4: wait for a1 and P1; rescale P0 to m1 and hand it to WG1.
         handoff.wait(Handoff::kScale1Ready);
         float a1[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          a1[i] = smem.scale1[frag.row[i]];
-          m_run[i] = smem.max1[frag.row[i]];
-          l_run[i] *= a1[i];
-        }
+        seesaw::wg0_receive(smem, frag, m_run, l_run, a1);
         scale_rows(s, a1[0], a1[1]);
         store_p<kIsFp16>(s, smem.k[0][T::kRopeTile], frag);
         handoff.arrive(Handoff::kP0Ready);

@@ -25,6 +25,7 @@
 
 #include "common/attention_mask.cuh"
 #include "common/barrier_ring.cuh"
+#include "common/cta.cuh"
 #include "common/epilogue.cuh"
 #include "common/mma_tile.cuh"
 #include "common/online_softmax.cuh"
@@ -485,11 +486,10 @@ __device__ __forceinline__ void kernel_body(const MhaPrefillParams& p, const CUt
                                             const CUtensorMap* o_map) {
   using T = Traits<kDQK, kFp16>;
   using Smem = SharedStorage<kDQK, kFp16>;
-  extern __shared__ uint8_t smem_raw[];
-  Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  Smem& smem = cta::shared_storage<Smem>();
   const int tid = threadIdx.x;
   // Warp-uniform role (wgmma under a branch ptxas cannot prove uniform is serialised).
-  const int wg = __shfl_sync(0xffffffffu, tid / T::kWarpgroupThreads, 0);
+  const int wg = cta::warpgroup(tid);
 
   if (tid == 0) {
     ptx::prefetch_tensormap(q_map);

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "common/barrier_ring.cuh"
+#include "common/cta.cuh"
 #include "common/epilogue.cuh"
 #include "common/mma_tile.cuh"
 #include "common/online_softmax.cuh"
@@ -667,11 +668,10 @@ template <Layout L, bool kCrossover>
 __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(const __grid_constant__ SparseDecodeParams p) {
   using T = Traits<L>;
   using Smem = SharedStorage<L>;
-  extern __shared__ uint8_t smem_raw[];
-  Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  Smem& smem = cta::shared_storage<Smem>();
 
   const int tid = threadIdx.x;
-  const int wg = __shfl_sync(0xffffffff, tid / T::kWarpgroupThreads, 0);
+  const int wg = cta::warpgroup(tid);
   const int wg_tid = tid % T::kWarpgroupThreads;
   const int s_idx = blockIdx.y;
   constexpr int kCtas = kCrossover ? 2 : 1;

@@ -18,6 +18,7 @@
 
 #include "common/attention_mask.cuh"
 #include "common/barrier_ring.cuh"
+#include "common/cta.cuh"
 #include "common/epilogue.cuh"
 #include "common/mma_tile.cuh"
 #include "common/online_softmax.cuh"
@@ -281,13 +282,6 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage<kDQK>& sme
   ptx::fence_registers(s);
 }
 
-// Keeps ptxas from hoisting values derived from `x` out of the loops (they would hold registers for the whole
-// tile; the consumers have none to spare).
-__device__ __forceinline__ int launder32(int x) {
-  asm volatile("mov.b32 %0, %0;" : "+r"(x));
-  return x;
-}
-
 // Stores P (bf16) into a 128B-swizzled 64 x 64 tile for the other warpgroup's shared-A wgmma (tile::stmatrix_tile:
 // four stmatrix.x4 per thread, decision sparse-prefill-v4) and fences the stores for the async proxy (the hand-off
 // barrier that follows publishes them).
@@ -348,7 +342,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
       const bool has_k1 = blk0 + 1 < w.num_blocks;
       const bool last_pair = blk0 + 2 >= w.num_blocks;
       const uint32_t ph0 = Uses::parity(use[0]), ph1 = Uses::parity(use[1]);
-      const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
+      const Fragment frag = make_fragment(ptx::launder32(tid) % T::kWarpgroupThreads);
       OPENMLA_PREFILL_STAMP(kWg, pair_count, 0);
       uint32_t pa[4][4];
       if constexpr (kWg == 0) {
@@ -379,12 +373,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
         handoff.wait(Handoff::kScale1Ready);
         OPENMLA_PREFILL_STAMP(0, pair_count, 4);
         float a1[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          a1[i] = smem.scale1[frag.row[i]];
-          m_run[i] = smem.max1[frag.row[i]];
-          l_run[i] *= a1[i];
-        }
+        seesaw::wg0_receive(smem, frag, m_run, l_run, a1);
         scale_rows_if_changed(s, a1[0], a1[1]);
         store_p(s, p_tile[0], wg_tid);
         handoff.arrive(Handoff::kP0Ready);
@@ -472,7 +461,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     }
 
     // ---------------------------------------------------------------- epilogue
-    const Fragment frag = make_fragment(launder32(tid) % T::kWarpgroupThreads);
+    const Fragment frag = make_fragment(ptx::launder32(tid) % T::kWarpgroupThreads);
     float total[2];
     // Row sums of both warpgroups (relative to the same final max); double-buffered by tile parity so a
     // warpgroup that runs ahead into the next tile's epilogue cannot overwrite what the other still reads.
@@ -498,7 +487,7 @@ __device__ __forceinline__ void consume(const SparsePrefillParams& p, SharedStor
     }
     scale_rows(o, inv[0], inv[1]);
     const int col_base = kWg * (T::kHeadDimV / 2);
-    const int q4 = launder32(lane) % 4;  // laundered: ptxas would hoist the 16 column offsets out of the tile loop
+    const int q4 = ptx::launder32(lane) % 4;  // laundered: ptxas would hoist the 16 column offsets out of the tile loop
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int head = w.head0 + frag.row[i];
@@ -530,11 +519,10 @@ __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
     sparse_prefill_kernel(const __grid_constant__ SparsePrefillParams p, const __grid_constant__ CUtensorMap q_map) {
   using T = Traits<kDQK>;
   using Smem = SharedStorage<kDQK>;
-  extern __shared__ uint8_t smem_raw[];
-  Smem& smem = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  Smem& smem = cta::shared_storage<Smem>();
   const int tid = threadIdx.x;
   // Warp-uniform role (wgmma under a branch ptxas cannot prove uniform is serialised).
-  const int wg = __shfl_sync(0xffffffff, tid / T::kWarpgroupThreads, 0);
+  const int wg = cta::warpgroup(tid);
 
   if (tid == 0) {
     ptx::prefetch_tensormap(&q_map);
