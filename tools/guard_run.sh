@@ -40,6 +40,12 @@ pack() {  # stage
 }
 [[ -f $base/CMakeLists.txt ]] || { echo "guard_run: no older tree in .ab/base (see the header)"; exit 2; }
 [[ -e $base/.deps ]] || ln -sfn "$root/.deps" "$base/.deps"
+# The device tool copies a carried .ab/ afresh on every call (replacing what a previous call built there), so every
+# stage that runs the older tree's extension first makes sure it is built (a no-op when it is).
+base_ext() {  # log
+  (cd "$base" && cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" &&
+     cmake --build build-ab -j "$jobs" --target _openmla) >>"$1" 2>&1 || fail "extension of the base tree ($1)"
+}
 
 for stage in $stages; do
   d=$logs_root/$stage
@@ -63,6 +69,7 @@ for stage in $stages; do
       grep -h "ptxas warning" "$d"/new_full.log | sort -u | head -20
       ;;
     record)
+      base_ext "$d/base_ext.log"
       files=(tests/python/test_mha_prefill.py tests/python/test_mha_prefill_api.py tests/python/test_sparse_prefill.py)
       OPENMLA_RECORD_OUTPUTS=$d/new.jsonl PYTHONPATH=$root/.deps/py timeout -k 5 400 \
         "$py" -m pytest -q -p no:cacheprovider "${files[@]}" >"$d/new.log" 2>&1 || fail "prefill tests, this tree"
@@ -95,7 +102,8 @@ for stage in $stages; do
       done
       ;;
     host)
-      for r in 1 2; do
+      base_ext "$d/base_ext.log"
+      for r in 1 2 3; do
         for t in "$base" "$root"; do
           name=$([[ $t == "$base" ]] && echo base || echo new)
           (cd "$t" && PYTHONPATH=$t/python:$root/.deps/py timeout -k 5 240 "$py" benchmarks/run.py --suite host_overhead \
@@ -107,7 +115,7 @@ import json, os, statistics, sys
 d = sys.argv[1]
 rows = {}
 for name in ("base", "new"):
-    for r in (1, 2):
+    for r in (1, 2, 3):
         p = os.path.join(d, f"{name}_r{r}.json")
         if not os.path.exists(p):
             continue

@@ -450,7 +450,8 @@ def test_packed_variants(mha, d_qk):
     lens = (65, 300, 1)
     cu = torch.tensor(_cu(lens), dtype=torch.int32, device=DEVICE)
     total, h = sum(lens), 4
-    qkv = torch.randn((total, h, 2 * d_qk + 128), device=DEVICE).bfloat16()
+    g = torch.Generator(device=DEVICE).manual_seed(4421 + d_qk)  # seeded: the output record compares builds on it
+    qkv = torch.randn((total, h, 2 * d_qk + 128), generator=g, device=DEVICE).bfloat16()
     q, k, v = qkv[..., :d_qk], qkv[..., d_qk:2 * d_qk], qkv[..., 2 * d_qk:]
     ref = mha.flash_attn_varlen_func(q, k, v, cu, cu, 300, 300, causal=True)
     packed = mha.flash_attn_varlen_qkvpacked_func(qkv, cu, 300, d_qk, causal=True)
