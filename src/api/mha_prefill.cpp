@@ -210,15 +210,8 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
     p.v = total_k > 0 ? a.v.data : a.q.data;
     p.v_stride_t = used_stride(a.v, 0);
     p.v_stride_h = used_stride(a.v, 1);
-    // The packed token is the view's request; there is no position dimension (stride 0).
-    p.output = kernels::OutputView{.out = a.out.data,
-                                   .out_stride_b = a.out.stride[0],
-                                   .out_stride_s = 0,
-                                   .out_stride_h = a.out.stride[1],
-                                   .lse = static_cast<float*>(a.lse.data),
-                                   .lse_stride_b = a.lse.stride[0],
-                                   .lse_stride_h = a.lse.stride[1],
-                                   .lse_stride_s = 0};
+    p.output = kernels::OutputView::for_tokens(a.out.data, a.out.stride[0], a.out.stride[1],
+                                               static_cast<float*>(a.lse.data), a.lse.stride[0], a.lse.stride[1]);
     p.grid = plan.grid;
     p.dynamic_tiles = plan.dynamic_tiles;
     p.staged_out = plan.staged_out;

@@ -173,15 +173,8 @@ Status validate_sparse_prefill(const SparsePrefillArgs& args, kernels::SparsePre
     p.indices_stride_s = idx_stride_s;
     p.topk_length = a.topk_length.defined() ? static_cast<const int32_t*>(a.topk_length.data) : nullptr;
     p.attn_sink = a.attn_sink.defined() ? static_cast<const float*>(a.attn_sink.data) : nullptr;
-    // The query token is the view's request; there is no position dimension (stride 0).
-    p.output = kernels::OutputView{.out = a.out.data,
-                                   .out_stride_b = a.out.stride[0],
-                                   .out_stride_s = 0,
-                                   .out_stride_h = a.out.stride[1],
-                                   .lse = static_cast<float*>(a.lse.data),
-                                   .lse_stride_b = a.lse.stride[0],
-                                   .lse_stride_h = a.lse.stride[1],
-                                   .lse_stride_s = 0};
+    p.output = kernels::OutputView::for_tokens(a.out.data, a.out.stride[0], a.out.stride[1],
+                                               static_cast<float*>(a.lse.data), a.lse.stride[0], a.lse.stride[1]);
     p.max_logits = static_cast<float*>(a.max_logits.data);
     p.max_logits_stride_s = a.max_logits.stride[0];
     p.max_logits_stride_h = a.max_logits.stride[1];

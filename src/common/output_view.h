@@ -51,6 +51,13 @@ struct OutputView {
   OPENMLA_VIEW_FN int64_t token_lse_offset(int64_t token, int head) const {
     return token * lse_stride_b + head * lse_stride_h;
   }
+
+  // The view of a prefill call's (tokens, h_q, d_v) out and (tokens, h_q) lse: the token as `req`, no position
+  // dimension (stride 0). Strides in elements.
+  static OutputView for_tokens(void* out, int64_t out_stride_t, int64_t out_stride_h, float* lse,
+                               int64_t lse_stride_t, int64_t lse_stride_h) {
+    return OutputView{out, out_stride_t, 0, out_stride_h, lse, lse_stride_t, lse_stride_h, 0};
+  }
 };
 static_assert(sizeof(OutputView) == 64 && alignof(OutputView) == 8, "eight 8-byte fields, no padding");
 
