@@ -11,6 +11,11 @@
 # dropped, and `diff` reads the hash in the names of kernels in an anonymous namespace (`_GLOBAL__N__<hash>_`, e.g. the
 # FP8 dequantisation probe's) as one value, so two checkouts in different folders compare equal when their machine
 # code is.
+#
+# Needs cuobjdump and nvdisasm (the CUDA toolkit's; where the local toolkit lacks them, the PyPI wheels
+# nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm carry both binaries, e.g. 13.2.51, which read CUDA 13.0 objects).
+# tools/sass_loops.py compares the loops of two objects with registers and addresses normalised: where a change
+# renames registers only, it says IDENTICAL where this script says DIFFERENT.
 set -euo pipefail
 mode=${1:?dump or diff}
 path_free() { sed 's/_GLOBAL__N__[0-9a-f]*_/_GLOBAL__N__/g' "$1"; }  # the path hash of anonymous namespaces
