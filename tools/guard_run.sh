@@ -150,8 +150,7 @@ PY
       done
       unset PYTHONPATH
       # The production extension back in python/openmla/.
-      cmake --build build-ab -j "$jobs" --target _openmla >"$d/restore.log" 2>&1 && touch python/openmla/_openmla*.so
-      cp build-ab/_openmla*.so python/openmla/ 2>/dev/null
+      cmake --build build-ab -j "$jobs" --target _openmla >"$d/restore.log" 2>&1 && cp build-ab/_openmla*.so python/openmla/
       ;;
     bench)
       PYTHONPATH=$root/python:$root/.deps/py timeout -k 5 540 "$py" benchmarks/run.py \

@@ -95,12 +95,6 @@ struct Tiling {
     const int first = key_first_row(s_q, s_k, n_block * kBlockN, causal);
     return first >= s_q ? num_m_blocks(s_q) : first / kBlockM;
   }
-
-  // ---- The order of a sequence's tiles
-  // Tiles of a sequence: one per (head, block) of the walked dimension.
-  OPENMLA_VARLEN_FN static int64_t sequence_tiles(int blocks_of_rows, int heads) {
-    return static_cast<int64_t>(heads) * blocks_of_rows;
-  }
 };
 
 // Head-major (the tiles of one head, which share its keys and values in L2, are consecutive, and heads of one kv head

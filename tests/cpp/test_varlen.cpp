@@ -236,7 +236,7 @@ TEST(Varlen, CallTileWalkCoversEverySequenceOnce) {
   const int h_q = 2, batch = static_cast<int>(cu.size()) - 1;
   const std::vector<vl::RowRange> rows = walked_rows(cu, total);
   std::vector<int64_t> first(batch + 1, 0);
-  for (int b = 0; b < batch; ++b) first[b + 1] = first[b] + Tiles::sequence_tiles(Tiles::num_m_blocks(rows[b].len), h_q);
+  for (int b = 0; b < batch; ++b) first[b + 1] = first[b] + int64_t{h_q} * Tiles::num_m_blocks(rows[b].len);
   std::set<std::tuple<int, int, int>> produced;
   for (int64_t t = 0; t < first[batch]; ++t) {
     int seq = 0;
