@@ -102,4 +102,61 @@ struct MhaPrefillArgs {
 // workspace is reset by a memset node on `stream`).
 Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args, cudaStream_t stream);
 
+// ---------------------------------------------------------------------------------------------------------------
+// Dense MHA prefill, backward (the gradients of flash_attn_varlen_func). docs/mha-prefill-bwd.md.
+// ---------------------------------------------------------------------------------------------------------------
+// Given the forward's inputs, its out and lse, and dout = dL/dout, computes dq, dk, dv = the gradients of
+// sum(out * dout) with respect to q, k and v (lse is treated as a saved value, not an output: its gradient is not
+// taken). The sequences, the mask and the head mapping are the forward's (above): with GQA, dk and dv of a kv head are
+// summed over the h_q / h_kv query heads that read it. A query row that sees no key gets dq = 0; a key that no query
+// row sees gets dk = dv = 0. Rows past the last sequence are neither read into a result nor written.
+//
+// Three kernels on `stream`: a preprocess (D = rowsum(dout o out) per row and head, the lse in base 2, into the
+// workspace), the main pass (one CTA per (sequence, kv head, 128 keys): dk and dv in registers, dq accumulated in fp32
+// in the workspace) and the dq conversion. deterministic = false adds the partial dq of each key block by fp32
+// reductions in whatever order the CTAs reach them; deterministic = true adds them in key-block order (a per-block
+// counter), so dq, dk and dv are bitwise identical from run to run (dk and dv always are).
+
+struct MhaPrefillBwdProblem {
+  int64_t batch = 0;          // sequences, >= 1
+  int64_t total_q = 0;        // rows of q, out, dout, dq (the workspace depends on it), >= 0
+  int64_t h_q = 0;            // query heads, a multiple of h_kv
+  int64_t h_kv = 0;           // key/value heads
+  int64_t d_qk = 192;         // 192 or 128
+  int64_t d_v = 128;          // 128
+  DType dtype = DType::kBFloat16;  // kBFloat16 or kFloat16: q, k, v, out, dout, dq, dk, dv
+  bool causal = false;        // bottom-right aligned
+  bool deterministic = false;  // dq added in a fixed order (above)
+  int num_sms = 0;            // SMs to run on (persistent CTAs); 0: the current device's count
+};
+
+struct MhaPrefillBwdWorkspaceSizes {
+  size_t workspace_bytes = 0;  // MhaPrefillBwdArgs::workspace needs at least this many bytes: the fp32 dq
+                               // accumulator (h_q x (total_q + 64 batch + 64) x d_qk x 4 bytes), D and the base-2 lse
+                               // (two floats per row and head), the deterministic order's counters, the tile counter
+};
+
+// Checks the problem and fills `sizes`. Host-only: no CUDA call.
+Status get_mha_prefill_bwd_workspace_size(const MhaPrefillBwdProblem& problem, MhaPrefillBwdWorkspaceSizes* sizes);
+
+struct MhaPrefillBwdArgs {
+  TensorRef q;              // (total_q, h_q, d_qk), problem.dtype; the forward's layout rules (last dim contiguous,
+                            // other strides multiples of 8 elements, 16-byte aligned)
+  TensorRef k;              // (total_k, h_kv, d_qk)
+  TensorRef v;              // (total_k, h_kv, d_v)
+  TensorRef out;            // (total_q, h_q, d_v): the forward's output
+  TensorRef dout;           // (total_q, h_q, d_v): dL/dout
+  TensorRef lse;            // (total_q, h_q) float32, any strides: the forward's lse (natural log; +inf: no key)
+  TensorRef cu_seqlens_qo;  // (batch + 1,) int32, as the forward's
+  TensorRef cu_seqlens_kv;  // (batch + 1,) int32
+  float softmax_scale = 0.f;  // the forward's (> 0, finite; 0: d_qk ** -0.5)
+  TensorRef workspace;      // (>= workspace_bytes,) bytes, contiguous, 16-byte aligned; rewritten by every call
+  TensorRef dq;             // (total_q, h_q, d_qk), problem.dtype; last dim contiguous, strides multiples of 8, 16 B
+  TensorRef dk;             // (total_k, h_kv, d_qk), likewise
+  TensorRef dv;             // (total_k, h_kv, d_v), likewise
+};
+
+// Never synchronises, never allocates; graph-capturable (the workspace is reset by memset nodes on `stream`).
+Status mha_prefill_bwd(const MhaPrefillBwdProblem& problem, const MhaPrefillBwdArgs& args, cudaStream_t stream);
+
 }  // namespace openmla
