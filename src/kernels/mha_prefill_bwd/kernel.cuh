@@ -290,7 +290,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
       }
       tile = __shfl_sync(0xffffffffu, ticket, 0) + p.grid;
     }
-    ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kTileStart), kConsumerThreads);
+    ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kTileStart), kConsumerThreads);
     // The record is read where it is used (after the barriers and fences of each step the compiler reloads it
     // instead of keeping its fields live: registers are the kernel's limit).
     const TileInfo& info = smem.tile[tile_iter & 1];
@@ -300,6 +300,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
       load_kv(smem, info, k_map, v_map);
       if (steps > 0) load_step(p, smem, info, step_iter, 0, q_map, do_map);
     }
+    __syncwarp();  // warp 0 reconverges before the warp-wide wgmma instructions
     float dk[kDQK / 2], dv[64];
 #pragma unroll
     for (int i = 0; i < kDQK / 2; ++i) dk[i] = 0.f;
@@ -309,6 +310,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
     for (int j = 0; j < steps; ++j, ++step_iter) {
       // The next step's loads go out now (its slot was released by the step before this one).
       if (tid == 0 && j + 1 < steps) load_step(p, smem, info, step_iter + 1, j + 1, q_map, do_map);
+      __syncwarp();
       const StepCoord sc = step_coord(p, info, j);
       const int head = sc.head, m = sc.m;
       {
@@ -380,10 +382,10 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         // ---- dS^T into shared memory once the previous step's dQ GEMMs (its readers) and this warpgroup's previous
         // reductions (readers of the staging sub-blocks) are done
         if (stage_leader) ptx::bulk_wait_group_read0();
-        ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kDsFree), kConsumerThreads);
+        ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kDsFree), kConsumerThreads);
         tile::stmatrix_tile_packed(dsa, ds_rows, t);
         ptx::fence_proxy_async_shared();
-        ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kDsReady), kConsumerThreads);
+        ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kDsReady), kConsumerThreads);
         ptx::wgmma_wait<0>();
         ptx::fence_registers(dk);
         ptx::fence_registers(dsa);
@@ -406,7 +408,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
           if (two) dq_sub_block(2);
         }
         ptx::fence_proxy_async_shared();
-        ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kStage0) + kWg, T::kWarpgroupThreads);
+        ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kStage0) + kWg, T::kWarpgroupThreads);
         if (stage_leader) {
           const int64_t block = static_cast<int64_t>(head) * p.pad_blocks + info.pad_block + m;
           float* dst = p.dq_accum + block * T::kQKTiles * kSubBlockFloats;
@@ -428,6 +430,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
             ptx::atomic_add_acq_rel_gpu(order, 1);
           }
         }
+        __syncwarp();
       }
     }
     // (The tile's last GEMMs are done; the next tile's barrier lets thread 0 reload K and V.)
