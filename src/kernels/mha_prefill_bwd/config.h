@@ -120,7 +120,8 @@ struct alignas(1024) SharedStorage {
   float dsum[T::kStages][T::kBlockM];  // D = rowsum(dO o O) (padded rows: 0)
   TileInfo tile[2];
   int zero;
-  int pad_[3];
+  int pending_order[2];  // deterministic: warpgroup w's reduced block whose count is not raised yet (-1: none)
+  int pad_;
   uint64_t kv_full;
   uint64_t step_full[T::kStages];
   uint64_t step_free[T::kStages];

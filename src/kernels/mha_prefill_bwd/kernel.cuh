@@ -154,8 +154,11 @@ __device__ __forceinline__ bool find_tile(const MhaPrefillBwdParams& p, int t, v
                                           TileInfo& info) {
   varlen::SeqTile st;
   if (!Walk::find(p.seqs, p.h_kv, t, w, lane, st)) return false;
-  // Key blocks in order within a kv head: the deterministic order's counters wait only for smaller tile numbers.
-  const varlen::TileCoord c = varlen::tile_coord(st.local, Tiles::num_n_blocks(st.k.len), false);
+  // The key blocks of a kv head in order (longest first under causal), except deterministic causal: last first,
+  // the order in which that mode adds dq (below, the rank in consume), so that a CTA only ever waits for tiles taken
+  // before its own (no deadlock with fewer CTAs than tiles).
+  const varlen::TileCoord c =
+      varlen::tile_coord(st.local, Tiles::num_n_blocks(st.k.len), p.deterministic && p.causal);
   info.valid = 1;
   info.q_begin = st.q.begin;
   info.s_q = st.q.len;
@@ -251,6 +254,22 @@ __device__ __forceinline__ void stage_dq(const float (&dq)[32], float* stage, in
   for (int j = 0; j < 8; ++j)
     *reinterpret_cast<float4*>(stage + j * 512 + wg_tid * 4) =
         make_float4(dq[4 * j + 0], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+}
+
+// The stage leader's wait for its previous reductions: deterministic, their completion, then the raise of the count
+// they add to (`pending`: its block, -1 none), which lets the next key block add; otherwise only their reads of the
+// staging sub-blocks (`all`: their completion too, at the end).
+__device__ __forceinline__ void finish_reductions(const MhaPrefillBwdParams& p, int& pending, bool all) {
+  if (p.deterministic && pending >= 0) {
+    ptx::bulk_wait_group0();
+    ptx::fence_proxy_async_global();
+    ptx::atomic_add_acq_rel_gpu(p.dq_order + pending, 1);
+    pending = -1;
+  } else if (all) {
+    ptx::bulk_wait_group0();
+  } else {
+    ptx::bulk_wait_group_read0();
+  }
 }
 
 template <int kDQK, bool kFp16, int kWg>
@@ -381,7 +400,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         ptx::wgmma_commit();
         // ---- dS^T into shared memory once the previous step's dQ GEMMs (its readers) and this warpgroup's previous
         // reductions (readers of the staging sub-blocks) are done
-        if (stage_leader) ptx::bulk_wait_group_read0();
+        if (stage_leader) finish_reductions(p, smem.pending_order[kWg], false);
         ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kDsFree), kConsumerThreads);
         tile::stmatrix_tile_packed(dsa, ds_rows, t);
         ptx::fence_proxy_async_shared();
@@ -414,8 +433,12 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
           float* dst = p.dq_accum + block * T::kQKTiles * kSubBlockFloats;
           int* order = p.dq_order + block;
           if (p.deterministic) {
-            // Key blocks add in order: block n waits for the two reductions of each block before it.
-            const int target = 2 * info.n_block;
+            // The fixed order of the key blocks' additions to a query block (two reductions each, one per
+            // warpgroup): causal, from the last block that reaches the query block down to block 0 (the order in
+            // which the diagonal-first walks reach it anyway, so a CTA rarely waits); else block 0 first.
+            const int rank = p.causal ? Tiles::key_block_end(info.s_q, info.s_k, m, true) - 1 - info.n_block
+                                      : info.n_block;
+            const int target = 2 * rank;
             while (ptx::ld_acquire_gpu(order) < target) {
             }
             ptx::fence_proxy_async_global();
@@ -424,11 +447,9 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
           ptx::bulk_reduce_add_f32(dst + g0 * kSubBlockFloats, ptx::smem_addr(smem.dq_stage[g0]), kBytes);
           if (two) ptx::bulk_reduce_add_f32(dst + 2 * kSubBlockFloats, ptx::smem_addr(smem.dq_stage[2]), kBytes);
           ptx::bulk_commit_group();
-          if (p.deterministic) {
-            ptx::bulk_wait_group0();
-            ptx::fence_proxy_async_global();
-            ptx::atomic_add_acq_rel_gpu(order, 1);
-          }
+          // The count is raised once the reductions completed: at this warpgroup's next step (finish_reductions),
+          // so the wait for their completion is off this step.
+          if (p.deterministic) smem.pending_order[kWg] = static_cast<int>(block);
         }
         __syncwarp();
       }
@@ -449,7 +470,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
       epilogue::store_row<kFp16, false>(dv, i, q4, dv_row, 0, live);
     }
   }
-  if (stage_leader) ptx::bulk_wait_group0();  // the last reductions have read the staging tiles
+  if (stage_leader) finish_reductions(p, smem.pending_order[kWg], true);  // also before the CTA's shared memory goes
 }
 
 template <int kDQK, bool kFp16>
@@ -468,6 +489,7 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
     ptx::prefetch_tensormap(&v_map);
     ptx::prefetch_tensormap(&do_map);
     smem.zero = 0;
+    smem.pending_order[0] = smem.pending_order[1] = -1;
     ptx::mbarrier_init(&smem.kv_full, 1);
     for (int s = 0; s < T::kStages; ++s) {
       ptx::mbarrier_init(&smem.step_full[s], 1);
