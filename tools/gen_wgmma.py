@@ -13,6 +13,10 @@ SHAPES = [64, 256]  # N of the m64nNk16 instructions the kernels use
 # Shapes added later, emitted after the ones above so that the existing wrappers keep their place in the file:
 # N = 128 for dense MHA prefill (S = Q K^T over 128 keys, O += P V over d_v = 128).
 ADDED_SHAPES = [128]
+# The dense MHA backward: N = 192 (dK += dS^T Q over d_qk = 192), and the transposed-A shared-memory form at N = 64
+# (dQ = dS K with dS stored key-major, i.e. MN-major as the A operand).
+BWD_SHAPES = [192]
+TRANS_A_SHAPES = [64]
 TYPES = [("bf16", "bf16"), ("f16", "f16")]
 
 
@@ -31,6 +35,24 @@ def gen_ss(n, t):
     lines.append(f"      \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} \"")
     lines.append(f"      \"{{{operand_list(0, regs)}}}, \"")
     lines.append(f"      \"%{regs}, %{regs + 1}, p, 1, 1, 0, %{regs + 3};\\n}}\\n\"")
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    lines.append(f"      : {outs}")
+    lines.append('      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));')
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def gen_ss_trans_a(n, t):
+    regs = n // 2
+    lines = []
+    lines.append(f"// D(64x{n}, f32) (+)= A(64x16, smem desc, MN-major: transposed) * B({n}x16, smem desc); element type {t}.")
+    lines.append(f"template <int kTransB>")
+    lines.append(f"__device__ __forceinline__ void wgmma_m64n{n}k16_ss_ta_{t}(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{")
+    lines.append("  asm volatile(")
+    lines.append("      \"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" + str(regs + 2) + ", 0;\\n\"")
+    lines.append(f"      \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} \"")
+    lines.append(f"      \"{{{operand_list(0, regs)}}}, \"")
+    lines.append(f"      \"%{regs}, %{regs + 1}, p, 1, 1, 1, %{regs + 3};\\n}}\\n\"")
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     lines.append(f"      : {outs}")
     lines.append('      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));')
@@ -75,6 +97,15 @@ def main():
                 parts.append("")
                 parts.append(gen_rs(n, t))
                 parts.append("")
+    for t, _ in TYPES:
+        for n in BWD_SHAPES:
+            parts.append(gen_ss(n, t))
+            parts.append("")
+            parts.append(gen_rs(n, t))
+            parts.append("")
+        for n in TRANS_A_SHAPES:
+            parts.append(gen_ss_trans_a(n, t))
+            parts.append("")
     parts.append("}  // namespace openmla::ptx")
     with open(OUT, "w") as f:
         f.write("\n".join(parts) + "\n")

@@ -29,6 +29,7 @@ constexpr int64_t kMaxRowStride = int64_t{1} << 32;
 constexpr int64_t kMaxTiles = kInt32Max - (int64_t{1} << 16);
 
 const char* problem_dtype_name(DType d) { return dtype_name(d); }
+constexpr const char* kDtypeRule = "problem.dtype: q, k, v and out share one dtype";
 
 Status check_problem(const MhaPrefillProblem& p) {
   if (p.batch < 1) return invalid_field("batch", p.batch, "must be >= 1 (the number of sequences)");
@@ -56,6 +57,16 @@ Status check_problem(const MhaPrefillProblem& p) {
   return Status::ok();
 }
 
+// Every tensor argument with the strides of its size-1 dimensions replaced (api/validate.h, canonical()).
+MhaPrefillArgs canonical_args(const MhaPrefillArgs& args) {
+  MhaPrefillArgs c = args;
+  for (TensorRef* t : {&c.q, &c.k, &c.v, &c.cu_seqlens_qo, &c.cu_seqlens_kv, &c.workspace, &c.out, &c.lse})
+    *t = canonical(*t);
+  return c;
+}
+
+}  // namespace
+
 // The stride of dimension `dim`, or the packed value when the dimension has size 1 (its stride is never stepped, and
 // frameworks leave anything there).
 int64_t used_stride(const TensorRef& t, int dim) {
@@ -69,7 +80,7 @@ int64_t used_stride(const TensorRef& t, int dim) {
 // positive multiples of 8 elements (16 bytes) below kMaxRowStride, 16-byte aligned.
 // A tensor of no rows may come without a data pointer (frameworks allocate nothing for it); it is never read.
 Status check_rows_operand(const TensorRef& given, const char* name, DType dtype, int64_t heads, const char* heads_what,
-                          int64_t cols, const char* cols_what) {
+                          int64_t cols, const char* cols_what, const char* dtype_rule) {
   const bool empty = given.data == nullptr && given.ndim == 3 && given.shape[0] == 0;
   TensorRef t = given;
   if (empty) t.data = reinterpret_cast<void*>(uintptr_t{256});  // checked as if it had an (aligned) address
@@ -77,7 +88,7 @@ Status check_rows_operand(const TensorRef& given, const char* name, DType dtype,
   if (t.dtype != dtype) {
     MessageStream os;
     os << "argument '" << name << "' has dtype " << dtype_name(t.dtype) << ", expected " << dtype_name(dtype)
-       << " (problem.dtype: q, k, v and out share one dtype)";
+       << " (" << dtype_rule << ")";
     return invalid(os.str());
   }
   OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 1, heads, heads_what));
@@ -103,23 +114,13 @@ Status check_rows_operand(const TensorRef& given, const char* name, DType dtype,
   return check_pointer_aligned(t, name, 16);
 }
 
-// Every tensor argument with the strides of its size-1 dimensions replaced (api/validate.h, canonical()).
-MhaPrefillArgs canonical_args(const MhaPrefillArgs& args) {
-  MhaPrefillArgs c = args;
-  for (TensorRef* t : {&c.q, &c.k, &c.v, &c.cu_seqlens_qo, &c.cu_seqlens_kv, &c.workspace, &c.out, &c.lse})
-    *t = canonical(*t);
-  return c;
-}
-
-}  // namespace
-
 Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& args,
                             kernels::MhaPrefillParams* params) {
   OPENMLA_RETURN_IF_ERROR(check_problem(pr));
   const MhaPrefillArgs a = canonical_args(args);
 
   // ---- q, k, v
-  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.q, "q", pr.dtype, pr.h_q, "h_q", pr.d_qk, "d_qk"));
+  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.q, "q", pr.dtype, pr.h_q, "h_q", pr.d_qk, "d_qk", kDtypeRule));
   const int64_t total_q = a.q.shape[0];
   const int64_t max_tiles = heuristics::mha_prefill_max_tiles(pr.batch, total_q, pr.h_q, 0);
   if (max_tiles > kMaxTiles) {
@@ -130,10 +131,10 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
           "(split the call)";
     return invalid(os.str());
   }
-  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.k, "k", pr.dtype, pr.h_kv, "h_kv", pr.d_qk, "d_qk"));
+  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.k, "k", pr.dtype, pr.h_kv, "h_kv", pr.d_qk, "d_qk", kDtypeRule));
   OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.k, "k"));
   const int64_t total_k = a.k.shape[0];
-  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.v, "v", pr.dtype, pr.h_kv, "h_kv", pr.d_v, "d_v"));
+  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.v, "v", pr.dtype, pr.h_kv, "h_kv", pr.d_v, "d_v", kDtypeRule));
   OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.v, "v"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.v, "v", 0, total_k, "total_k, as k"));
 
@@ -166,7 +167,7 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
        << heuristics::kMhaPrefillWorkspaceBytes;
     return invalid(os.str());
   }
-  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.out, "out", pr.dtype, pr.h_q, "h_q", pr.d_v, "d_v"));
+  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.out, "out", pr.dtype, pr.h_q, "h_q", pr.d_v, "d_v", kDtypeRule));
   OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.out, "out"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 0, total_q, "total_q, as q"));
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.lse, "lse", {DType::kFloat32}, 2));

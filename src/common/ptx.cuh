@@ -253,6 +253,16 @@ __device__ __forceinline__ void bulk_load_shared(uint32_t smem_dst, const void* 
                : "memory");
 }
 
+// Bulk reduction shared -> global by the TMA engine: gmem[i] += smem[i] for `bytes` / 4 fp32 values (16-byte aligned,
+// size a multiple of 16), in this thread's bulk async-group (commit, then wait_group.read before the shared memory is
+// rewritten, wait_group before the sums are published to other CTAs). Each element's add is atomic; the order of
+// adds from different CTAs is not fixed.
+__device__ __forceinline__ void bulk_reduce_add_f32(void* gmem_dst, uint32_t smem_src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gmem_dst),
+               "r"(smem_src), "r"(bytes)
+               : "memory");
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Inter-CTA publication through global memory (split-KV merge counters)
 // ---------------------------------------------------------------------------------------------------

@@ -34,10 +34,22 @@ struct Element16 {
       return *reinterpret_cast<uint32_t*>(&v);
     }
   }
+  // Element `half` (0: low, 1: high) of a packed pair, as fp32 (exact).
+  __device__ static float unpack(uint32_t v, int half) {
+    const uint32_t bits = half ? (v >> 16) : (v & 0xffffu);
+    if constexpr (kIsFp16) {
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    } else {
+      return __uint_as_float(bits << 16);
+    }
+  }
   // d (+)= A B over one k16 slice, A and B from shared memory (descriptors); scale_d = 0 overwrites d.
   template <int kN, int kTransB>
   __device__ static void mma_ss(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d) {
-    static_assert(kN == 64 || kN == 128 || kN == 256, "wgmma shapes of the library: m64n64, m64n128, m64n256");
+    static_assert(kN == 64 || kN == 128 || kN == 192 || kN == 256,
+                  "wgmma shapes of the library: m64n64, m64n128, m64n192, m64n256");
+    if constexpr (kN == 192 && kIsFp16) ptx::wgmma_m64n192k16_ss_f16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 192 && !kIsFp16) ptx::wgmma_m64n192k16_ss_bf16<kTransB>(d, a, b, scale_d);
     if constexpr (kN == 64 && kIsFp16) ptx::wgmma_m64n64k16_ss_f16<kTransB>(d, a, b, scale_d);
     if constexpr (kN == 64 && !kIsFp16) ptx::wgmma_m64n64k16_ss_bf16<kTransB>(d, a, b, scale_d);
     if constexpr (kN == 128 && kIsFp16) ptx::wgmma_m64n128k16_ss_f16<kTransB>(d, a, b, scale_d);
@@ -48,13 +60,25 @@ struct Element16 {
   // d (+)= A B over one k16 slice, A from registers (A fragments), B from shared memory.
   template <int kN, int kTransB>
   __device__ static void mma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int scale_d) {
-    static_assert(kN == 64 || kN == 128 || kN == 256, "wgmma shapes of the library: m64n64, m64n128, m64n256");
+    static_assert(kN == 64 || kN == 128 || kN == 192 || kN == 256,
+                  "wgmma shapes of the library: m64n64, m64n128, m64n192, m64n256");
+    if constexpr (kN == 192 && kIsFp16) ptx::wgmma_m64n192k16_rs_f16<kTransB>(d, a, b, scale_d);
+    if constexpr (kN == 192 && !kIsFp16) ptx::wgmma_m64n192k16_rs_bf16<kTransB>(d, a, b, scale_d);
     if constexpr (kN == 64 && kIsFp16) ptx::wgmma_m64n64k16_rs_f16<kTransB>(d, a, b, scale_d);
     if constexpr (kN == 64 && !kIsFp16) ptx::wgmma_m64n64k16_rs_bf16<kTransB>(d, a, b, scale_d);
     if constexpr (kN == 128 && kIsFp16) ptx::wgmma_m64n128k16_rs_f16<kTransB>(d, a, b, scale_d);
     if constexpr (kN == 128 && !kIsFp16) ptx::wgmma_m64n128k16_rs_bf16<kTransB>(d, a, b, scale_d);
     if constexpr (kN == 256 && kIsFp16) ptx::wgmma_m64n256k16_rs_f16<kTransB>(d, a, b, scale_d);
     if constexpr (kN == 256 && !kIsFp16) ptx::wgmma_m64n256k16_rs_bf16<kTransB>(d, a, b, scale_d);
+  }
+  // d (+)= A B over one k16 slice with A read MN-major (transposed: stored K rows x M contiguous columns, as a
+  // K-major tile written by stmatrix_tile holds its transpose) and B from shared memory; m64n64 only (the dense MHA
+  // backward's dQ = dS K, with dS stored key-major).
+  template <int kN, int kTransB>
+  __device__ static void mma_ss_trans_a(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d) {
+    static_assert(kN == 64, "the transposed-A wgmma of the library: m64n64");
+    if constexpr (kIsFp16) ptx::wgmma_m64n64k16_ss_ta_f16<kTransB>(d, a, b, scale_d);
+    if constexpr (!kIsFp16) ptx::wgmma_m64n64k16_ss_ta_bf16<kTransB>(d, a, b, scale_d);
   }
 };
 
@@ -105,6 +129,16 @@ __device__ __forceinline__ void stmatrix_tile(const float (&x)[kElems], uint32_t
     ptx::stmatrix_x4(base ^ static_cast<uint32_t>(c << 5), E::pack(x[h + 8 * c + 0], x[h + 8 * c + 1]),
                      E::pack(x[h + 8 * c + 2], x[h + 8 * c + 3]), E::pack(x[h + 8 * c + 4], x[h + 8 * c + 5]),
                      E::pack(x[h + 8 * c + 6], x[h + 8 * c + 7]));
+}
+
+// stmatrix_tile<kIsFp16, 0> from a fragment already packed as A fragments (to_a_fragments of its first 64 columns: the
+// same words), so the fp32 fragment need not stay alive until the store.
+__device__ __forceinline__ void stmatrix_tile_packed(const uint32_t (&a)[4][4], uint32_t tile, int wg_tid) {
+  const int lane = wg_tid % 32;
+  const int row = (wg_tid / 32) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+  const uint32_t base = tile + swizzled_chunk(row, lane >> 4);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) ptx::stmatrix_x4(base ^ static_cast<uint32_t>(c << 5), a[c][0], a[c][1], a[c][2], a[c][3]);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,6 @@
+// Dense MHA prefill backward, d_qk = 192, d_v = 128, fp16.
+#include "kernels/mha_prefill_bwd/launch_impl.cuh"
+
+namespace openmla::kernels {
+template Status launch_mha_prefill_bwd_typed<192, true>(const MhaPrefillBwdParams&, cudaStream_t);
+}  // namespace openmla::kernels

@@ -1,0 +1,485 @@
+// Dense MHA prefill backward kernels (sm_90a): varlen, GQA, bottom-right causal, d_qk 192 or 128, d_v 128.
+//
+// Three kernels per call (api/mha_prefill_bwd.cpp launches them after resetting the workspace):
+//   preprocess: per query row and head, D = rowsum(dO o O) and the lse in base 2, into the workspace at the row's
+//       padded position (config.h); padded rows keep a huge lse (P = 0) and D = 0.
+//   main: persistent CTAs over tiles (sequence, kv head, 128 keys), taken in order through an atomic counter (the
+//       varlen walk by key blocks, common/varlen_walk.cuh). Three warpgroups:
+//       WG2, the producer (one warp): K and V of the tile once, then per step (query head of the group, query block
+//           of 64 rows) Q, dO, the block's lse and D through a two-stage ring, all by TMA.
+//       WG0, WG1, the consumers: 64 keys each. Per step: S^T = K Q^T and dP^T = V dO^T (SS wgmma, N = 64 query rows),
+//           P^T = 2^(S^T scale_log2 - lse), dS^T = P^T o (dP^T - D); dV += P^T dO and dK += dS^T Q with P^T and dS^T
+//           as register A fragments (RS wgmma); dS^T into shared memory, then dQ = dS K (SS wgmma with the
+//           transposed A form) split by 64-column sub-blocks between the warpgroups, staged in shared memory and
+//           added to the fp32 accumulator by bulk reductions (in key-block order when deterministic).
+//           dK (scaled) and dV leave from the registers at the end of the tile, summed over the group's heads.
+//   dq conversion: dq = scale * the accumulator, in the operands' type.
+// Design note with the pipeline, the barriers and the numerics: docs/mha-prefill-bwd.md.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/barrier_ring.cuh"
+#include "common/cta.cuh"
+#include "common/epilogue.cuh"
+#include "common/mma_tile.cuh"
+#include "common/ptx.cuh"
+#include "common/ragged_tma.cuh"
+#include "common/tile_gemm.cuh"
+#include "common/varlen_walk.cuh"
+#include "kernels/mha_prefill_bwd/config.h"
+#include "kernels/mha_prefill_bwd/params.h"
+
+namespace openmla::kernels::mha_prefill_bwd {
+
+using tile::Fragment;
+using tile::make_fragment;
+template <int kStages>
+using Ring = pipeline::BarrierRing<kStages>;
+using Desc = tile::DescUniform64;
+using Walk = varlen::TileWalk<Tiles, varlen::Walk::kKeyBlocks>;
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// ---------------------------------------------------------------------------------------------------
+// Rows of a packed query tensor -> sequences (preprocess and conversion): the sequence whose clamped rows hold
+// `row`, or -1 (a row past the last sequence, or in no sequence of malformed lengths).
+// ---------------------------------------------------------------------------------------------------
+struct RowSeq {
+  int seq;
+  int begin;  // the sequence's first row
+};
+__device__ __forceinline__ RowSeq find_row_sequence(const varlen::VarlenBatch& b, int row) {
+  // The last i with cu[i] <= row (cu is non-decreasing when valid; a malformed one gives some i, checked below).
+  int lo = 0, hi = b.batch;  // answer in [lo, hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (__ldg(b.cu_seqlens_q + mid) <= row)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const varlen::RowRange r = varlen::clamp_rows(__ldg(b.cu_seqlens_q + lo), __ldg(b.cu_seqlens_q + lo + 1), b.total_q);
+  if (row < r.begin || row >= r.begin + r.len) return RowSeq{-1, 0};
+  return RowSeq{lo, r.begin};
+}
+// The padded row of row `row` of sequence `s` (config.h).
+__device__ __forceinline__ int64_t padded_row(const RowSeq& s, int row) {
+  return (static_cast<int64_t>(s.begin) + 64 * static_cast<int64_t>(s.seq)) / 64 * 64 + (row - s.begin);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Preprocess: one warp per (query row, head)
+// ---------------------------------------------------------------------------------------------------
+template <bool kFp16>
+__device__ __forceinline__ float dot4(uint2 a, uint2 b) {
+  float s = 0.f;
+  if constexpr (kFp16) {
+    const __half2* x = reinterpret_cast<const __half2*>(&a);
+    const __half2* y = reinterpret_cast<const __half2*>(&b);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float2 u = __half22float2(x[i]), v = __half22float2(y[i]);
+      s = fmaf(u.x, v.x, s);
+      s = fmaf(u.y, v.y, s);
+    }
+  } else {
+    const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&a);
+    const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float2 u = __bfloat1622float2(x[i]), v = __bfloat1622float2(y[i]);
+      s = fmaf(u.x, v.x, s);
+      s = fmaf(u.y, v.y, s);
+    }
+  }
+  return s;
+}
+
+template <bool kFp16>
+__global__ void __launch_bounds__(256) mha_bwd_preprocess_kernel(const __grid_constant__ MhaPrefillBwdParams p) {
+  const int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (w >= static_cast<int64_t>(p.seqs.total_q) * p.h_q) return;
+  const int row = static_cast<int>(w / p.h_q), head = static_cast<int>(w % p.h_q);
+  const RowSeq s = find_row_sequence(p.seqs, row);
+  if (s.seq < 0) return;
+  const uint8_t* o = static_cast<const uint8_t*>(p.out) + 2 * (row * p.out_stride_t + head * p.out_stride_h);
+  const uint8_t* d = static_cast<const uint8_t*>(p.dout) + 2 * (row * p.dout_stride_t + head * p.dout_stride_h);
+  float sum = dot4<kFp16>(*reinterpret_cast<const uint2*>(o + 8 * lane), *reinterpret_cast<const uint2*>(d + 8 * lane));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) {
+    const int64_t at = static_cast<int64_t>(head) * p.pad_blocks * kBlockM + padded_row(s, row);
+    p.dsum[at] = sum;
+    p.lse2[at] = p.lse[row * p.lse_stride_t + head * p.lse_stride_h] * kLog2e;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// dq conversion: one thread per (query row, head, 8 columns)
+// ---------------------------------------------------------------------------------------------------
+template <int kDQK, bool kFp16>
+__global__ void __launch_bounds__(256) mha_bwd_dq_convert_kernel(const __grid_constant__ MhaPrefillBwdParams p) {
+  using T = Traits<kDQK, kFp16>;
+  constexpr int kChunks = kDQK / 8;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<int64_t>(p.seqs.total_q) * p.h_q * kChunks) return;
+  const int chunk = static_cast<int>(idx % kChunks);
+  const int64_t rh = idx / kChunks;
+  const int row = static_cast<int>(rh / p.h_q), head = static_cast<int>(rh % p.h_q);
+  const RowSeq s = find_row_sequence(p.seqs, row);
+  if (s.seq < 0) return;
+  const int64_t prow = padded_row(s, row);
+  const int g = chunk / 8, c = (chunk % 8) * 8, r = static_cast<int>(prow % 64);
+  const float* base = p.dq_accum + ((static_cast<int64_t>(head) * p.pad_blocks + prow / 64) * T::kQKTiles + g) *
+                                       static_cast<int64_t>(kSubBlockFloats);
+  uint32_t packed[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = *reinterpret_cast<const float2*>(base + dq_accum_index(r, c + 2 * i));
+    packed[i] = tile::Element16<kFp16>::pack(v.x * p.scale, v.y * p.scale);
+  }
+  uint8_t* dst = static_cast<uint8_t*>(p.dq) + 2 * (row * p.dq_stride_t + head * p.dq_stride_h + chunk * 8);
+  *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Main kernel: tile scheduling (warp 0) and loads (thread 0)
+// ---------------------------------------------------------------------------------------------------
+__device__ __forceinline__ bool find_tile(const MhaPrefillBwdParams& p, int t, varlen::SeqWindow& w, int lane,
+                                          TileInfo& info) {
+  varlen::SeqTile st;
+  if (!Walk::find(p.seqs, p.h_kv, t, w, lane, st)) return false;
+  // Key blocks in order within a kv head: the deterministic order's counters wait only for smaller tile numbers.
+  const varlen::TileCoord c = varlen::tile_coord(st.local, Tiles::num_n_blocks(st.k.len), false);
+  info.valid = 1;
+  info.q_begin = st.q.begin;
+  info.s_q = st.q.len;
+  info.k_begin = st.k.begin;
+  info.s_k = st.k.len;
+  info.kv_head = c.head;
+  info.n_block = c.block;
+  info.m_begin = Tiles::query_block_begin(st.q.len, st.k.len, c.block, p.causal);
+  info.m_end = Tiles::num_m_blocks(st.q.len);
+  info.pad_block = static_cast<int>((static_cast<int64_t>(st.q.begin) + 64 * static_cast<int64_t>(st.seq)) / 64);
+  info.pad_[0] = info.pad_[1] = 0;
+  return true;
+}
+
+// Step j of a tile: query head kv_head * heads_per_kv + j / blocks, query block m_begin + j % blocks.
+struct StepCoord {
+  int head;
+  int m;
+};
+__device__ __forceinline__ StepCoord step_coord(const MhaPrefillBwdParams& p, const TileInfo& info, int j) {
+  const int blocks = info.m_end - info.m_begin;
+  const int hh = j / blocks;
+  return StepCoord{info.kv_head * p.heads_per_kv + hh, info.m_begin + (j - hh * blocks)};
+}
+
+// Thread 0: K and V of the tile (they are free: every thread passed the tile-start barrier after the previous tile's
+// last GEMM).
+template <int kDQK, bool kFp16>
+__device__ __forceinline__ void load_kv(SharedStorage<kDQK, kFp16>& smem, const TileInfo& info,
+                                        const CUtensorMap* k_map, const CUtensorMap* v_map) {
+  using T = Traits<kDQK, kFp16>;
+  const uint64_t policy = ptx::make_l2_evict_first_policy();  // read by this CTA only
+  ptx::mbarrier_arrive_expect_tx(&smem.kv_full, T::kKBytes + T::kVBytes);
+  load_ragged_rows(smem.k, T::kQKTiles, k_map, &smem.kv_full, info.kv_head, info.k_begin, info.s_k,
+                   info.n_block * T::kBlockN, policy);
+  load_ragged_rows(smem.v, T::kVTiles, v_map, &smem.kv_full, info.kv_head, info.k_begin, info.s_k,
+                   info.n_block * T::kBlockN, policy);
+}
+
+// Thread 0: the loads of the CTA's step number `it` (step j of the tile) into its ring slot, once both warpgroups
+// released the slot's previous step.
+template <int kDQK, bool kFp16>
+__device__ __forceinline__ void load_step(const MhaPrefillBwdParams& p, SharedStorage<kDQK, kFp16>& smem,
+                                          const TileInfo& info, uint32_t it, int j, const CUtensorMap* q_map,
+                                          const CUtensorMap* do_map) {
+  using T = Traits<kDQK, kFp16>;
+  using StepRing = Ring<T::kStages>;
+  const StepCoord c = step_coord(p, info, j);
+  const int s = StepRing::slot(it);
+  ptx::mbarrier_wait_parity(&smem.step_free[s], StepRing::free_parity(it));
+  const uint64_t policy = ptx::make_l2_evict_last_policy();  // Q and dO of a head: read by every key block's CTA
+  ptx::mbarrier_arrive_expect_tx(&smem.step_full[s], T::kStepBytes);
+  load_ragged_rows(smem.q[s], T::kQKTiles, q_map, &smem.step_full[s], c.head, info.q_begin, info.s_q,
+                   c.m * T::kBlockM, policy);
+  load_ragged_rows(smem.dout[s], T::kVTiles, do_map, &smem.step_full[s], c.head, info.q_begin, info.s_q,
+                   c.m * T::kBlockM, policy);
+  const int64_t stat = (static_cast<int64_t>(c.head) * p.pad_blocks + info.pad_block + c.m) * T::kBlockM;
+  ptx::bulk_load_shared(ptx::smem_addr(smem.lse[s]), p.lse2 + stat, T::kRowStatBytes, &smem.step_full[s]);
+  ptx::bulk_load_shared(ptx::smem_addr(smem.dsum[s]), p.dsum + stat, T::kRowStatBytes, &smem.step_full[s]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Main kernel: the consumers' GEMM steps
+// ---------------------------------------------------------------------------------------------------
+// X^T (+)= A B^T over kTiles 64-column tiles: A this warpgroup's 64 rows of a 128-row K-major buffer (tiles
+// a_tile_bytes apart), B a 64-row K-major buffer (tiles 8 KB apart). S^T = K Q^T and dP^T = V dO^T.
+template <bool kFp16, int kTiles, int kATileBytes, int kBTileBytes>
+__device__ __forceinline__ void issue_transposed_scores(float (&acc)[32], const uint8_t* a_rows, const uint8_t* b) {
+  const uint32_t a = Desc::base<tile::kLboKMajor>(a_rows), bb = Desc::base<tile::kLboKMajor>(b);
+#pragma unroll
+  for (int g = 0; g < kTiles; ++g)
+#pragma unroll
+    for (int kk = 0; kk < tile::kRowBytes / 32; ++kk)
+      tile::Element16<kFp16>::template mma_ss<64, 0>(acc, Desc::at(a, g * kATileBytes + kk * 32),
+                                                     Desc::at(bb, g * kBTileBytes + kk * 32), (g == 0 && kk == 0) ? 0 : 1);
+}
+
+// dQ sub-block = dS K over the tile's 128 keys: dS^T (128 keys x 64 rows, K-major as stored) read as the transposed
+// A operand, K's 64-column tile `k_tile` (128 keys x 64) read MN-major.
+template <bool kFp16, int kKTileBytes>
+__device__ __forceinline__ void issue_dq(float (&dq)[32], const uint8_t* ds, const uint8_t* k_tile) {
+  const uint32_t a = Desc::base<kKTileBytes>(ds), b = Desc::base<kKTileBytes>(k_tile);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+    tile::Element16<kFp16>::template mma_ss_trans_a<64, 1>(dq, Desc::at(a, kk * 16 * tile::kRowBytes),
+                                                           Desc::at(b, kk * 16 * tile::kRowBytes), kk == 0 ? 0 : 1);
+}
+
+// Stores a 64 x 64 fp32 fragment into a staging sub-block in the accumulator's order (config.h, dq_accum_index):
+// float4 j of thread t at j * 512 + 4 t.
+__device__ __forceinline__ void stage_dq(const float (&dq)[32], float* stage, int wg_tid) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    *reinterpret_cast<float4*>(stage + j * 512 + wg_tid * 4) =
+        make_float4(dq[4 * j + 0], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+}
+
+template <int kDQK, bool kFp16, int kWg>
+__device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStorage<kDQK, kFp16>& smem, int tid,
+                                        const CUtensorMap* q_map, const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                        const CUtensorMap* do_map) {
+  using T = Traits<kDQK, kFp16>;
+  const int wg_tid = tid % T::kWarpgroupThreads;
+  const int lane = tid % 32;
+  const Fragment frag = make_fragment(wg_tid);
+  using StepRing = Ring<T::kStages>;
+  uint32_t step_iter = 0;  // the CTA's steps so far (the same in every thread)
+  const bool stage_leader = wg_tid == 0;  // issues this warpgroup's dq reductions
+  auto release = [&](uint64_t* bar) {
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(bar);
+  };
+  const uint8_t* k_rows = smem.k[0] + kWg * T::kKeysPerWarpgroup * T::kRowBytes;
+  const uint8_t* v_rows = smem.v[0] + kWg * T::kKeysPerWarpgroup * T::kRowBytes;
+  const uint32_t ds_rows = ptx::smem_addr(smem.ds) + kWg * T::kKeysPerWarpgroup * T::kRowBytes;
+  int tile = blockIdx.x;  // warp 0's: the CTA's current tile number
+  varlen::SeqWindow window{};  // warp 0's walk state
+  if (tid < 32) window = Walk::start(p.seqs, p.h_kv, lane);
+  for (uint32_t tile_iter = 0;; ++tile_iter) {
+    // ---- the tile: found by warp 0 (its window moving forward only), published, and once
+    // every thread is past the previous tile (its last GEMMs read K and V), K, V and the first step loaded.
+    if (tid < 32) {
+      TileInfo found;
+      if (!find_tile(p, tile, window, lane, found)) {
+        found = TileInfo{};
+        found.valid = 0;
+      }
+      int ticket = 0;
+      if (lane == 0) {
+        smem.tile[tile_iter & 1] = found;
+        if (found.valid) ticket = ptx::atomic_add_relaxed_gpu(p.tile_counter, smem.zero, 1);
+      }
+      tile = __shfl_sync(0xffffffffu, ticket, 0) + p.grid;
+    }
+    ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kTileStart), kConsumerThreads);
+    // The record is read where it is used (after the barriers and fences of each step the compiler reloads it
+    // instead of keeping its fields live: registers are the kernel's limit).
+    const TileInfo& info = smem.tile[tile_iter & 1];
+    if (!info.valid) break;
+    const int steps = p.heads_per_kv * (info.m_end - info.m_begin);
+    if (tid == 0) {
+      load_kv(smem, info, k_map, v_map);
+      if (steps > 0) load_step(p, smem, info, step_iter, 0, q_map, do_map);
+    }
+    __syncwarp();  // warp 0 reconverges before the warp-wide wgmma instructions
+    float dk[kDQK / 2], dv[64];
+#pragma unroll
+    for (int i = 0; i < kDQK / 2; ++i) dk[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) dv[i] = 0.f;
+    ptx::mbarrier_wait_parity(&smem.kv_full, Ring<1>::parity(tile_iter));
+    for (int j = 0; j < steps; ++j, ++step_iter) {
+      // The next step's loads go out now (its slot was released by the step before this one).
+      if (tid == 0 && j + 1 < steps) load_step(p, smem, info, step_iter + 1, j + 1, q_map, do_map);
+      __syncwarp();
+      const StepCoord sc = step_coord(p, info, j);
+      const int head = sc.head, m = sc.m;
+      {
+        // Thread-derived offsets recomputed per step from a laundered index (not hoisted and kept live).
+        const int t = ptx::launder32(wg_tid);
+        const int col = (t % 4) * 2;  // the fragment's first column (query row of S^T)
+        const int key0 = info.n_block * T::kBlockN + kWg * T::kKeysPerWarpgroup + (t / 32) * 16 + (t % 32) / 4;
+        const int s = StepRing::slot(step_iter);
+        ptx::mbarrier_wait_parity(&smem.step_full[s], StepRing::parity(step_iter));
+        // ---- S^T = K Q^T, then P^T = 2^(S^T scale_log2 - lse) (masked entries 0) packed into A fragments; then
+        // dP^T = V dO^T with dV += P^T dO; then dS^T = P^T o (dP^T - D) packed, and dK += dS^T Q (register A
+        // fragments; dO and Q viewed MN-major). Three phases, so that at most one fp32 score fragment is live beside
+        // dK and dV (160 or 128 registers).
+        float st[32];
+        ptx::wgmma_fence();
+        issue_transposed_scores<kFp16, T::kQKTiles, T::kKTileBytes, T::kQTileBytes>(st, k_rows, smem.q[s][0]);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(st);
+        const bool masked = Tiles::block_needs_mask(info.s_q, info.s_k, m, info.n_block, p.causal);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = 8 * j + col + e;
+            const float l2 = smem.lse[s][c];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int x = 4 * j + 2 * i + e;
+              float pv = ptx::exp2_approx(fmaf(st[x], p.scale_log2, -l2));
+              if (masked) {
+                const int row = m * T::kBlockM + c;
+                const int key = key0 + 8 * i;
+                if (key >= info.s_k || (p.causal && key > row + info.s_k - info.s_q)) pv = 0.f;
+              }
+              st[x] = pv;
+            }
+          }
+        }
+        uint32_t pa[4][4], dsa[4][4];
+        tile::to_a_fragments<kFp16>(st, pa);
+        float dpt[32];
+        ptx::wgmma_fence();
+        issue_transposed_scores<kFp16, T::kVTiles, T::kKTileBytes, T::kQTileBytes>(dpt, v_rows, smem.dout[s][0]);
+        tile::issue_pv_rs<kFp16, Desc, T::kQTileBytes, T::kHeadDimV, 4>(dv, pa, smem.dout[s][0]);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(dpt);
+        ptx::fence_registers(dv);
+        ptx::fence_registers(pa);
+        // P^T again from its 16-bit fragments (the values dV used).
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float dd = smem.dsum[s][8 * j + col + e];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int x = 4 * j + 2 * i + e;
+              const float pv = tile::Element16<kFp16>::unpack(pa[x / 8][(x % 8) / 2], x % 2);
+              dpt[x] = pv * (dpt[x] - dd);
+            }
+          }
+        }
+        tile::to_a_fragments<kFp16>(dpt, dsa);
+        ptx::wgmma_fence();
+        tile::issue_pv_rs<kFp16, Desc, T::kQTileBytes, kDQK, 4>(dk, dsa, smem.q[s][0]);
+        ptx::wgmma_commit();
+        // ---- dS^T into shared memory once the previous step's dQ GEMMs (its readers) and this warpgroup's previous
+        // reductions (readers of the staging sub-blocks) are done
+        if (stage_leader) ptx::bulk_wait_group_read0();
+        ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kDsFree), kConsumerThreads);
+        tile::stmatrix_tile_packed(dsa, ds_rows, t);
+        ptx::fence_proxy_async_shared();
+        ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kDsReady), kConsumerThreads);
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(dk);
+        ptx::fence_registers(dsa);
+        release(&smem.step_free[s]);  // Q, dO, lse and D of the step are read
+        // ---- dQ = dS K: 64-column sub-blocks, g = kWg + step (mod 2): one each (d_qk 128), or two and one (192)
+        const int g0 = __shfl_sync(0xffffffffu, static_cast<int>((kWg + step_iter) & 1u), 0);
+        const bool two = T::kQKTiles == 3 && g0 == 0;
+        // One sub-block at a time (32 accumulator registers beside dK and dV).
+        auto dq_sub_block = [&](int g) {
+          float dq[32];
+          ptx::wgmma_fence();
+          issue_dq<kFp16, T::kKTileBytes>(dq, smem.ds, smem.k[g]);
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<0>();
+          ptx::fence_registers(dq);
+          stage_dq(dq, smem.dq_stage[g], t);
+        };
+        dq_sub_block(g0);
+        if constexpr (T::kQKTiles == 3) {
+          if (two) dq_sub_block(2);
+        }
+        ptx::fence_proxy_async_shared();
+        ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kStage0) + kWg, T::kWarpgroupThreads);
+        if (stage_leader) {
+          const int64_t block = static_cast<int64_t>(head) * p.pad_blocks + info.pad_block + m;
+          float* dst = p.dq_accum + block * T::kQKTiles * kSubBlockFloats;
+          int* order = p.dq_order + block;
+          if (p.deterministic) {
+            // Key blocks add in order: block n waits for the two reductions of each block before it.
+            const int target = 2 * info.n_block;
+            while (ptx::ld_acquire_gpu(order) < target) {
+            }
+            ptx::fence_proxy_async_global();
+          }
+          constexpr uint32_t kBytes = kSubBlockFloats * 4;
+          ptx::bulk_reduce_add_f32(dst + g0 * kSubBlockFloats, ptx::smem_addr(smem.dq_stage[g0]), kBytes);
+          if (two) ptx::bulk_reduce_add_f32(dst + 2 * kSubBlockFloats, ptx::smem_addr(smem.dq_stage[2]), kBytes);
+          ptx::bulk_commit_group();
+          if (p.deterministic) {
+            ptx::bulk_wait_group0();
+            ptx::fence_proxy_async_global();
+            ptx::atomic_add_acq_rel_gpu(order, 1);
+          }
+        }
+        __syncwarp();
+      }
+    }
+    // (The tile's last GEMMs are done; the next tile's barrier lets thread 0 reload K and V.)
+    // ---- dK (times the scale) and dV of this warpgroup's keys
+#pragma unroll
+    for (int i = 0; i < kDQK / 2; ++i) dk[i] *= p.scale;
+    const int q4 = lane % 4;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int key = info.n_block * T::kBlockN + kWg * T::kKeysPerWarpgroup + frag.row[i];
+      const bool live = key < info.s_k;  // the same for the whole quad
+      const int64_t token = static_cast<int64_t>(info.k_begin) + key;
+      uint8_t* dk_row = static_cast<uint8_t*>(p.dk) + 2 * (token * p.dk_stride_t + info.kv_head * p.dk_stride_h);
+      uint8_t* dv_row = static_cast<uint8_t*>(p.dv) + 2 * (token * p.dv_stride_t + info.kv_head * p.dv_stride_h);
+      epilogue::store_row<kFp16, false>(dk, i, q4, dk_row, 0, live);
+      epilogue::store_row<kFp16, false>(dv, i, q4, dv_row, 0, live);
+    }
+  }
+  if (stage_leader) ptx::bulk_wait_group0();  // the last reductions have read the staging tiles
+}
+
+template <int kDQK, bool kFp16>
+__global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
+    mha_bwd_kernel(const __grid_constant__ MhaPrefillBwdParams p, const __grid_constant__ CUtensorMap q_map,
+                   const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+                   const __grid_constant__ CUtensorMap do_map) {
+  using T = Traits<kDQK, kFp16>;
+  using Smem = SharedStorage<kDQK, kFp16>;
+  Smem& smem = cta::shared_storage<Smem>();
+  const int tid = threadIdx.x;
+  const int wg = cta::warpgroup(tid);
+  if (tid == 0) {
+    ptx::prefetch_tensormap(&q_map);
+    ptx::prefetch_tensormap(&k_map);
+    ptx::prefetch_tensormap(&v_map);
+    ptx::prefetch_tensormap(&do_map);
+    smem.zero = 0;
+    ptx::mbarrier_init(&smem.kv_full, 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      ptx::mbarrier_init(&smem.step_full[s], 1);
+      ptx::mbarrier_init(&smem.step_free[s], kConsumerWarps);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (wg == 0)
+    consume<kDQK, kFp16, 0>(p, smem, tid, &q_map, &k_map, &v_map, &do_map);
+  else
+    consume<kDQK, kFp16, 1>(p, smem, tid, &q_map, &k_map, &v_map, &do_map);
+}
+
+}  // namespace openmla::kernels::mha_prefill_bwd
