@@ -62,7 +62,7 @@ def _check_options(dropout_p, softmax_scale, max_seqlen_qo, name_max="max_seqlen
 def _forward(what, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal, deterministic, out,
              lse, packed=None):
     """The three functions' one path. `packed`: (kind, d_qk, sources) when q, k, v are views of the caller's packed
-    tensors ("qkv": (qkv,), "kv": (q, kv)), so that the backward writes their gradients into one tensor each."""
+    tensors ("qkv": (qkv,), "kv": (q, kv)), so that the backward returns one gradient per packed tensor."""
     if _is_compiling():  # torch.compile: the registered ops (no graph break; their autograd formula is registered)
         return _traced_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal,
                                deterministic, out, lse)
@@ -188,8 +188,8 @@ if _torch is not None:
 
     class _VarlenAttention(_torch.autograd.Function):
         """flash_attn_varlen_func under autograd (eager). The differentiable inputs are the caller's tensors: q, k, v,
-        or the packed qkv / kv, whose gradient the backward writes in one tensor through views. lse is marked
-        non-differentiable: a gradient reaching it is ignored (docs/contracts.md section 7)."""
+        or the packed qkv / kv, whose gradient the backward returns as one tensor. lse is marked non-differentiable:
+        a gradient reaching it is ignored (docs/contracts.md section 7)."""
 
         @staticmethod
         def forward(ctx, kind, d_qk, a, b, c, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal,
@@ -206,14 +206,20 @@ if _torch is not None:
             del dlse  # lse carries no gradient
             a, b, c, out, lse, cu_seqlens_qo, cu_seqlens_kv = ctx.saved_tensors
             kind, d_qk, softmax_scale, causal, deterministic = ctx.options
-            # One new tensor per source; its views are the kernel's dq, dk, dv (every element of the rows inside a
-            # sequence is written).
-            grads = [None if t is None else _torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (a, b, c)]
             q, k, v = _split_packed(kind, d_qk, a, b, c)
-            dq, dk, dv = _split_packed(kind, d_qk, *grads)
+            dq, dk, dv = (_torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
             _run_backward(dout, q, k, v, out, lse, cu_seqlens_qo, cu_seqlens_kv, softmax_scale, causal, deterministic,
                           dq, dk, dv)
+            # A packed input's gradient is assembled once (one concatenation; the C++ API refuses interleaved views of
+            # one output, whose byte ranges overlap), rather than by autograd's slice gradients (a zero-filled tensor
+            # per view, then their sum).
             wanted = ctx.needs_input_grad[2:5]
+            if kind == "qkv":
+                grads = (_torch.cat([dq, dk, dv], dim=-1) if wanted[0] else None, None, None)
+            elif kind == "kv":
+                grads = (dq, _torch.cat([dk, dv], dim=-1) if wanted[1] else None, None)
+            else:
+                grads = (dq, dk, dv)
             return (None, None) + tuple(g if w else None for g, w in zip(grads, wanted)) + (None,) * 6
 
 
@@ -308,7 +314,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, head_dim_qk, d
                                      causal=False, deterministic=False, is_varlen=True, *, out=None, lse=None):
     """flash_attn_varlen_func on one packed tensor: qkv (total, h, 2 * head_dim_qk + d_v) is split along its last
     dimension into q | k | v (views, no copy); h_q = h_kv = h, and cu_seqlens serves queries and keys. Differentiable
-    through qkv (its gradient is written as one tensor)."""
+    through qkv (its gradient is assembled as one tensor)."""
     del is_varlen
     d_qk = _head_dim(head_dim_qk)
     _check_options(dropout_p, softmax_scale, max_seqlen, "max_seqlen")
@@ -322,7 +328,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_qo, cu_seqlens_kv, max_seq
                                     dropout_p=0.0, softmax_scale=None, causal=False, deterministic=False,
                                     is_varlen=True, *, out=None, lse=None):
     """flash_attn_varlen_func with keys and values in one tensor: kv (total_k, h_kv, head_dim_qk + d_v) is split along
-    its last dimension into k | v (views, no copy). Differentiable through q and kv (kv's gradient is written as one
+    its last dimension into k | v (views, no copy). Differentiable through q and kv (kv's gradient is assembled as one
     tensor)."""
     del max_seqlen_kv, is_varlen
     d_qk = _head_dim(head_dim_qk)

@@ -657,7 +657,7 @@ def test_emulated_packed_variants_write_one_gradient(emulated, d_qk):
                                      _cu(lens), _cu(lens), True), dim=-1)
     assert qkv.grad.shape == qkv.shape and torch.equal(qkv.grad, want)
     assert torch.equal(torch.cat([q.grad, kv.grad], dim=-1), want)
-    # One backward call per packed call, each handed views of one gradient tensor.
+    # One backward call per packed call.
     assert len(emulated.bwd_calls) == 2
 
 
