@@ -28,8 +28,12 @@ gpu = pytest.mark.gpu
 
 FIRST_LOSS_RTOL = 2e-3
 FIRST_GRAD_RTOL = 2e-2
-TRAIN_RTOL = 0.05
-TRAIN_ATOL = 0.02
+# A CPU proxy (the openmla path on test_mha_prefill_bwd's emulated binding, fp32 attention rounded to bf16, against
+# torch's bf16 SDPA on the CPU; lengths halved, 30 steps) kept the two curves within 0.35 % (relative) at every step
+# while the loss fell from 6.76 to 0.027. The bound is ~10x that, for the GPU kernels' own rounding; the absolute term
+# covers the last steps, where the loss is small.
+TRAIN_RTOL = 0.03
+TRAIN_ATOL = 0.005
 
 
 def _model():
