@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from test_mha_prefill_bwd import mha, smoke  # noqa: F401  (fixtures: the backward's smoke call in a child process)
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
@@ -44,12 +45,9 @@ def _model():
 
 @gpu
 @pytest.mark.parametrize("h_kv", (4, 1), ids=("mha", "gqa4"))
-def test_training_matches_sdpa(h_kv):
-    import torch
-
+def test_training_matches_sdpa(mha, h_kv):
     m = _model()
     cfg = m.TrainConfig(h_kv=h_kv)
-    torch.backends.cuda.matmul.allow_tf32 = False
     ours, ours_grads = m.train(cfg, "openmla", "cuda", keep_first_grads=True)
     ref, ref_grads = m.train(cfg, "sdpa", "cuda", keep_first_grads=True)
     print(f"h_kv={h_kv}\n  openmla: {[round(x, 4) for x in ours]}\n  sdpa:    {[round(x, 4) for x in ref]}")
