@@ -67,6 +67,12 @@ def _torch():
     return torch
 
 
+class SkipCase(Exception):
+    """Raised by a benchmark module's run(case, harness) when the case cannot run in this build or on this device for a
+    reason that is not a failure (a kernel family not built, a feature the module probes first): run.py prints the
+    reason and records it under "skipped_cases" instead of an error."""
+
+
 @dataclass
 class Timing:
     median_us: float

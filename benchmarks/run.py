@@ -7,7 +7,8 @@ Benchmark modules are the files benchmarks/bench_*.py. Each defines:
     DEFAULT = True                      # optional: part of the default run (True if absent)
     def cases(): -> list[dict]          # each case a dict with a unique "name" and its parameters;
                                         #   cases(quick) is called with harness.quick if it takes an argument
-    def run(case, harness): -> dict     # times the case and returns a record:
+    def run(case, harness): -> dict     # times the case and returns a record (or raises harness.SkipCase(reason):
+                                        #   the case is listed as skipped, not as an error):
         {"time_us": ..., "flops": ..., "bytes": ...}   (flops/bytes from formulas.py; either may be absent)
         optional: "tflops"/"gbps" (if it computes them itself), "name", "params", "target", anything else
         (the decode suites add timing_method, graph_event_time_us, eager_time_us, main_kernel_us, kernels:
@@ -225,7 +226,7 @@ def run_benchmarks(args) -> int:
           f"L2 flush before each timed call: {harness_mod.flush_bytes_requested() / 1e9:.2f} GB requested", flush=True)
     h = harness_mod.Harness(ceilings, warmup=args.warmup, reps=args.reps, quick=args.quick)
 
-    records, errors = [], list(import_errors)
+    records, errors, skipped = [], list(import_errors), []
     for suite in selected:
         mod = suites[suite]
         try:
@@ -240,6 +241,9 @@ def run_benchmarks(args) -> int:
             try:
                 rec = mod.run(case, h)
                 records.append(complete_record(mod, suite, case, rec, ceilings, device, commit, stamp))
+            except harness_mod.SkipCase as why:
+                print(f"  skipped: {why}", flush=True)
+                skipped.append((case["name"], str(why)))
             except Exception:
                 tb = traceback.format_exc()
                 print(tb, file=sys.stderr)
@@ -253,7 +257,8 @@ def run_benchmarks(args) -> int:
                 pass
 
     print_table(records, errors, ceilings, device, commit)
-    print(f"\n{len(records)} case(s) in {time.time() - t0:.0f} s, {len(errors)} error(s)")
+    print(f"\n{len(records)} case(s) in {time.time() - t0:.0f} s, {len(errors)} error(s)"
+          + (f", {len(skipped)} skipped" if skipped else ""))
 
     doc = {
         "schema": 1,
@@ -266,6 +271,7 @@ def run_benchmarks(args) -> int:
         "filter": args.filter,
         "records": records,
         "errors": [{"name": n, "error": e} for n, e in errors],
+        "skipped_cases": [{"name": n, "reason": r} for n, r in skipped],
     }
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

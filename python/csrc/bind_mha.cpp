@@ -1,4 +1,5 @@
-// Binding of the dense MHA prefill section of include/openmla/prefill.h.
+// Binding of the dense MHA prefill section of include/openmla/prefill.h: the forward (mha_prefill) and the backward
+// (mha_prefill_bwd), each with its workspace-size query.
 //
 // Thin on purpose: arrays become TensorRefs, the problem's fields come as keyword arguments, the C++ API does every
 // check, and its Status becomes the matching Python exception with the message unchanged. The flash_mla-compatible
@@ -77,6 +78,58 @@ void forward(const Array& q, const Array& k, const Array& v, const Array& cu_seq
   throw_if_error(status);
 }
 
+MhaPrefillBwdProblem make_bwd_problem(int64_t batch, int64_t total_q, int64_t h_q, int64_t h_kv, int64_t d_qk,
+                                      int64_t d_v, const std::string& dtype, bool causal, bool deterministic,
+                                      int num_sms) {
+  return MhaPrefillBwdProblem{.batch = batch,
+                              .total_q = total_q,
+                              .h_q = h_q,
+                              .h_kv = h_kv,
+                              .d_qk = d_qk,
+                              .d_v = d_v,
+                              .dtype = dtype_from_name(dtype),
+                              .causal = causal,
+                              .deterministic = deterministic,
+                              .num_sms = num_sms};
+}
+
+size_t bwd_workspace_size(int64_t batch, int64_t total_q, int64_t h_q, int64_t h_kv, int64_t d_qk, int64_t d_v,
+                          const std::string& dtype, bool causal, bool deterministic, int num_sms) {
+  MhaPrefillBwdWorkspaceSizes sizes;
+  throw_if_error(get_mha_prefill_bwd_workspace_size(
+      make_bwd_problem(batch, total_q, h_q, h_kv, d_qk, d_v, dtype, causal, deterministic, num_sms), &sizes));
+  return sizes.workspace_bytes;
+}
+
+void backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& dout, const Array& lse,
+              const Array& cu_seqlens_qo, const Array& cu_seqlens_kv, const Array& workspace, const Array& dq,
+              const Array& dk, const Array& dv, float softmax_scale, int64_t batch, int64_t total_q, int64_t h_q,
+              int64_t h_kv, int64_t d_qk, int64_t d_v, const std::string& dtype, bool causal, bool deterministic,
+              int num_sms, uintptr_t stream) {
+  const MhaPrefillBwdProblem problem =
+      make_bwd_problem(batch, total_q, h_q, h_kv, d_qk, d_v, dtype, causal, deterministic, num_sms);
+  MhaPrefillBwdArgs args;
+  args.q = to_tensor_ref(q, "q");
+  args.k = to_tensor_ref(k, "k");
+  args.v = to_tensor_ref(v, "v");
+  args.out = to_tensor_ref(out, "out");
+  args.dout = to_tensor_ref(dout, "dout");
+  args.lse = to_tensor_ref(lse, "lse");
+  args.cu_seqlens_qo = to_tensor_ref(cu_seqlens_qo, "cu_seqlens_qo");
+  args.cu_seqlens_kv = to_tensor_ref(cu_seqlens_kv, "cu_seqlens_kv");
+  args.softmax_scale = softmax_scale;
+  args.workspace = to_tensor_ref(workspace, "workspace");
+  args.dq = to_tensor_ref(dq, "dq");
+  args.dk = to_tensor_ref(dk, "dk");
+  args.dv = to_tensor_ref(dv, "dv");
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = mha_prefill_bwd(problem, args, to_stream(stream));
+  }
+  throw_if_error(status);
+}
+
 }  // namespace
 
 void bind_mha(nb::module_& m) {
@@ -100,6 +153,27 @@ void bind_mha(nb::module_& m) {
       "d_v), written; lse: (total_q, h_q) float32, written (natural log; +inf for a row without keys). "
       "softmax_scale 0 means d_qk ** -0.5. epilogue: how O is stored, 'auto' (by the mean sequence length), "
       "'registers' or 'staged' (shared memory and TMA stores); the same bits either way.");
+  m.def("get_mha_prefill_bwd_workspace_size", &bwd_workspace_size, nb::kw_only(), nb::arg("batch"),
+        nb::arg("total_q"), nb::arg("h_q"), nb::arg("h_kv"), nb::arg("d_qk"), nb::arg("d_v"), nb::arg("dtype"),
+        nb::arg("causal") = false, nb::arg("deterministic") = false, nb::arg("num_sms") = 0,
+        "get_mha_prefill_bwd_workspace_size(*, batch, total_q, h_q, h_kv, d_qk, d_v, dtype, causal=False, "
+        "deterministic=False, num_sms=0) -> int\n\n"
+        "Bytes of the caller-owned workspace of mha_prefill_bwd for this problem (the fp32 dq accumulator, the "
+        "per-row values of the preprocess, the counters). Host-only: launches nothing.");
+  m.def("mha_prefill_bwd", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("dout"),
+        nb::arg("lse"), nb::arg("cu_seqlens_qo"), nb::arg("cu_seqlens_kv"), nb::arg("workspace"), nb::arg("dq"),
+        nb::arg("dk"), nb::arg("dv"), nb::kw_only(), nb::arg("softmax_scale"), nb::arg("batch"),
+        nb::arg("total_q"), nb::arg("h_q"), nb::arg("h_kv"), nb::arg("d_qk"), nb::arg("d_v"), nb::arg("dtype"),
+        nb::arg("causal") = false, nb::arg("deterministic") = false, nb::arg("num_sms") = 0, nb::arg("stream") = 0,
+        "mha_prefill_bwd(q, k, v, out, dout, lse, cu_seqlens_qo, cu_seqlens_kv, workspace, dq, dk, dv, *, "
+        "softmax_scale, batch, total_q, h_q, h_kv, d_qk, d_v, dtype, causal=False, deterministic=False, "
+        "num_sms=0, stream=0)\n\n"
+        "Dense varlen MHA prefill backward on `stream` (a cudaStream_t as int): the gradients of sum(out * dout) "
+        "with respect to q, k and v, written into dq (total_q, h_q, d_qk), dk (total_k, h_kv, d_qk) and dv "
+        "(total_k, h_kv, d_v). q, k, v, cu_seqlens_qo/kv and softmax_scale are the forward's; out and lse its "
+        "results (lse is not differentiated); dout (total_q, h_q, d_v). workspace: >= "
+        "get_mha_prefill_bwd_workspace_size bytes, rewritten. deterministic: dq added in a fixed order (bitwise "
+        "identical from run to run). softmax_scale 0 means d_qk ** -0.5.");
 }
 
 }  // namespace openmla::py

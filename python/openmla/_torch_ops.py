@@ -22,10 +22,16 @@ op                              what it is
 ``append_kv_cache``             new tokens into an FP8 cache (``cache`` declared mutated)
 ``flash_mla_sparse_fwd``        sparse prefill -> (out, max_logits, lse), new tensors (``_out``: into the caller's
                                 three, declared mutated)
+``flash_attn_varlen_fwd``       dense MHA prefill forward -> (out, lse), new tensors; differentiable in q, k, v (its
+                                autograd formula is ``flash_attn_varlen_bwd``; lse carries no gradient)
+``flash_attn_varlen_bwd``       dense MHA prefill backward -> (dq, dk, dv), new tensors
 ==============================  =====================================================================================
 
-The ops are not differentiable (inference kernels). Dispatch through torch adds a few microseconds per call to
-the package functions' host cost (``host_overhead`` benchmark, op ``torch_op_dense_decode``).
+Only ``flash_attn_varlen_fwd`` is differentiable (``torch.library.register_autograd``), so that
+``torch.compile(fullgraph=True)`` traces a training step's forward and backward; under ``torch.compile`` the
+package's ``flash_attn_varlen_func`` and its packed variants turn into it. The other ops are inference kernels.
+Dispatch through torch adds a few microseconds per call to the package functions' host cost (``host_overhead``
+benchmark, op ``torch_op_dense_decode``).
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ import torch
 from . import _openmla as _C
 from . import decode as _decode
 from . import kv_cache as _kv_cache
+from . import mha as _mha
 from . import prefill as _prefill
 
 NAMESPACE = "openmla"
@@ -63,6 +70,12 @@ SCHEMAS = {
     "flash_mla_sparse_fwd_out": ("flash_mla_sparse_fwd_out(Tensor q, Tensor kv, Tensor indices, float sm_scale, "
                                  "SymInt d_v=512, Tensor? attn_sink=None, Tensor? topk_length=None, *, Tensor(a!) out, "
                                  "Tensor(b!) max_logits, Tensor(c!) lse) -> ()"),
+    "flash_attn_varlen_fwd": ("flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_qo, "
+                              "Tensor cu_seqlens_kv, SymInt max_seqlen_qo, float? softmax_scale=None, bool causal=False, "
+                              "bool deterministic=False) -> (Tensor, Tensor)"),
+    "flash_attn_varlen_bwd": ("flash_attn_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                              "Tensor cu_seqlens_qo, Tensor cu_seqlens_kv, float? softmax_scale=None, bool causal=False, "
+                              "bool deterministic=False) -> (Tensor, Tensor, Tensor)"),
 }
 
 # SM count the fake implementations assume for tensors that are not on a CUDA device (meta tensors on a machine
@@ -97,6 +110,22 @@ def _sparse_prefill_out(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_
                                   max_logits=max_logits, lse=lse)
 
 
+def _mha_fwd(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale=None, causal=False,
+             deterministic=False):
+    del deterministic  # the backward's (its autograd formula reads it)
+    _mha._check_ranks(torch, q, k, v, cu_seqlens_qo, cu_seqlens_kv)
+    return _mha._run_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal)
+
+
+def _mha_bwd(dout, q, k, v, out, lse, cu_seqlens_qo, cu_seqlens_kv, softmax_scale=None, causal=False,
+             deterministic=False):
+    _mha._check_ranks(torch, q, k, v, cu_seqlens_qo, cu_seqlens_kv)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    _mha._run_backward(dout, q, k, v, out, lse, cu_seqlens_qo, cu_seqlens_kv, softmax_scale, causal, deterministic,
+                       dq, dk, dv)
+    return dq, dk, dv
+
+
 _IMPLS = {
     "get_mla_metadata": _get_mla_metadata,
     # The tensor style's one path (decode.py): what flash_mla_with_kvcache takes with tensor-style metadata.
@@ -110,6 +139,8 @@ _IMPLS = {
     "append_kv_cache": _kv_cache.append_kv_cache,
     "flash_mla_sparse_fwd": _prefill.flash_mla_sparse_fwd,
     "flash_mla_sparse_fwd_out": _sparse_prefill_out,
+    "flash_attn_varlen_fwd": _mha_fwd,
+    "flash_attn_varlen_bwd": _mha_bwd,
 }
 
 
@@ -182,6 +213,18 @@ def _fake_sparse_prefill(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
             q.new_empty((s_q, h_q), dtype=torch.float32))
 
 
+def _fake_mha_fwd(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale=None, causal=False,
+                  deterministic=False):
+    total_q, h_q = q.shape[0], q.shape[1]
+    # The real outputs' layouts: out packed, lse the transpose of a (h_q, total_q) tensor (flash_mla's).
+    return q.new_empty((total_q, h_q, v.shape[2])), q.new_empty((h_q, total_q), dtype=torch.float32).t()
+
+
+def _fake_mha_bwd(dout, q, k, v, out, lse, cu_seqlens_qo, cu_seqlens_kv, softmax_scale=None, causal=False,
+                  deterministic=False):
+    return tuple(t.new_empty(t.shape) for t in (q, k, v))
+
+
 def _fake_nothing(*args, **kwargs):
     return None
 
@@ -198,7 +241,33 @@ _FAKES = {
     "append_kv_cache": _fake_nothing,
     "flash_mla_sparse_fwd": _fake_sparse_prefill,
     "flash_mla_sparse_fwd_out": _fake_nothing,
+    "flash_attn_varlen_fwd": _fake_mha_fwd,
+    "flash_attn_varlen_bwd": _fake_mha_bwd,
 }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Autograd of flash_attn_varlen_fwd: the backward op (lse carries no gradient: docs/contracts.md section 7)
+# ---------------------------------------------------------------------------------------------------------------
+def _mha_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_qo, cu_seqlens_kv, _, softmax_scale, causal, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_qo, cu_seqlens_kv)
+    ctx.options = (softmax_scale, causal, deterministic)
+    ctx.mark_non_differentiable(lse)
+
+
+def _mha_backward(ctx, dout, dlse):
+    del dlse
+    q, k, v, out, lse, cu_seqlens_qo, cu_seqlens_kv = ctx.saved_tensors
+    softmax_scale, causal, deterministic = ctx.options
+    dq, dk, dv = torch.ops.openmla.flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_qo, cu_seqlens_kv,
+                                                         softmax_scale, causal, deterministic)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+# name -> (backward, setup_context) of the differentiable ops.
+_AUTOGRAD = {"flash_attn_varlen_fwd": (_mha_backward, _mha_setup_context)}
 
 
 def _register():
@@ -212,6 +281,8 @@ def _register():
         library.define(schema)
         library.impl(name, _IMPLS[name], "CUDA")
         register_fake(f"{NAMESPACE}::{name}", _FAKES[name], lib=library)
+    for name, (backward, setup_context) in _AUTOGRAD.items():
+        torch.library.register_autograd(f"{NAMESPACE}::{name}", backward, setup_context=setup_context, lib=library)
     return library
 
 

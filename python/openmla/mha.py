@@ -7,9 +7,15 @@ In MLA serving, prompt tokens run as ordinary multi-head attention once the late
     out, lse = flash_mla.flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv,
                                                 causal=True)
 
-Status: implemented and verified on an H100 (docs/mha-prefill.md, "Status");
-``openmla.query_capability("dense_prefill")`` says whether it runs here, with the reason when not. Forward only: the
-backward (autograd) is not implemented yet.
+Status: the forward is implemented and verified on an H100 (docs/mha-prefill.md, "Status");
+``openmla.query_capability("dense_prefill")`` says whether it runs here, with the reason when not.
+
+Differentiable: when q, k or v require grad (and grad mode is on), the functions run under autograd and
+``out.backward(dout)`` computes dq, dk, dv with the backward kernel (include/openmla/prefill.h, mha_prefill_bwd).
+``lse`` is returned as a value that carries no gradient (it is marked non-differentiable). ``deterministic=True`` makes
+the backward add dq's partial sums in a fixed order, so the gradients are bitwise identical from run to run. Under
+``torch.compile`` the functions become the custom ops ``torch.ops.openmla.flash_attn_varlen_fwd`` / ``_bwd``
+(python/openmla/_torch_ops.py), whose registered autograd formula traces the backward too.
 
 Argument checks (dtypes, shapes, strides, devices) live in the C++ API; its messages reach the caller unchanged as
 ValueError (bad argument), NotImplementedError (not supported) or RuntimeError (CUDA). See docs/mha-prefill.md.
@@ -30,9 +36,11 @@ if _torch is not None:
     _IN_PLACE = torch_tensors_read_in_place()
     # Tensor attributes without the cost of active torch-function modes (set_default_device installs one).
     _plain_torch = getattr(_torch._C, "DisableTorchFunction", contextlib.nullcontext)
+    _is_compiling = getattr(getattr(_torch, "compiler", None), "is_compiling", None) or (lambda: False)
 else:  # pragma: no cover - depends on the machine
     _IN_PLACE = False
     _plain_torch = contextlib.nullcontext
+    _is_compiling = lambda: False  # noqa: E731
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"]
 
@@ -51,7 +59,13 @@ def _check_options(dropout_p, softmax_scale, max_seqlen_qo, name_max="max_seqlen
                          "sequence; it only sizes the grid)")
 
 
-def _forward(what, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal, out, lse):
+def _forward(what, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal, deterministic, out,
+             lse, packed=None):
+    """The three functions' one path. `packed`: (kind, d_qk, sources) when q, k, v are views of the caller's packed
+    tensors ("qkv": (qkv,), "kv": (q, kv)), so that the backward returns one gradient per packed tensor."""
+    if _is_compiling():  # torch.compile: the registered ops (no graph break; their autograd formula is registered)
+        return _traced_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal,
+                               deterministic, out, lse)
     if _IN_PLACE:  # the per-call entry; None when the checks below must name what is wrong
         if _torch.is_grad_enabled():
             with _plain_torch():
@@ -59,11 +73,31 @@ def _forward(what, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax
         else:
             needs_grad = False
         if not needs_grad:
-            res = _C.mha_prefill_call(q, k, v, cu_seqlens_qo, cu_seqlens_kv, int(max_seqlen_qo),
-                                      0.0 if softmax_scale is None else float(softmax_scale), bool(causal), out, lse)
+            try:
+                res = _C.mha_prefill_call(q, k, v, cu_seqlens_qo, cu_seqlens_kv, int(max_seqlen_qo),
+                                          0.0 if softmax_scale is None else float(softmax_scale), bool(causal), out,
+                                          lse)
+            except RuntimeError:  # torch cannot export a meta tensor; the checks below name it (anything else raises)
+                if not any(getattr(t, "is_meta", False) for t in (q, k, v, cu_seqlens_qo, cu_seqlens_kv, out, lse)):
+                    raise
+                res = None
             if res is not None:
                 return res
     torch = require_torch(what)
+    _check_ranks(torch, q, k, v, cu_seqlens_qo, cu_seqlens_kv)
+    _refuse_meta_tensors(what, q=q, k=k, v=v, cu_seqlens_qo=cu_seqlens_qo, cu_seqlens_kv=cu_seqlens_kv, out=out,
+                         lse=lse)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        _refuse_outputs_under_autograd(what, out, lse)
+        kind, d_qk, sources = packed if packed is not None else ("separate", 0, (q, k, v))
+        sources = tuple(sources) + (None,) * (3 - len(sources))
+        return _VarlenAttention.apply(kind, d_qk, *sources, cu_seqlens_qo, cu_seqlens_kv, int(max_seqlen_qo),
+                                      softmax_scale, bool(causal), bool(deterministic))
+    return _run_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal, out, lse)
+
+
+def _check_ranks(torch, q, k, v, cu_seqlens_qo, cu_seqlens_kv):
+    """torch tensors of the ranks the binding reads (the C++ API checks everything else)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -72,16 +106,38 @@ def _forward(what, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax
         if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] < 2:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"argument '{name}' must be a (batch + 1,) int32 torch.Tensor with batch >= 1, got {shape}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError(f"openmla.{what}: the backward pass is not implemented yet; call it under "
-                                  "torch.no_grad() or torch.inference_mode(), or detach q, k and v")
+
+
+def _refuse_meta_tensors(what, **tensors):
+    """Meta tensors carry no data: outside torch.compile (where the ops' fake implementations take them) they are a
+    caller error, named here because the binding cannot even read them."""
+    for name, t in tensors.items():
+        if getattr(t, "is_meta", False):
+            raise ValueError(f"argument '{name}' is a meta tensor; openmla.{what} runs on CUDA tensors (meta tensors "
+                             "are traced by torch.compile through torch.ops.openmla.flash_attn_varlen_fwd)")
+
+
+def _refuse_outputs_under_autograd(what, out, lse):
+    for name, t in (("out", out), ("lse", lse)):
+        if t is not None:
+            raise ValueError(f"argument '{name}': openmla.{what} allocates its outputs when q, k or v require grad "
+                             f"(caller-owned outputs are for inference: call it under torch.no_grad(), or leave "
+                             f"'{name}' out)")
+
+
+def _problem_dtype(torch, q):
+    # problem.dtype follows q; a q of another dtype is named by the C++ check of q.
+    return "float16" if q.dtype == torch.float16 else "bfloat16"
+
+
+def _run_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal, out=None, lse=None):
+    """The forward through the DLPack binding (torch tensors of the right ranks); allocates what is not given."""
+    torch = _torch
     total_q, h_q, d_qk = (int(x) for x in q.shape)
     h_kv, d_v = int(k.shape[1]), int(v.shape[2])
     batch = int(cu_seqlens_qo.shape[0]) - 1
-    # problem.dtype follows q; a q of another dtype is named by the C++ check of q.
-    dtype = "float16" if q.dtype == torch.float16 else "bfloat16"
-    problem = dict(batch=batch, h_q=h_q, h_kv=h_kv, d_qk=d_qk, d_v=d_v, dtype=dtype, causal=bool(causal),
-                   max_seqlen_qo=int(max_seqlen_qo))
+    problem = dict(batch=batch, h_q=h_q, h_kv=h_kv, d_qk=d_qk, d_v=d_v, dtype=_problem_dtype(torch, q),
+                   causal=bool(causal), max_seqlen_qo=int(max_seqlen_qo))
     if out is None:
         out = torch.empty((total_q, h_q, d_v), dtype=q.dtype, device=q.device)
     if lse is None:
@@ -93,6 +149,98 @@ def _forward(what, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax
     _C.mha_prefill(q, k, v, cu_seqlens_qo, cu_seqlens_kv, workspace, out, lse,
                    softmax_scale=0.0 if softmax_scale is None else float(softmax_scale), stream=stream_of(q), **problem)
     return out, lse
+
+
+def _rows_operand(t):
+    """`t` itself when the backward can read it as it is (last dim contiguous, the other strides positive multiples of
+    8 elements, 16-byte aligned: include/openmla/prefill.h), else a packed copy. Incoming gradients need not have
+    such strides (out.sum() hands back an expanded tensor of stride 0)."""
+    shape, stride = t.shape, t.stride()
+    ok = (shape[-1] <= 1 or stride[-1] == 1) and t.data_ptr() % 16 == 0 and all(
+        n <= 1 or (st > 0 and st % 8 == 0) for n, st in zip(shape[:-1], stride[:-1]))
+    return t if ok else t.clone(memory_format=_torch.contiguous_format)
+
+
+def _run_backward(dout, q, k, v, out, lse, cu_seqlens_qo, cu_seqlens_kv, softmax_scale, causal, deterministic, dq, dk,
+                  dv):
+    """dq, dk, dv (written) of sum(out * dout), through the DLPack binding; the workspace is allocated here."""
+    torch = _torch
+    total_q, h_q, d_qk = (int(x) for x in q.shape)
+    problem = dict(batch=int(cu_seqlens_qo.shape[0]) - 1, total_q=total_q, h_q=h_q, h_kv=int(k.shape[1]), d_qk=d_qk,
+                   d_v=int(v.shape[2]), dtype=_problem_dtype(torch, q), causal=bool(causal),
+                   deterministic=bool(deterministic))
+    workspace = torch.empty(_C.get_mha_prefill_bwd_workspace_size(**problem), dtype=torch.uint8, device=q.device)
+    _C.mha_prefill_bwd(q, k, v, out, _rows_operand(dout), lse, cu_seqlens_qo, cu_seqlens_kv, workspace, dq, dk, dv,
+                       softmax_scale=0.0 if softmax_scale is None else float(softmax_scale), stream=stream_of(q),
+                       **problem)
+
+
+def _split_packed(kind, d_qk, a, b, c):
+    """(q, k, v) views of the sources of _VarlenAttention (see _forward's `packed`)."""
+    if kind == "qkv":
+        return a[..., :d_qk], a[..., d_qk:2 * d_qk], a[..., 2 * d_qk:]
+    if kind == "kv":
+        return a, b[..., :d_qk], b[..., d_qk:]
+    return a, b, c
+
+
+if _torch is not None:
+
+    class _VarlenAttention(_torch.autograd.Function):
+        """flash_attn_varlen_func under autograd (eager). The differentiable inputs are the caller's tensors: q, k, v,
+        or the packed qkv / kv, whose gradient the backward returns as one tensor. lse is marked non-differentiable:
+        a gradient reaching it is ignored (docs/contracts.md section 7)."""
+
+        @staticmethod
+        def forward(ctx, kind, d_qk, a, b, c, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal,
+                    deterministic):
+            q, k, v = _split_packed(kind, d_qk, a, b, c)
+            out, lse = _run_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal)
+            ctx.save_for_backward(a, b, c, out, lse, cu_seqlens_qo, cu_seqlens_kv)
+            ctx.options = (kind, d_qk, softmax_scale, causal, deterministic)
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, dlse):
+            del dlse  # lse carries no gradient
+            a, b, c, out, lse, cu_seqlens_qo, cu_seqlens_kv = ctx.saved_tensors
+            kind, d_qk, softmax_scale, causal, deterministic = ctx.options
+            q, k, v = _split_packed(kind, d_qk, a, b, c)
+            dq, dk, dv = (_torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+            _run_backward(dout, q, k, v, out, lse, cu_seqlens_qo, cu_seqlens_kv, softmax_scale, causal, deterministic,
+                          dq, dk, dv)
+            # A packed input's gradient is assembled once (one concatenation; the C++ API refuses interleaved views of
+            # one output, whose byte ranges overlap), rather than by autograd's slice gradients (a zero-filled tensor
+            # per view, then their sum).
+            wanted = ctx.needs_input_grad[2:5]
+            if kind == "qkv":
+                grads = (_torch.cat([dq, dk, dv], dim=-1) if wanted[0] else None, None, None)
+            elif kind == "kv":
+                grads = (dq, _torch.cat([dk, dv], dim=-1) if wanted[1] else None, None)
+            else:
+                grads = (dq, dk, dv)
+            return (None, None) + tuple(g if w else None for g, w in zip(grads, wanted)) + (None,) * 6
+
+
+def _traced_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal, deterministic, out,
+                    lse):
+    """flash_attn_varlen_func as torch.compile traces it: the forward op, whose registered autograd formula is the
+    backward op. Caller-owned outputs receive a copy (no grad) or are refused (grad), as in eager mode."""
+    torch = _torch
+    _check_ranks(torch, q, k, v, cu_seqlens_qo, cu_seqlens_kv)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        _refuse_outputs_under_autograd("flash_attn_varlen_func", out, lse)
+    res = torch.ops.openmla.flash_attn_varlen_fwd(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
+                                                  None if softmax_scale is None else float(softmax_scale),
+                                                  bool(causal), bool(deterministic))
+    if out is None and lse is None:
+        return res
+    if out is not None:
+        out.copy_(res[0])
+    if lse is not None:
+        lse.copy_(res[1])
+    return (res[0] if out is None else out), (res[1] if lse is None else lse)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, dropout_p=0.0,
@@ -114,23 +262,30 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
       dropout_p: must be 0.0.
       softmax_scale: default d_qk ** -0.5.
       causal: bottom-right aligned: query i of a sequence sees key j iff j <= i + s_k - s_q.
-      deterministic: accepted either way: the forward is always bitwise deterministic (no atomics in the arithmetic).
+      deterministic: the backward's choice: True adds dq's partial sums in a fixed order, so dq, dk, dv are bitwise
+        identical from run to run (dk and dv always are); False (default) lets them arrive in any order. The forward
+        is always bitwise deterministic (no atomics in its arithmetic).
       is_varlen: accepted either way (the kernel always reads the cumulative lengths).
       out, lse: optional caller-owned outputs of the shapes below (written in place and returned); lse any strides.
+        Inference only: with inputs that require grad they must be left out (ValueError).
 
     Returns:
       (out, lse): out (total_q, h_q, d_v) in q's dtype; lse (total_q, h_q) float32, natural log of the sum of
       exp(scaled logits), allocated as the transpose of a (h_q, total_q) tensor as flash_mla does. A query row that
       sees no key gets out = 0 and lse = +inf. Rows past cu_seqlens_qo[batch] are not written.
 
+    Autograd: when grad mode is on and q, k or v requires grad, out is differentiable: the backward kernel returns
+    the gradients of sum(out * dout) for q, k and v (GQA: a kv head's gradient sums its query heads; a row that sees
+    no key gets dq = 0, a key that no row sees dk = dv = 0). lse carries no gradient (non-differentiable).
+
     Raises:
-      ValueError: a bad argument (the message names it). NotImplementedError: an unsupported shape, the family not
-      built, or inputs requiring grad. RuntimeError: a CUDA error.
+      ValueError: a bad argument (the message names it). NotImplementedError: an unsupported shape or the family not
+      built. RuntimeError: a CUDA error.
     """
-    del max_seqlen_kv, deterministic, is_varlen
+    del max_seqlen_kv, is_varlen
     _check_options(dropout_p, softmax_scale, max_seqlen_qo)
     return _forward("flash_attn_varlen_func", q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale,
-                    causal, out, lse)
+                    causal, deterministic, out, lse)
 
 
 def _split_last(t, name, sizes, what):
@@ -158,25 +313,27 @@ def _head_dim(head_dim_qk):
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, head_dim_qk, dropout_p=0.0, softmax_scale=None,
                                      causal=False, deterministic=False, is_varlen=True, *, out=None, lse=None):
     """flash_attn_varlen_func on one packed tensor: qkv (total, h, 2 * head_dim_qk + d_v) is split along its last
-    dimension into q | k | v (views, no copy); h_q = h_kv = h, and cu_seqlens serves queries and keys."""
-    del deterministic, is_varlen
+    dimension into q | k | v (views, no copy); h_q = h_kv = h, and cu_seqlens serves queries and keys. Differentiable
+    through qkv (its gradient is assembled as one tensor)."""
+    del is_varlen
     d_qk = _head_dim(head_dim_qk)
     _check_options(dropout_p, softmax_scale, max_seqlen, "max_seqlen")
     width = int(qkv.shape[-1]) if hasattr(qkv, "shape") and len(qkv.shape) == 3 else 0
     q, k, v = _split_last(qkv, "qkv", (d_qk, d_qk, width - 2 * d_qk), "flash_attn_varlen_qkvpacked_func")
     return _forward("flash_attn_varlen_qkvpacked_func", q, k, v, cu_seqlens, cu_seqlens, max_seqlen, softmax_scale,
-                    causal, out, lse)
+                    causal, deterministic, out, lse, packed=("qkv", d_qk, (qkv,)))
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, head_dim_qk,
                                     dropout_p=0.0, softmax_scale=None, causal=False, deterministic=False,
                                     is_varlen=True, *, out=None, lse=None):
     """flash_attn_varlen_func with keys and values in one tensor: kv (total_k, h_kv, head_dim_qk + d_v) is split along
-    its last dimension into k | v (views, no copy)."""
-    del max_seqlen_kv, deterministic, is_varlen
+    its last dimension into k | v (views, no copy). Differentiable through q and kv (kv's gradient is assembled as one
+    tensor)."""
+    del max_seqlen_kv, is_varlen
     d_qk = _head_dim(head_dim_qk)
     _check_options(dropout_p, softmax_scale, max_seqlen_qo)
     width = int(kv.shape[-1]) if hasattr(kv, "shape") and len(kv.shape) == 3 else 0
     k, v = _split_last(kv, "kv", (d_qk, width - d_qk), "flash_attn_varlen_kvpacked_func")
     return _forward("flash_attn_varlen_kvpacked_func", q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
-                    softmax_scale, causal, out, lse)
+                    softmax_scale, causal, deterministic, out, lse, packed=("kv", d_qk, (q, kv)))

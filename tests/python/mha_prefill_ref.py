@@ -119,3 +119,76 @@ def check_mha_prefill(out, lse, ref, what="", logit_scale=1.0):
     idx = torch.tensor(rows, device=out.device, dtype=torch.long)
     check_out(f"out{what}", out[idx], ref_out, p_abs_v, P_ROUNDING_U[out.dtype])
     check_is_allclose(f"lse{what}", lse[idx], ref_lse, **dict(LSE_TOL, abs_tol=LSE_TOL["abs_tol"] * max(1.0, logit_scale)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backward: torch autograd of plain attention, and FlashAttention's test criterion
+# ---------------------------------------------------------------------------------------------------------------
+def mha_grad_ref(q, k, v, cu_q, cu_k, dout, softmax_scale, causal, compute_dtype=torch.float32, skip=()):
+    """out and the gradients of sum(out * dout) by torch autograd of plain attention, every operation in
+    `compute_dtype` (float32: the reference; bfloat16 / float16: the low-precision reference whose error scales the
+    tolerance, as FlashAttention's tests compute theirs: logits, softmax and both products rounded to that dtype).
+
+    Per sequence (sequences in `skip` are left out: their rows stay 0), GQA by repeat_interleave of the kv heads,
+    causal bottom-right; a row that sees no key gets out = 0 and contributes nothing. Returns float32 tensors of the
+    inputs' shapes: (out, dq, dk, dv); rows outside the computed sequences are 0.
+    """
+    h_q, h_kv = q.shape[1], k.shape[1]
+    group = h_q // h_kv
+    f32 = dict(dtype=torch.float32, device=q.device)
+    out = torch.zeros((q.shape[0], h_q, v.shape[2]), **f32)
+    dq, dk, dv = (torch.zeros(t.shape, **f32) for t in (q, k, v))
+    for i in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        s_q, s_k = q1 - q0, k1 - k0
+        if i in skip or s_q == 0 or s_k == 0:
+            continue
+        qi, ki, vi = (t.detach().to(compute_dtype).requires_grad_(True) for t in (q[q0:q1], k[k0:k1], v[k0:k1]))
+        with torch.enable_grad():
+            z = torch.einsum("thd,shd->hts", qi, ki.repeat_interleave(group, dim=1)) * softmax_scale
+            if causal:
+                rows = torch.arange(s_q, device=q.device)[:, None]
+                visible = torch.arange(s_k, device=q.device)[None, :] <= rows + (s_k - s_q)  # (s_q, s_k)
+                # Rows without a visible key: logits 0 (a finite softmax), then every probability masked to 0.
+                z = z.masked_fill(~visible, -math.inf).masked_fill(~visible.any(-1, keepdim=True), 0.0)
+                p = torch.softmax(z, dim=-1).masked_fill(~visible, 0.0)
+            else:
+                p = torch.softmax(z, dim=-1)
+            o = torch.einsum("hts,shd->thd", p.to(compute_dtype), vi.repeat_interleave(group, dim=1))
+            o.backward(dout[q0:q1].detach().to(compute_dtype))
+        out[q0:q1] = o.detach().float()
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = qi.grad.float(), ki.grad.float(), vi.grad.float()
+    return out, dq, dk, dv
+
+
+# The small absolute term of grad_within_tolerance: what fp32 rounding alone leaves where the low-precision reference
+# happens to be exact (a row that sees one key has dq = 0 in every precision, up to ~1e-7 of the kernel's order).
+GRAD_EPS = 1e-5
+
+
+def grad_within_tolerance(name, ours, ref, ref_lowp, rows=None, eps=GRAD_EPS, factor=2.0):
+    """FlashAttention's backward criterion: max |ours - ref| <= factor * max |ref_lowp - ref| + eps * max(1, max |ref|),
+    with ref the float32 reference and ref_lowp the same computation in the inputs' dtype (mha_grad_ref). `rows`:
+    the rows (dimension 0) to compare, default all. Every compared element of `ours` must be finite. Returns
+    (error, allowed) so that callers can report the margin."""
+    a = ours.float()
+    r, lp = ref.to(a.device), ref_lowp.to(a.device)
+    if rows is not None:
+        idx = torch.as_tensor(rows, dtype=torch.long, device=a.device)
+        a, r, lp = a[idx], r[idx], lp[idx]
+    if a.numel() == 0:
+        return 0.0, 0.0
+    bad = ~torch.isfinite(a)
+    if bool(bad.any()):
+        first = tuple(torch.nonzero(bad)[0].tolist())
+        raise AssertionError(f"{name}: {int(bad.sum())} of {a.numel()} elements are not finite; first at {first}: "
+                             f"{float(a[first])}")
+    err = float((a - r).abs().max())
+    base = float((lp - r).abs().max())
+    allowed = factor * base + eps * max(1.0, float(r.abs().max()))
+    if not err <= allowed:
+        where = tuple(torch.nonzero((a - r).abs() == err)[0].tolist())
+        raise AssertionError(f"{name}: max |ours - fp32 ref| = {err:.4g} at {where} (got {float(a[where]):.6g}, "
+                             f"expected {float(r[where]):.6g}) exceeds {factor:g} x the low-precision reference's "
+                             f"{base:.4g} + eps = {allowed:.4g}")
+    return err, allowed

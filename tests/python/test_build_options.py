@@ -124,6 +124,17 @@ def test_mha_prefill():
         batch=2, h_q=8, h_kv=2, d_qk=192, d_v=128, dtype="bfloat16", causal=True, num_sms=132))
 
 
+def test_mha_prefill_bwd():
+    problem = dict(batch=2, total_q=300, h_q=8, h_kv=2, d_qk=192, d_v=128, dtype="bfloat16", causal=True,
+                   deterministic=True, num_sms=132)
+    workspace = C.get_mha_prefill_bwd_workspace_size(**problem)  # host-only: answers in every build
+    expect_not_built("dense_prefill", "mha_prefill_bwd", lambda: C.mha_prefill_bwd(
+        fake_cuda((300, 8, 192)), fake_cuda((500, 2, 192)), fake_cuda((500, 2, 128)), fake_cuda((300, 8, 128)),
+        fake_cuda((300, 8, 128)), fake_cuda((300, 8), "fp32", strides=[1, 300]), fake_cuda((3,), "int32"),
+        fake_cuda((3,), "int32"), fake_cuda((workspace,), "uint8", align=256), fake_cuda((300, 8, 192)),
+        fake_cuda((500, 2, 192)), fake_cuda((500, 2, 128)), softmax_scale=0.0, **problem))
+
+
 def test_argument_errors_come_first():
     # The caller's mistake is named in every build, before the family's answer.
     with pytest.raises(ValueError, match=r"argument 'q' has dtype float32"):

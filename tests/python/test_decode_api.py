@@ -64,10 +64,10 @@ _CAPSULE_NAME = b"dltensor"
 _keep_alive = []  # the structs and buffers behind every capsule live until the end of the session
 
 
-def fake_cuda(shape, dtype="bf16", strides=None, device_type=_KDL_CUDA, device_id=0):
+def fake_cuda(shape, dtype="bf16", strides=None, device_type=_KDL_CUDA, device_id=0, align=16):
     """A DLPack capsule describing a `dtype` array of `shape` (element strides, default row-major) on cuda:0 (or
     cuda:`device_id`),
-    backed by (never touched) host memory. A capsule can be consumed once: build one per call."""
+    backed by (never touched) host memory, `align`-byte aligned. A capsule can be consumed once: build one per call."""
     code, bits = _DTYPES[dtype]
     if strides is None:
         strides, acc = [], 1
@@ -75,8 +75,8 @@ def fake_cuda(shape, dtype="bf16", strides=None, device_type=_KDL_CUDA, device_i
             strides.insert(0, acc)
             acc *= n
     extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if all(shape) else 1
-    buf = np.zeros(extent * bits // 8 + 64, dtype=np.uint8)
-    addr = (buf.ctypes.data + 15) // 16 * 16  # the API checks 16-byte alignment of several arguments
+    buf = np.zeros(extent * bits // 8 + 48 + align, dtype=np.uint8)
+    addr = (buf.ctypes.data + align - 1) // align * align  # the API checks 16-byte alignment of several arguments
     shape_arr = (ctypes.c_int64 * len(shape))(*shape)
     stride_arr = (ctypes.c_int64 * len(shape))(*strides)
     mt = _DLManagedTensor()

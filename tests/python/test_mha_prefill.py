@@ -484,15 +484,19 @@ def test_against_the_cpu_reference(mha):
 
 
 @gpu
-def test_grad_is_refused(mha):
+def test_grad_mode_selects_autograd(mha):
+    """q requiring grad makes out differentiable (lse never is), with the no-grad call's bits; under torch.no_grad()
+    the call is the inference one. The backward itself: test_mha_prefill_bwd.py."""
     torch = _torch()
     case = Case((10,), (10,), h_q=2, h_kv=2, pad=0)
     q, k, v, _, _, cu_q, cu_k = make_inputs(case)
     q = q.detach().clone().requires_grad_(True)
-    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
-        mha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 10, 10)
+    out, lse = mha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 10, 10)
+    assert out.requires_grad and not lse.requires_grad
     with torch.no_grad():
-        mha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 10, 10)
+        out2, lse2 = mha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 10, 10)
+    assert not out2.requires_grad
+    assert torch.equal(out.detach(), out2) and torch.equal(lse, lse2)
 
 
 @gpu
