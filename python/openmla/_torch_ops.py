@@ -22,6 +22,8 @@ op                              what it is
 ``append_kv_cache``             new tokens into an FP8 cache (``cache`` declared mutated)
 ``flash_mla_sparse_fwd``        sparse prefill -> (out, max_logits, lse), new tensors (``_out``: into the caller's
                                 three, declared mutated)
+``merge_attn_states``           partial attention states -> (out, lse_out), new tensors (``_out``: into the caller's
+                                two, declared mutated)
 ==============================  =====================================================================================
 
 The ops are not differentiable (inference kernels). Dispatch through torch adds a few microseconds per call to
@@ -34,6 +36,7 @@ import torch
 from . import _openmla as _C
 from . import decode as _decode
 from . import kv_cache as _kv_cache
+from . import merge as _merge
 from . import prefill as _prefill
 
 NAMESPACE = "openmla"
@@ -63,6 +66,8 @@ SCHEMAS = {
     "flash_mla_sparse_fwd_out": ("flash_mla_sparse_fwd_out(Tensor q, Tensor kv, Tensor indices, float sm_scale, "
                                  "SymInt d_v=512, Tensor? attn_sink=None, Tensor? topk_length=None, *, Tensor(a!) out, "
                                  "Tensor(b!) max_logits, Tensor(c!) lse) -> ()"),
+    "merge_attn_states": "merge_attn_states(Tensor outs, Tensor lses, ScalarType? out_dtype=None) -> (Tensor, Tensor)",
+    "merge_attn_states_out": "merge_attn_states_out(Tensor outs, Tensor lses, *, Tensor(a!) out, Tensor(b!) lse_out) -> ()",
 }
 
 # SM count the fake implementations assume for tensors that are not on a CUDA device (meta tensors on a machine
@@ -97,6 +102,14 @@ def _sparse_prefill_out(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_
                                   max_logits=max_logits, lse=lse)
 
 
+def _merge_states(outs, lses, out_dtype=None):
+    return _merge.merge_attn_states(outs, lses, out_dtype=out_dtype)
+
+
+def _merge_states_out(outs, lses, *, out, lse_out):
+    _merge.merge_attn_states(outs, lses, out=out, lse_out=lse_out)
+
+
 _IMPLS = {
     "get_mla_metadata": _get_mla_metadata,
     # The tensor style's one path (decode.py): what flash_mla_with_kvcache takes with tensor-style metadata.
@@ -110,6 +123,8 @@ _IMPLS = {
     "append_kv_cache": _kv_cache.append_kv_cache,
     "flash_mla_sparse_fwd": _prefill.flash_mla_sparse_fwd,
     "flash_mla_sparse_fwd_out": _sparse_prefill_out,
+    "merge_attn_states": _merge_states,
+    "merge_attn_states_out": _merge_states_out,
 }
 
 
@@ -182,6 +197,12 @@ def _fake_sparse_prefill(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
             q.new_empty((s_q, h_q), dtype=torch.float32))
 
 
+def _fake_merge_states(outs, lses, out_dtype=None):
+    tokens, heads, d_v = outs.shape[1], outs.shape[2], outs.shape[3]
+    return (outs.new_empty((tokens, heads, d_v), dtype=out_dtype or outs.dtype),
+            outs.new_empty((tokens, heads), dtype=torch.float32))
+
+
 def _fake_nothing(*args, **kwargs):
     return None
 
@@ -198,6 +219,8 @@ _FAKES = {
     "append_kv_cache": _fake_nothing,
     "flash_mla_sparse_fwd": _fake_sparse_prefill,
     "flash_mla_sparse_fwd_out": _fake_nothing,
+    "merge_attn_states": _fake_merge_states,
+    "merge_attn_states_out": _fake_nothing,
 }
 
 

@@ -24,6 +24,7 @@ extern int run_sparse_decode_sanitize_cases() __attribute__((weak));
 extern int run_sparse_prefill_sanitize_cases() __attribute__((weak));
 extern int run_faults_sanitize_cases() __attribute__((weak));
 extern int run_mha_prefill_sanitize_cases() __attribute__((weak));
+extern int run_merge_states_sanitize_cases() __attribute__((weak));
 
 namespace {
 
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
       {"sparse_prefill", run_sparse_prefill_sanitize_cases},
       {"faults", run_faults_sanitize_cases},  // garbage inputs of every decode and codec call (checked mode too)
       {"mha_prefill", run_mha_prefill_sanitize_cases},
+      {"merge_states", run_merge_states_sanitize_cases},
   };
 
   int failed_families = 0;

@@ -40,6 +40,8 @@ def _written(name):
     ("append_kv_cache", ["cache"]),
     ("flash_mla_sparse_fwd", []),
     ("flash_mla_sparse_fwd_out", ["out", "max_logits", "lse"]),
+    ("merge_attn_states", []),
+    ("merge_attn_states_out", ["out", "lse_out"]),
 ])
 def test_schema_declares_what_each_op_writes(name, written):
     assert _written(name) == written
@@ -48,14 +50,16 @@ def test_schema_declares_what_each_op_writes(name, written):
     assert returns == {"get_mla_metadata": ["Tensor", "Tensor"], "plan_schedule": ["Tensor", "Tensor"],
                        "flash_mla_with_kvcache": ["Tensor", "Tensor"], "quantize_kv_cache": ["Tensor"],
                        "dequantize_kv_cache": ["Tensor"],
-                       "flash_mla_sparse_fwd": ["Tensor", "Tensor", "Tensor"]}.get(name, [])
+                       "flash_mla_sparse_fwd": ["Tensor", "Tensor", "Tensor"],
+                       "merge_attn_states": ["Tensor", "Tensor"]}.get(name, [])
 
 
 def test_every_op_is_registered_with_cuda_and_fake_kernels():
     assert set(_torch_ops.SCHEMAS) == {"get_mla_metadata", "plan_schedule", "flash_mla_with_kvcache",
                                        "flash_mla_with_kvcache_out", "quantize_kv_cache", "quantize_kv_cache_out",
                                        "dequantize_kv_cache", "dequantize_kv_cache_out", "append_kv_cache",
-                                       "flash_mla_sparse_fwd", "flash_mla_sparse_fwd_out"}
+                                       "flash_mla_sparse_fwd", "flash_mla_sparse_fwd_out", "merge_attn_states",
+                                       "merge_attn_states_out"}
     for name in _torch_ops.SCHEMAS:
         qualified = f"openmla::{name}"
         assert torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CUDA"), name
