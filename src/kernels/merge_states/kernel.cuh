@@ -23,41 +23,60 @@ namespace openmla::kernels::merge_states {
 
 inline constexpr unsigned kFullMask = 0xffffffffu;
 
-// ---- Element access: 8 consecutive columns as floats ----------------------------------------------------------
-// The inputs are read once: streaming loads (evict-first), so they do not push the caller's cache out of L2.
+// ---- Element access: 8 consecutive columns ---------------------------------------------------------------------
+// A chunk is loaded raw (16 bytes of bf16 / fp16, 32 of fp32) and widened to floats only at its multiply-add, so the
+// kPartialsInFlight chunks in flight cost 4 (or 8) registers each, not 8 floats. The inputs are read once:
+// streaming loads (evict-first), so they do not push the caller's data out of L2.
 template <typename T>
-__device__ __forceinline__ void load_chunk(const T* src, float (&v)[kChunkElems]);
-
+struct RawChunk {
+  uint4 bits;
+};
 template <>
-__device__ __forceinline__ void load_chunk<__nv_bfloat16>(const __nv_bfloat16* src, float (&v)[kChunkElems]) {
-  const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(src));
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+struct RawChunk<float> {
+  float4 lo, hi;
+};
+
+template <typename T>
+__device__ __forceinline__ RawChunk<T> load_chunk(const T* src) {
+  return RawChunk<T>{__ldcs(reinterpret_cast<const uint4*>(src))};
+}
+template <>
+__device__ __forceinline__ RawChunk<float> load_chunk<float>(const float* src) {
+  return RawChunk<float>{__ldcs(reinterpret_cast<const float4*>(src)), __ldcs(reinterpret_cast<const float4*>(src) + 1)};
+}
+
+template <typename T>
+__device__ __forceinline__ RawChunk<T> zero_chunk() {
+  return RawChunk<T>{make_uint4(0u, 0u, 0u, 0u)};  // +0.0 in bf16 and fp16
+}
+template <>
+__device__ __forceinline__ RawChunk<float> zero_chunk<float>() {
+  return RawChunk<float>{make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+}
+
+// acc[c] += w * chunk[c], c = 0..7.
+__device__ __forceinline__ void fma_chunk(float w, const RawChunk<__nv_bfloat16>& x, float (&acc)[kChunkElems]) {
+  const uint32_t words[4] = {x.bits.x, x.bits.y, x.bits.z, x.bits.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
-    v[2 * j] = f.x;
-    v[2 * j + 1] = f.y;
+    acc[2 * j] = fmaf(w, f.x, acc[2 * j]);
+    acc[2 * j + 1] = fmaf(w, f.y, acc[2 * j + 1]);
   }
 }
-
-template <>
-__device__ __forceinline__ void load_chunk<__half>(const __half* src, float (&v)[kChunkElems]) {
-  const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(src));
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+__device__ __forceinline__ void fma_chunk(float w, const RawChunk<__half>& x, float (&acc)[kChunkElems]) {
+  const uint32_t words[4] = {x.bits.x, x.bits.y, x.bits.z, x.bits.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[j]));
-    v[2 * j] = f.x;
-    v[2 * j + 1] = f.y;
+    acc[2 * j] = fmaf(w, f.x, acc[2 * j]);
+    acc[2 * j + 1] = fmaf(w, f.y, acc[2 * j + 1]);
   }
 }
-
-template <>
-__device__ __forceinline__ void load_chunk<float>(const float* src, float (&v)[kChunkElems]) {
-  const float4 lo = __ldcs(reinterpret_cast<const float4*>(src));
-  const float4 hi = __ldcs(reinterpret_cast<const float4*>(src) + 1);
-  v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
-  v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+__device__ __forceinline__ void fma_chunk(float w, const RawChunk<float>& x, float (&acc)[kChunkElems]) {
+  const float v[kChunkElems] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w, x.hi.x, x.hi.y, x.hi.z, x.hi.w};
+#pragma unroll
+  for (int c = 0; c < kChunkElems; ++c) acc[c] = fmaf(w, v[c], acc[c]);
 }
 
 template <typename T>
@@ -144,7 +163,8 @@ __device__ __forceinline__ RowStats row_stats(const float* lse_row, int64_t stri
 
 // ---- Kernel -----------------------------------------------------------------------------------------------------
 template <typename In, typename Out>
-__global__ void __launch_bounds__(kThreadsPerCta) merge_states_kernel(const __grid_constant__ MergeStatesParams p) {
+__global__ void __launch_bounds__(kThreadsPerCta)
+    merge_states_kernel(const __grid_constant__ MergeStatesParams p) {
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + warp;
@@ -160,7 +180,9 @@ __global__ void __launch_bounds__(kThreadsPerCta) merge_states_kernel(const __gr
     p.lse_out[token * p.lse_out_stride_token + head * p.lse_out_stride_head] = s.lse;
 
   // Partial i's lse: lane i's register for i < 32 (one shuffle, warp-uniform i), else from memory.
-  auto partial_lse = [&](int i) { return i < kWarpSize ? __shfl_sync(kFullMask, lse_lane, i) : lse_row[i * lse_stride]; };
+  auto partial_lse = [&](int i) {
+    return i < kWarpSize ? __shfl_sync(kFullMask, lse_lane, i) : lse_row[i * lse_stride];
+  };
 
   const In* o_row = static_cast<const In*>(p.outs) + token * p.outs_stride_token + head * p.outs_stride_head;
   Out* out_row = static_cast<Out*>(p.out) + token * p.out_stride_token + head * p.out_stride_head;
@@ -173,25 +195,17 @@ __global__ void __launch_bounds__(kThreadsPerCta) merge_states_kernel(const __gr
     for (int c = 0; c < kChunkElems; ++c) acc[c] = 0.f;
     for (int i0 = 0; i0 < p.num_partials; i0 += kPartialsInFlight) {
       float w[kPartialsInFlight];
-      float v[kPartialsInFlight][kChunkElems];
+      RawChunk<In> v[kPartialsInFlight];
 #pragma unroll
       for (int k = 0; k < kPartialsInFlight; ++k) {
         const int i = i0 + k;
         const float l = i < p.num_partials ? partial_lse(i) : -INFINITY;
         const bool empty = is_empty(l);
         w[k] = empty ? 0.f : expf(l - s.shift);
-        if (active && !empty) {
-          load_chunk<In>(o_row + i * p.outs_stride_partial + col, v[k]);
-        } else {
-#pragma unroll
-          for (int c = 0; c < kChunkElems; ++c) v[k][c] = 0.f;
-        }
+        v[k] = active && !empty ? load_chunk<In>(o_row + i * p.outs_stride_partial + col) : zero_chunk<In>();
       }
 #pragma unroll
-      for (int k = 0; k < kPartialsInFlight; ++k) {
-#pragma unroll
-        for (int c = 0; c < kChunkElems; ++c) acc[c] = fmaf(w[k], v[k][c], acc[c]);
-      }
+      for (int k = 0; k < kPartialsInFlight; ++k) fma_chunk(w[k], v[k], acc);
     }
     if (active) {
 #pragma unroll
