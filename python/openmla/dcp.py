@@ -92,7 +92,7 @@ def split_indices(positions, cache_seqlens, local_block_table, page_size: int, r
     torch = require_torch("dcp.split_indices")
     owner, local = token_placement(positions, cache_seqlens, world, layout, interleave)
     mine = owner == rank
-    local = local.clamp(min=0)
+    local = torch.where(mine, local, torch.zeros_like(local))  # another rank's local position may pass our table
     b = positions.shape[0]
     page = torch.gather(local_block_table.to(torch.int64), 1, (local // page_size).view(b, -1)).view(local.shape)
     slots = page * page_size + local % page_size
