@@ -214,8 +214,9 @@ def worker(rank, port, result_path):
 
 
 def _two_gpu_skip_reason():
-    if not torch.cuda.is_available() or torch.cuda.device_count() < WORLD:
-        return f"DCP test: needs {WORLD} CUDA GPUs, {torch.cuda.device_count() if torch.cuda.is_available() else 0} visible"
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible < WORLD:
+        return f"DCP test: needs {WORLD} CUDA GPUs, {visible} visible"
     if any(torch.cuda.get_device_capability(i) != (9, 0) for i in range(WORLD)):
         return "DCP test: needs two Hopper GPUs (sm_90a)"
     import torch.distributed as dist
