@@ -239,6 +239,10 @@ def test_opcheck_every_op():
     pout = torch.empty((50, 64, D_V), dtype=torch.bfloat16, device="cuda")
     pmax = torch.empty((50, 64), device="cuda")
     plse = torch.empty((50, 64), device="cuda")
+    mouts = torch.randn((2, 8, 16, D_V), device="cuda").to(torch.bfloat16)
+    mlses = torch.randn((2, 8, 16), device="cuda")
+    mout = torch.empty((8, 16, D_V), dtype=torch.bfloat16, device="cuda")
+    mlse = torch.empty((8, 16), device="cuda")
     cases = {
         "get_mla_metadata": [((lens, 2 * 64, 1), {}), ((lengths, 2 * 64, 1, 64, True, 256), {})],
         "plan_schedule": [((q, lens, None, None, 4, 2, 64, 1, False, 0, 0), {}),
@@ -255,6 +259,8 @@ def test_opcheck_every_op():
         "append_kv_cache": [((new_kv, slots, cache.clone(), "v32"), {})],
         "flash_mla_sparse_fwd": [((pq, pkv, pidx, 0.04), {}), ((pq, pkv, pidx, 0.04, 512, psink, plens), {})],
         "flash_mla_sparse_fwd_out": [((pq, pkv, pidx, 0.04), {"out": pout, "max_logits": pmax, "lse": plse})],
+        "merge_attn_states": [((mouts, mlses), {}), ((mouts, mlses, torch.float32), {})],
+        "merge_attn_states_out": [((mouts, mlses), {"out": mout, "lse_out": mlse})],
     }
     assert set(cases) == set(_torch_ops.SCHEMAS)
     for name, calls in cases.items():
