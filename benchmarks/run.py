@@ -24,6 +24,8 @@ better than the target), the device, the git commit and the time stamp.
     python3 benchmarks/run.py                          # default suites
     python3 benchmarks/run.py --suite kv_cache --filter 'v32.*1M' --json out.json
     python3 benchmarks/run.py --list                   # suites and cases, without running
+    python3 benchmarks/run.py --suite dcp_decode       # not in the default run: merge_attn_states and the two-rank
+                                                       #   DCP decode step (bench_dcp.py; the step needs 2 GPUs)
     python3 benchmarks/run.py --cpu-reference          # no GPU: small dense- and sparse-decode cases on the CPU reference
     python3 benchmarks/run.py --cpu-reference --suite sparse_decode   # only the sparse one
 

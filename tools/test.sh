@@ -98,6 +98,7 @@ if [[ ${OPENMLA_FAMILY_OFF:-1} != 0 ]]; then
   off_log="$off_dir/family_off.log"
   if cmake "${cmake_args[@]}" -B "$off_dir" "${extra[@]}" -DOPENMLA_ENABLE_KV_CACHE=OFF \
        -DOPENMLA_ENABLE_DENSE_DECODE=OFF -DOPENMLA_ENABLE_SPARSE_PREFILL=OFF -DOPENMLA_ENABLE_MHA_PREFILL=OFF \
+       -DOPENMLA_ENABLE_MERGE_STATES=OFF \
        -DOPENMLA_TRACE=ON -DOPENMLA_PYTHON_INPLACE=OFF > "$off_log" 2>&1 &&
      cmake --build "$off_dir" -j "$jobs" >> "$off_log" 2>&1; then
     echo "built [$(elapsed)]"

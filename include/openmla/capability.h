@@ -13,6 +13,7 @@ enum class Feature : int {
   kSparseDecode = 2,     // sparse top-k MLA decode over an FP8 cache
   kSparsePrefill = 3,    // sparse MLA prefill
   kDensePrefill = 4,     // dense MHA prefill forward/backward
+  kMergeStates = 5,      // merge_attn_states: combining partial attention states (decode context parallelism)
 };
 
 const char* feature_name(Feature feature);

@@ -10,6 +10,7 @@ void bind_prefill(nb::module_& m);
 void bind_prefill_call(nb::module_& m);
 void bind_mha(nb::module_& m);
 void bind_mha_call(nb::module_& m);
+void bind_merge(nb::module_& m);
 void bind_kv_cache_call(nb::module_& m);
 void bind_reference(nb::module_& m);
 void bind_checked(nb::module_& m);
@@ -21,11 +22,11 @@ namespace {
 openmla::Feature feature_from_name(const std::string& name) {
   using openmla::Feature;
   for (Feature f : {Feature::kKVCacheQuantize, Feature::kDenseDecode, Feature::kSparseDecode,
-                    Feature::kSparsePrefill, Feature::kDensePrefill})
+                    Feature::kSparsePrefill, Feature::kDensePrefill, Feature::kMergeStates})
     if (name == openmla::feature_name(f)) return f;
   throw nb::value_error(("argument 'feature': unknown feature '" + name +
                          "'; expected one of kv_cache_quantize, dense_decode, sparse_decode, sparse_prefill, "
-                         "dense_prefill")
+                         "dense_prefill, merge_attn_states")
                             .c_str());
 }
 
@@ -50,6 +51,7 @@ NB_MODULE(_openmla, m) {
   openmla::py::bind_prefill_call(m);
   openmla::py::bind_mha(m);
   openmla::py::bind_mha_call(m);
+  openmla::py::bind_merge(m);
   openmla::py::bind_kv_cache_call(m);
   openmla::py::bind_reference(m);
   openmla::py::bind_checked(m);

@@ -10,7 +10,8 @@ can switch by changing one import:
 
 Besides the decode functions, the package exports sparse prefill (``flash_mla_sparse_fwd``), dense MHA
 prefill (``flash_attn_varlen_func`` and its packed variants, forward), the FP8 KV-cache codec (``quantize_kv_cache``,
-``dequantize_kv_cache``, ``append_kv_cache``), ``query_capability``, ``version`` and ``build_commit``,
+``dequantize_kv_cache``, ``append_kv_cache``), the merge of partial attention states for decode context parallelism
+(``merge_attn_states``; helpers for the ranks' slices in ``openmla.dcp``), ``query_capability``, ``version`` and ``build_commit``,
 checked mode (``set_checked_mode``, ``checked_mode``, ``check_status``; the environment variable
 ``OPENMLA_CHECK=1`` turns it on), and the CPU reference implementations as ``openmla.reference``. Where torch is
 importable, importing the package also registers the torch custom ops ``torch.ops.openmla.*``
@@ -36,7 +37,8 @@ except ModuleNotFoundError as _err:  # only "not built"; a broken extension (und
     ) from _err
 
 #: Feature names understood by query_capability().
-FEATURES = ("kv_cache_quantize", "dense_decode", "sparse_decode", "sparse_prefill", "dense_prefill")
+FEATURES = ("kv_cache_quantize", "dense_decode", "sparse_decode", "sparse_prefill", "dense_prefill",
+            "merge_attn_states")
 
 __version__ = _openmla.version()
 
@@ -110,6 +112,7 @@ _EXPORTS = {
     "decode": ("get_mla_metadata", "flash_mla_with_kvcache", "FlashMLASchedMeta"),
     "prefill": ("flash_mla_sparse_fwd",),
     "mha": ("flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"),
+    "merge": ("merge_attn_states",),
 }
 _MISSING: dict[str, str] = {}  # public name -> why it is unavailable
 
@@ -131,6 +134,11 @@ for _module_name, _names in _EXPORTS.items():
             __all__.append(_name)
         else:
             _MISSING[_name] = f"openmla.{_name} is not available: openmla.{_module_name} does not define it"
+
+if importlib.util.find_spec(f"{__name__}.dcp") is not None:
+    from . import dcp  # noqa: E402  (decode context parallelism: the ranks' slices of a request's tokens)
+
+    __all__.append("dcp")
 
 if importlib.util.find_spec(f"{__name__}.reference") is not None:
     from . import reference  # noqa: E402  (CPU reference implementations, over _openmla.ref)

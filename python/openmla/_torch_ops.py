@@ -25,6 +25,8 @@ op                              what it is
 ``flash_attn_varlen_fwd``       dense MHA prefill forward -> (out, lse), new tensors; differentiable in q, k, v (its
                                 autograd formula is ``flash_attn_varlen_bwd``; lse carries no gradient)
 ``flash_attn_varlen_bwd``       dense MHA prefill backward -> (dq, dk, dv), new tensors
+``merge_attn_states``           partial attention states -> (out, lse_out), new tensors (``_out``: into the caller's
+                                two, declared mutated)
 ==============================  =====================================================================================
 
 Only ``flash_attn_varlen_fwd`` is differentiable (``torch.library.register_autograd``), so that
@@ -41,6 +43,7 @@ from . import _openmla as _C
 from . import decode as _decode
 from . import kv_cache as _kv_cache
 from . import mha as _mha
+from . import merge as _merge
 from . import prefill as _prefill
 
 NAMESPACE = "openmla"
@@ -76,6 +79,8 @@ SCHEMAS = {
     "flash_attn_varlen_bwd": ("flash_attn_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
                               "Tensor cu_seqlens_qo, Tensor cu_seqlens_kv, float? softmax_scale=None, bool causal=False, "
                               "bool deterministic=False) -> (Tensor, Tensor, Tensor)"),
+    "merge_attn_states": "merge_attn_states(Tensor outs, Tensor lses, ScalarType? out_dtype=None) -> (Tensor, Tensor)",
+    "merge_attn_states_out": "merge_attn_states_out(Tensor outs, Tensor lses, *, Tensor(a!) out, Tensor(b!) lse_out) -> ()",
 }
 
 # SM count the fake implementations assume for tensors that are not on a CUDA device (meta tensors on a machine
@@ -126,6 +131,14 @@ def _mha_bwd(dout, q, k, v, out, lse, cu_seqlens_qo, cu_seqlens_kv, softmax_scal
     return dq, dk, dv
 
 
+def _merge_states(outs, lses, out_dtype=None):
+    return _merge.merge_attn_states(outs, lses, out_dtype=out_dtype)
+
+
+def _merge_states_out(outs, lses, *, out, lse_out):
+    _merge.merge_attn_states(outs, lses, out=out, lse_out=lse_out)
+
+
 _IMPLS = {
     "get_mla_metadata": _get_mla_metadata,
     # The tensor style's one path (decode.py): what flash_mla_with_kvcache takes with tensor-style metadata.
@@ -141,6 +154,8 @@ _IMPLS = {
     "flash_mla_sparse_fwd_out": _sparse_prefill_out,
     "flash_attn_varlen_fwd": _mha_fwd,
     "flash_attn_varlen_bwd": _mha_bwd,
+    "merge_attn_states": _merge_states,
+    "merge_attn_states_out": _merge_states_out,
 }
 
 
@@ -225,6 +240,12 @@ def _fake_mha_bwd(dout, q, k, v, out, lse, cu_seqlens_qo, cu_seqlens_kv, softmax
     return tuple(t.new_empty(t.shape) for t in (q, k, v))
 
 
+def _fake_merge_states(outs, lses, out_dtype=None):
+    tokens, heads, d_v = outs.shape[1], outs.shape[2], outs.shape[3]
+    return (outs.new_empty((tokens, heads, d_v), dtype=out_dtype or outs.dtype),
+            outs.new_empty((tokens, heads), dtype=torch.float32))
+
+
 def _fake_nothing(*args, **kwargs):
     return None
 
@@ -243,6 +264,8 @@ _FAKES = {
     "flash_mla_sparse_fwd_out": _fake_nothing,
     "flash_attn_varlen_fwd": _fake_mha_fwd,
     "flash_attn_varlen_bwd": _fake_mha_bwd,
+    "merge_attn_states": _fake_merge_states,
+    "merge_attn_states_out": _fake_nothing,
 }
 
 

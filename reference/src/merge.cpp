@@ -1,5 +1,7 @@
 // Merging split-KV partials into the final row, CPU reference of the combine step (docs/contracts.md
 // section 5, docs/decode-schedule.md section 6).
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "attention_row.h"
@@ -13,16 +15,30 @@ void merge_partials(const MergeArgs& a, Real* out, Real* lse_out) {
   require(a.num_partials == 0 || (a.o.defined() && a.lse.defined()), "lse", "o and lse must not be null");
   constexpr double kLn2 = 0.69314718055994530942;
   // Work in natural units: a base-2 partial lse l means ln(sum) = l * ln 2.
+  // An empty partial has lse -inf (log of an empty sum: split-KV chunks) or +inf (an attention row without keys,
+  // as the decode functions return it: the state DCP merges); a NaN lse poisons the row.
   std::vector<double> lse(static_cast<size_t>(a.num_partials));
   double m = -kInf;
+  bool any = false, nan = false;
   for (int64_t i = 0; i < a.num_partials; ++i) {
     const double l = a.lse.at(i);
     lse[i] = a.lse_base == LseBase::kTwo ? l * kLn2 : l;
-    m = std::fmax(m, lse[i]);
+    if (std::isinf(lse[i])) {
+      lse[i] = -kInf;  // empty either way: weight 0, O never read
+      continue;
+    }
+    any = true;
+    if (std::isnan(lse[i])) nan = true;
+    else m = std::fmax(m, lse[i]);
   }
   for (int64_t c = 0; c < a.d_v; ++c) out[c] = Real(0);
-  if (m == -kInf) {  // every partial empty (or none): out 0, lse +inf, whatever the sink
+  if (!any) {  // every partial empty (or none): out 0, lse +inf, whatever the sink
     *lse_out = static_cast<Real>(kInf);
+    return;
+  }
+  if (nan) {
+    for (int64_t c = 0; c < a.d_v; ++c) out[c] = static_cast<Real>(std::numeric_limits<double>::quiet_NaN());
+    *lse_out = static_cast<Real>(std::numeric_limits<double>::quiet_NaN());
     return;
   }
   double sum = 0.0;

@@ -15,6 +15,7 @@ const char* feature_name(Feature feature) {
     case Feature::kSparseDecode: return "sparse_decode";
     case Feature::kSparsePrefill: return "sparse_prefill";
     case Feature::kDensePrefill: return "dense_prefill";
+    case Feature::kMergeStates: return "merge_attn_states";
   }
   return "unknown";
 }

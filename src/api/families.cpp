@@ -33,6 +33,12 @@ bool family_built(KernelFamily family) {
 #else
       return false;
 #endif
+    case KernelFamily::kMergeStates:
+#if defined(OPENMLA_HAS_MERGE_STATES)
+      return true;
+#else
+      return false;
+#endif
   }
   return false;
 }
@@ -43,6 +49,7 @@ const char* family_option(KernelFamily family) {
     case KernelFamily::kDecode: return "OPENMLA_ENABLE_DENSE_DECODE";
     case KernelFamily::kSparsePrefill: return "OPENMLA_ENABLE_SPARSE_PREFILL";
     case KernelFamily::kMhaPrefill: return "OPENMLA_ENABLE_MHA_PREFILL";
+    case KernelFamily::kMergeStates: return "OPENMLA_ENABLE_MERGE_STATES";
   }
   return "unknown";
 }
@@ -54,6 +61,7 @@ KernelFamily family_of(Feature feature) {
     case Feature::kSparseDecode: return KernelFamily::kDecode;  // one option builds both decode kernels
     case Feature::kSparsePrefill: return KernelFamily::kSparsePrefill;
     case Feature::kDensePrefill: return KernelFamily::kMhaPrefill;  // the forward pass; no backward yet
+    case Feature::kMergeStates: return KernelFamily::kMergeStates;
   }
   return KernelFamily::kDecode;
 }
@@ -67,6 +75,7 @@ const char* family_kernels(KernelFamily family) {
     case KernelFamily::kDecode: return "decode kernels, dense or sparse";
     case KernelFamily::kSparsePrefill: return "sparse prefill kernels";
     case KernelFamily::kMhaPrefill: return "dense MHA prefill kernels";
+    case KernelFamily::kMergeStates: return "attention-state merge kernel";
   }
   return "kernels";
 }

@@ -17,6 +17,7 @@ enum class KernelFamily : int {
   kDecode,         // OPENMLA_ENABLE_DENSE_DECODE: plan_decode, dense_decode, sparse_decode (scheduler and combine too)
   kSparsePrefill,  // OPENMLA_ENABLE_SPARSE_PREFILL: sparse_prefill
   kMhaPrefill,     // OPENMLA_ENABLE_MHA_PREFILL: mha_prefill
+  kMergeStates,    // OPENMLA_ENABLE_MERGE_STATES: merge_attn_states
 };
 
 // Whether this build compiled the family's kernels.

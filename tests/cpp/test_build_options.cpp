@@ -21,6 +21,7 @@
 #include "openmla/capability.h"
 #include "openmla/decode.h"
 #include "openmla/kv_cache.h"
+#include "openmla/merge.h"
 #include "openmla/prefill.h"
 #include "openmla/test_hooks.h"
 
@@ -47,6 +48,11 @@ constexpr bool kHasMhaPrefill = true;
 #else
 constexpr bool kHasMhaPrefill = false;
 #endif
+#if defined(OPENMLA_HAS_MERGE_STATES)
+constexpr bool kHasMergeStates = true;
+#else
+constexpr bool kHasMergeStates = false;
+#endif
 #if defined(OPENMLA_HAS_TRACE)
 constexpr bool kHasTrace = true;
 #else
@@ -62,6 +68,7 @@ constexpr Family kKVCache{kHasKVCache, "OPENMLA_ENABLE_KV_CACHE"};
 constexpr Family kDecode{kHasDecode, "OPENMLA_ENABLE_DENSE_DECODE"};
 constexpr Family kSparsePrefill{kHasSparsePrefill, "OPENMLA_ENABLE_SPARSE_PREFILL"};
 constexpr Family kMhaPrefill{kHasMhaPrefill, "OPENMLA_ENABLE_MHA_PREFILL"};
+constexpr Family kMergeStates{kHasMergeStates, "OPENMLA_ENABLE_MERGE_STATES"};
 
 // Fake device pointers 64 GiB apart: no two arguments of a call overlap.
 void* fake_ptr(int i) { return reinterpret_cast<void*>(uintptr_t{0x10000000} + (uintptr_t(i) << 36)); }
@@ -158,6 +165,16 @@ SparsePrefillArgs sparse_prefill_args() {
 MhaPrefillProblem mha_problem() { return testing::mha_fixture_problem(kSms); }
 MhaPrefillArgs mha_args() { return testing::mha_fixture_args(fake_ptr); }
 
+// Merge: 2 partials of 4 tokens x 16 heads x 512.
+MergeStatesArgs merge_args() {
+  MergeStatesArgs a;
+  a.outs = make_tensor(fake_ptr(1), DType::kBFloat16, {2, 4, 16, 512});
+  a.lses = make_tensor(fake_ptr(2), DType::kFloat32, {2, 4, 16});
+  a.out = make_tensor(fake_ptr(3), DType::kBFloat16, {4, 16, 512});
+  a.lse_out = make_tensor(fake_ptr(4), DType::kFloat32, {4, 16});
+  return a;
+}
+
 TensorRef bf16_pages(int64_t blocks) { return make_tensor(fake_ptr(1), DType::kBFloat16, {blocks, 64, 1, 576}); }
 TensorRef fp8_pages(int64_t blocks) { return make_tensor(fake_ptr(2), DType::kUInt8, {blocks, 64, 1, 656}); }
 
@@ -171,7 +188,8 @@ TEST(BuildOptions, CapabilityNamesTheOptionOfAnAbsentFamily) {
                   {Feature::kDenseDecode, kDecode},
                   {Feature::kSparseDecode, kDecode},
                   {Feature::kSparsePrefill, kSparsePrefill},
-                  {Feature::kDensePrefill, kMhaPrefill}};
+                  {Feature::kDensePrefill, kMhaPrefill},
+                  {Feature::kMergeStates, kMergeStates}};
   for (const auto& f : features) {
     const Capability cap = query_capability(f.feature);
     if (f.family.built) {
@@ -254,6 +272,23 @@ TEST(BuildOptions, PrefillEntries) {
   expect_valid_call(kMhaPrefill, "mha_prefill", [] { return mha_prefill(mha_problem(), mha_args(), nullptr); });
 }
 
+TEST(BuildOptions, MergeEntries) {
+  expect_valid_call(kMergeStates, "merge_attn_states", [] { return merge_attn_states(merge_args(), nullptr); });
+}
+
+// No rows: nothing to launch, ok where the kernel is built, "not built" otherwise (no CUDA call either way).
+TEST(BuildOptions, EmptyMergeCallAnswersLikeOthers) {
+  MergeStatesArgs a;
+  a.outs = make_tensor(nullptr, DType::kBFloat16, {2, 0, 16, 512});
+  a.lses = make_tensor(nullptr, DType::kFloat32, {2, 0, 16});
+  a.out = make_tensor(nullptr, DType::kBFloat16, {0, 16, 512});
+  const Status st = merge_attn_states(a, nullptr);
+  if (kHasMergeStates)
+    EXPECT_TRUE(st.is_ok()) << st.message();
+  else
+    expect_not_built(st, "merge_attn_states", kMergeStates.option);
+}
+
 // An argument error is the caller's whatever the build: it comes before the family's answer.
 TEST(BuildOptions, ArgumentErrorsComeFirstInEveryBuild) {
   auto expect_invalid = [](const Status& st, const char* needle) {
@@ -275,6 +310,9 @@ TEST(BuildOptions, ArgumentErrorsComeFirstInEveryBuild) {
   MhaPrefillArgs mha = mha_args();
   mha.out.shape[1] = 3;
   expect_invalid(mha_prefill(mha_problem(), mha, nullptr), "'out'");
+  MergeStatesArgs merge = merge_args();
+  merge.lses.shape[2] = 8;
+  expect_invalid(merge_attn_states(merge, nullptr), "'lses'");
 }
 
 // ---- Trace readers --------------------------------------------------------------------------------------------

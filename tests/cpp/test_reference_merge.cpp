@@ -37,6 +37,30 @@ TEST(ReferenceMerge, EmptyPartialIgnored) {
   EXPECT_NEAR(m.lse, 0.5 * std::log(2.0), 1e-15);
 }
 
+// +inf is empty too (an attention row without keys: the state a DCP rank with an empty slice returns), in both
+// bases, alone or beside -inf.
+TEST(ReferenceMerge, PlusInfPartialIsEmpty) {
+  const Merged nat = merge({kNaN, 7.0, 2.0, -3.0}, {kInf, 1.5}, 2, LseBase::kNatural);
+  EXPECT_EQ(nat.out[0], 2.0);
+  EXPECT_EQ(nat.out[1], -3.0);
+  EXPECT_NEAR(nat.lse, 1.5, 1e-15);
+  const Merged both = merge({kNaN, kNaN}, {kInf, -kInf}, 1, LseBase::kNatural);
+  EXPECT_EQ(both.out[0], 0.0);
+  EXPECT_EQ(both.lse, kInf);
+  const Merged two = merge({kNaN, kNaN}, {kInf, kInf}, 1, LseBase::kTwo);
+  EXPECT_EQ(two.out[0], 0.0);
+  EXPECT_EQ(two.lse, kInf);
+}
+
+// A NaN lse is garbage, not an empty partial: the row comes out NaN (out and lse), never silently dropped.
+TEST(ReferenceMerge, NanLsePoisonsTheRow) {
+  for (const double other : {0.5, -kInf, kInf}) {
+    const Merged m = merge({1.0, 2.0}, {kNaN, other}, 1, LseBase::kNatural);
+    EXPECT_TRUE(std::isnan(m.out[0]));
+    EXPECT_TRUE(std::isnan(m.lse));
+  }
+}
+
 // No partial has keys (or there are none): out 0 and lse +inf, whatever the sink.
 TEST(ReferenceMerge, AllEmpty) {
   for (float sink : {0.0f, static_cast<float>(kInf), -static_cast<float>(kInf)}) {

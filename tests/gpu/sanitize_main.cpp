@@ -25,6 +25,7 @@ extern int run_sparse_prefill_sanitize_cases() __attribute__((weak));
 extern int run_faults_sanitize_cases() __attribute__((weak));
 extern int run_mha_prefill_sanitize_cases() __attribute__((weak));
 extern int run_mha_prefill_bwd_sanitize_cases() __attribute__((weak));
+extern int run_merge_states_sanitize_cases() __attribute__((weak));
 
 namespace {
 
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
       {"faults", run_faults_sanitize_cases},  // garbage inputs of every decode and codec call (checked mode too)
       {"mha_prefill", run_mha_prefill_sanitize_cases},
       {"mha_prefill_bwd", run_mha_prefill_bwd_sanitize_cases},
+      {"merge_states", run_merge_states_sanitize_cases},
   };
 
   int failed_families = 0;

@@ -69,6 +69,8 @@ FAMILIES_BY_FILE = {
     "test_torch_ops.py": ("dense_decode", "sparse_decode", "kv_cache_quantize", "sparse_prefill"),
     "test_host_path.py": ("dense_decode", "kv_cache_quantize", "sparse_prefill"),
     "test_package.py": ("dense_decode", "kv_cache_quantize"),
+    "test_merge_states.py": ("merge_attn_states",),
+    "test_dcp.py": ("merge_attn_states", "dense_decode", "sparse_decode", "kv_cache_quantize"),
 }
 
 

@@ -25,6 +25,7 @@ OPTION = {  # capability feature -> the CMake option of its family
     "sparse_decode": "OPENMLA_ENABLE_DENSE_DECODE",
     "sparse_prefill": "OPENMLA_ENABLE_SPARSE_PREFILL",
     "dense_prefill": "OPENMLA_ENABLE_MHA_PREFILL",
+    "merge_attn_states": "OPENMLA_ENABLE_MERGE_STATES",
 }
 
 
@@ -135,6 +136,13 @@ def test_mha_prefill_bwd():
         fake_cuda((500, 2, 192)), fake_cuda((500, 2, 128)), softmax_scale=0.0, **problem))
 
 
+# ---- Merge ---------------------------------------------------------------------------------------------------------
+def test_merge_attn_states():
+    expect_not_built("merge_attn_states", "merge_attn_states", lambda: C.merge_attn_states(
+        fake_cuda((2, 4, 16, 512)), fake_cuda((2, 4, 16), "fp32"), fake_cuda((4, 16, 512)),
+        fake_cuda((4, 16), "fp32")))
+
+
 def test_argument_errors_come_first():
     # The caller's mistake is named in every build, before the family's answer.
     with pytest.raises(ValueError, match=r"argument 'q' has dtype float32"):
@@ -145,6 +153,8 @@ def test_argument_errors_come_first():
             batch=2, h_q=8, h_kv=2, d_qk=192, d_v=128, dtype="bfloat16", num_sms=132)
     with pytest.raises(ValueError, match=r"argument 'dst'"):
         C.kv_cache_quantize(fake_cuda((4, 64, 1, 576)), fake_cuda((5, 64, 1, 656), "uint8"), "v32")
+    with pytest.raises(ValueError, match=r"argument 'lses' has size 8 in dimension 2"):
+        C.merge_attn_states(fake_cuda((2, 4, 16, 512)), fake_cuda((2, 4, 8), "fp32"), fake_cuda((4, 16, 512)))
 
 
 # ---- The trace reader (trace builds only) ---------------------------------------------------------------------------

@@ -42,6 +42,8 @@ def _written(name):
     ("flash_mla_sparse_fwd_out", ["out", "max_logits", "lse"]),
     ("flash_attn_varlen_fwd", []),
     ("flash_attn_varlen_bwd", []),
+    ("merge_attn_states", []),
+    ("merge_attn_states_out", ["out", "lse_out"]),
 ])
 def test_schema_declares_what_each_op_writes(name, written):
     assert _written(name) == written
@@ -52,7 +54,8 @@ def test_schema_declares_what_each_op_writes(name, written):
                        "dequantize_kv_cache": ["Tensor"],
                        "flash_mla_sparse_fwd": ["Tensor", "Tensor", "Tensor"],
                        "flash_attn_varlen_fwd": ["Tensor", "Tensor"],
-                       "flash_attn_varlen_bwd": ["Tensor", "Tensor", "Tensor"]}.get(name, [])
+                       "flash_attn_varlen_bwd": ["Tensor", "Tensor", "Tensor"],
+                       "merge_attn_states": ["Tensor", "Tensor"]}.get(name, [])
 
 
 def test_every_op_is_registered_with_cuda_and_fake_kernels():
@@ -60,7 +63,7 @@ def test_every_op_is_registered_with_cuda_and_fake_kernels():
                                        "flash_mla_with_kvcache_out", "quantize_kv_cache", "quantize_kv_cache_out",
                                        "dequantize_kv_cache", "dequantize_kv_cache_out", "append_kv_cache",
                                        "flash_mla_sparse_fwd", "flash_mla_sparse_fwd_out", "flash_attn_varlen_fwd",
-                                       "flash_attn_varlen_bwd"}
+                                       "flash_attn_varlen_bwd", "merge_attn_states", "merge_attn_states_out"}
     for name in _torch_ops.SCHEMAS:
         qualified = f"openmla::{name}"
         assert torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CUDA"), name
@@ -240,6 +243,10 @@ def test_opcheck_every_op():
     pout = torch.empty((50, 64, D_V), dtype=torch.bfloat16, device="cuda")
     pmax = torch.empty((50, 64), device="cuda")
     plse = torch.empty((50, 64), device="cuda")
+    mouts = torch.randn((2, 8, 16, D_V), device="cuda").to(torch.bfloat16)
+    mlses = torch.randn((2, 8, 16), device="cuda")
+    mout = torch.empty((8, 16, D_V), dtype=torch.bfloat16, device="cuda")
+    mlse = torch.empty((8, 16), device="cuda")
     cases = {
         "get_mla_metadata": [((lens, 2 * 64, 1), {}), ((lengths, 2 * 64, 1, 64, True, 256), {})],
         "plan_schedule": [((q, lens, None, None, 4, 2, 64, 1, False, 0, 0), {}),
@@ -256,6 +263,8 @@ def test_opcheck_every_op():
         "append_kv_cache": [((new_kv, slots, cache.clone(), "v32"), {})],
         "flash_mla_sparse_fwd": [((pq, pkv, pidx, 0.04), {}), ((pq, pkv, pidx, 0.04, 512, psink, plens), {})],
         "flash_mla_sparse_fwd_out": [((pq, pkv, pidx, 0.04), {"out": pout, "max_logits": pmax, "lse": plse})],
+        "merge_attn_states": [((mouts, mlses), {}), ((mouts, mlses, torch.float32), {})],
+        "merge_attn_states_out": [((mouts, mlses), {"out": mout, "lse_out": mlse})],
     }
     assert set(cases) == set(_torch_ops.SCHEMAS)
     for name, calls in cases.items():

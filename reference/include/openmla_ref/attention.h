@@ -150,11 +150,13 @@ enum class LseBase { kNatural, kTwo };
 struct MergeArgs {
   int64_t num_partials = 0, d_v = 0;
   RealView o;                             // (num_partials, d_v): each normalised by its own row sum (0 if empty)
-  RealView lse;                           // (num_partials): log of its row sum incl. max; -inf if empty
+  RealView lse;                           // (num_partials): log of its row sum incl. max; -inf or +inf if empty
   LseBase lse_base = LseBase::kTwo;       // the GPU split-KV buffers store base 2
   const float* attn_sink = nullptr;       // one value (natural units) or null
 };
-// out (d_v); *lse_out natural log (+inf if every partial is empty); sink applied to out only.
+// out (d_v); *lse_out natural log (+inf if every partial is empty); sink applied to out only. An empty partial
+// (lse -inf, as split-KV chunks write it, or +inf, as an attention row without keys returns it) has weight 0 and its
+// O is never read; a NaN lse makes out and *lse_out NaN. Also merge_attn_states' reference (include/openmla/merge.h).
 template <class Real>
 void merge_partials(const MergeArgs& args, Real* out, Real* lse_out);
 
