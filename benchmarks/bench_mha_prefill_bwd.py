@@ -14,7 +14,7 @@ default dq order and with deterministic=True (suffix `_det`):
 Ours: one call of the binding's backward (workspace reset, preprocess, main kernel, dq conversion) on the forward's out
 and lse, caller-owned dq, dk, dv. cuDNN: its forward runs once with inputs requiring grad, then only
 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) is timed. Both with CUDA events around the call, an 8 GB
-flush before each (harness.time_cuda), median of 50. FLOPs = 2.5 x the forward's (formulas.dense_prefill_bwd_flops:
+flush before each (harness.time_cuda), median of 10 (REPS). FLOPs = 2.5 x the forward's (formulas.dense_prefill_bwd_flops:
 causal halves). `ratio_to_cudnn` (= run.py's ratio) is cuDNN's time / ours (> 1: faster); a deterministic row reuses
 the cuDNN time of its default row (cuDNN's backward does not change with our flag). `max_abs_diff_vs_cudnn` compares dq,
 dk and dv with cuDNN's on the rows both compute.
@@ -162,6 +162,11 @@ def _max_abs_diff(ours, theirs_bhsd, lengths, group=1):
     return diff
 
 
+# A backward call takes milliseconds to a second (s = 32K, deterministic): a median of 10 after 2 warm-up calls keeps
+# the suite within a few minutes (MHA_BWD_BENCH_REPS overrides).
+REPS = int(os.environ.get("MHA_BWD_BENCH_REPS", "10"))
+WARMUP = 2
+
 _cudnn_times = {}  # default row's name -> its cuDNN record fields (reused by the deterministic row)
 
 
@@ -201,7 +206,7 @@ def run(case, harness):
         harness.rest_before_timing(ours)
     except NotImplementedError as err:
         raise SkipCase(f"mha_prefill_bwd: {err}") from err
-    t = harness.time_cuda(ours)
+    t = harness.time_cuda(ours, warmup=WARMUP, reps=REPS)
     flops = harness.formulas.dense_prefill_bwd_flops(lengths, lengths, h_q, d_qk, d_v, causal)
     record = {
         "params": {k: case[k] for k in ("b", "s_q", "s_k", "h_q", "h_kv", "d_qk", "d_v", "causal", "deterministic")},
@@ -222,7 +227,7 @@ def run(case, harness):
         try:
             call, grads, note = _cudnn_backward(q, k, v, dout, lengths, causal, scale)
             harness.rest_before_timing(call)
-            tc = harness.time_cuda(call)
+            tc = harness.time_cuda(call, warmup=WARMUP, reps=REPS)
             fields = {"cudnn_us": tc.median_us, "cudnn_tflops": flops / (tc.median_us * 1e-6) / 1e12,
                       "cudnn_inputs": note}
             group = h_q // h_kv

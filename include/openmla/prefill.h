@@ -109,7 +109,8 @@ Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args,
 // sum(out * dout) with respect to q, k and v (lse is treated as a saved value, not an output: its gradient is not
 // taken). The sequences, the mask and the head mapping are the forward's (above): with GQA, dk and dv of a kv head are
 // summed over the h_q / h_kv query heads that read it. A query row that sees no key gets dq = 0; a key that no query
-// row sees gets dk = dv = 0. Rows past the last sequence are neither read into a result nor written.
+// row sees gets dk = dv = 0; rows of q, k, v past the last sequence reach no output either and get dq, dk, dv = 0
+// (so that a framework's padded buffers carry no garbage into the weights' gradients).
 //
 // Three kernels on `stream`: a preprocess (D = rowsum(dout o out) per row and head, the lse in base 2, into the
 // workspace), the main pass (one CTA per (sequence, kv head, 128 keys): dk and dv in registers, dq accumulated in fp32

@@ -2,7 +2,7 @@
 // racecheck, synccheck, and as a plain correctness check): small calls through the public C++ API covering both head
 // dimensions and both dtypes, MHA and GQA, causal and not, s_q != s_k, empty sequences, rows past the last sequence
 // poisoned with NaN, dq / dk / dv poisoned with NaN before the call (every row inside a sequence must be written,
-// rows past it must stay untouched), both dq orders (deterministic twice: bitwise equal). The forward's out and lse
+// rows past the last one must be 0), both dq orders (deterministic twice: bitwise equal). The forward's out and lse
 // come from the library's forward; the gradients are compared with the CPU reference backward (double), relative
 // to the largest reference value of each tensor.
 #include <cuda_runtime.h>
@@ -195,8 +195,8 @@ bool run_case(const Case& c) {
       int64_t unwritten = 0, overwritten = 0, nonfinite = 0;
       for (size_t i = 0; i < got[run][t].size(); ++i) {
         const int64_t row = static_cast<int64_t>(i) / row_elems[t];
-        if (row >= valid_rows[t]) {
-          if (got[run][t][i] != 0xffff) ++overwritten;
+        if (row >= valid_rows[t]) {  // past the last sequence: 0
+          if (got[run][t][i] != 0) ++overwritten;
           continue;
         }
         if (got[run][t][i] == 0xffff) ++unwritten;
@@ -211,7 +211,7 @@ bool run_case(const Case& c) {
       std::printf("    %s %s: max |err| %.3g, max |ref| %.3g (rel %.3g)%s\n", run == 0 ? "atomic" : "determ", names[t],
                   err_max, ref_max, rel, (unwritten || overwritten || nonfinite) ? " <- PROBLEM" : "");
       if (unwritten || overwritten || nonfinite || rel > 2e-2) {
-        std::printf("    %s: %lld unwritten, %lld written past the sequences, %lld non-finite, rel error %.3g\n",
+        std::printf("    %s: %lld unwritten, %lld not 0 past the sequences, %lld non-finite, rel error %.3g\n",
                     names[t], static_cast<long long>(unwritten), static_cast<long long>(overwritten),
                     static_cast<long long>(nonfinite), rel);
         ok = false;

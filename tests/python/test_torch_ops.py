@@ -266,7 +266,8 @@ def test_opcheck_every_op():
         "merge_attn_states": [((mouts, mlses), {}), ((mouts, mlses, torch.float32), {})],
         "merge_attn_states_out": [((mouts, mlses), {"out": mout, "lse_out": mlse})],
     }
-    assert set(cases) == set(_torch_ops.SCHEMAS)
+    # The dense MHA ops are opchecked with their own inputs in test_mha_prefill_bwd.py.
+    assert set(cases) == set(_torch_ops.SCHEMAS) - {"flash_attn_varlen_fwd", "flash_attn_varlen_bwd"}
     for name, calls in cases.items():
         for args, kwargs in calls:
             opcheck(_op(name), args, kwargs)

@@ -132,7 +132,11 @@ __global__ void __launch_bounds__(256) mha_bwd_dq_convert_kernel(const __grid_co
   const int64_t rh = idx / kChunks;
   const int row = static_cast<int>(rh / p.h_q), head = static_cast<int>(rh % p.h_q);
   const RowSeq s = find_row_sequence(p.seqs, row);
-  if (s.seq < 0) return;
+  uint8_t* dst = static_cast<uint8_t*>(p.dq) + 2 * (row * p.dq_stride_t + head * p.dq_stride_h + chunk * 8);
+  if (s.seq < 0) {  // a row in no sequence does not reach the output: its gradient is 0
+    *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    return;
+  }
   const int64_t prow = padded_row(s, row);
   const int g = chunk / 8, c = (chunk % 8) * 8, r = static_cast<int>(prow % 64);
   const float* base = p.dq_accum + ((static_cast<int64_t>(head) * p.pad_blocks + prow / 64) * T::kQKTiles + g) *
@@ -143,8 +147,30 @@ __global__ void __launch_bounds__(256) mha_bwd_dq_convert_kernel(const __grid_co
     const float2 v = *reinterpret_cast<const float2*>(base + dq_accum_index(r, c + 2 * i));
     packed[i] = tile::Element16<kFp16>::pack(v.x * p.scale, v.y * p.scale);
   }
-  uint8_t* dst = static_cast<uint8_t*>(p.dq) + 2 * (row * p.dq_stride_t + head * p.dq_stride_h + chunk * 8);
   *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// dk and dv of the key rows past the last sequence (rows clamp(cu_seqlens_kv[batch]) .. total_k): 0, as their keys
+// reach no output. A small grid striding over the tail only, 8 columns of dk or dv per thread and step.
+// ---------------------------------------------------------------------------------------------------
+template <int kDQK>
+__global__ void __launch_bounds__(256) mha_bwd_zero_key_tail_kernel(const __grid_constant__ MhaPrefillBwdParams p) {
+  constexpr int kChunks = (kDQK + 128) / 8;  // dk's then dv's
+  const int end = varlen::imin(varlen::imax(__ldg(p.seqs.cu_seqlens_k + p.seqs.batch), 0), p.seqs.total_k);
+  const int64_t count = static_cast<int64_t>(p.seqs.total_k - end) * p.h_kv * kChunks;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < count;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int chunk = static_cast<int>(idx % kChunks);
+    const int64_t rh = idx / kChunks;
+    const int64_t row = end + rh / p.h_kv;
+    const int head = static_cast<int>(rh % p.h_kv);
+    uint8_t* dst = chunk < kDQK / 8
+                       ? static_cast<uint8_t*>(p.dk) + 2 * (row * p.dk_stride_t + head * p.dk_stride_h + chunk * 8)
+                       : static_cast<uint8_t*>(p.dv) +
+                             2 * (row * p.dv_stride_t + head * p.dv_stride_h + (chunk - kDQK / 8) * 8);
+    *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------

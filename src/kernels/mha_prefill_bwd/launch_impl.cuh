@@ -43,7 +43,12 @@ Status launch_mha_prefill_bwd_typed(const MhaPrefillBwdParams& p, cudaStream_t s
           return cudaPeekAtLastError();
         }));
   }
-  // 3. dq = scale * the accumulator (one thread per row, head and 8 columns).
+  // dk and dv of key rows past the last sequence: 0 (a small grid striding over the tail, usually empty).
+  if (p.seqs.total_k > 0) {
+    mha_prefill_bwd::mha_bwd_zero_key_tail_kernel<kDQK><<<64, kThreadsAux, 0, stream>>>(p);
+    OPENMLA_CUDA_RETURN_IF_ERROR(cudaPeekAtLastError(), "dense MHA prefill backward: key tail launch");
+  }
+  // 3. dq = scale * the accumulator (one thread per row, head and 8 columns); rows in no sequence get 0.
   if (rows > 0) {
     const int64_t threads = rows * (kDQK / 8);
     const int64_t blocks = (threads + kThreadsAux - 1) / kThreadsAux;
