@@ -282,20 +282,25 @@ __device__ __forceinline__ void stage_dq(const float (&dq)[32], float* stage, in
         make_float4(dq[4 * j + 0], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
 }
 
-// The stage leader's wait for its previous reductions: deterministic, their completion, then the raise of the count
-// they add to (`pending`: its block, -1 none), which lets the next key block add; otherwise only their reads of the
-// staging sub-blocks (`all`: their completion too, at the end).
-__device__ __forceinline__ void finish_reductions(const MhaPrefillBwdParams& p, int& pending, bool all) {
+// Deterministic, the stage leader: once its last reductions completed, raises the count of the block they added to
+// (`pending`, -1: none), which lets the next key block in the order add to it.
+__device__ __forceinline__ void raise_pending(const MhaPrefillBwdParams& p, int& pending) {
   if (p.deterministic && pending >= 0) {
     ptx::bulk_wait_group0();
     ptx::fence_proxy_async_global();
     ptx::atomic_add_acq_rel_gpu(p.dq_order + pending, 1);
     pending = -1;
-  } else if (all) {
-    ptx::bulk_wait_group0();
-  } else {
-    ptx::bulk_wait_group_read0();
   }
+}
+
+// The stage leader's wait for its previous reductions: their reads of the staging sub-blocks (before they are
+// rewritten), or (`all`, at the end) their completion, with the count raised.
+__device__ __forceinline__ void finish_reductions(const MhaPrefillBwdParams& p, int& pending, bool all) {
+  raise_pending(p, pending);
+  if (all)
+    ptx::bulk_wait_group0();
+  else
+    ptx::bulk_wait_group_read0();
 }
 
 template <int kDQK, bool kFp16, int kWg>
@@ -323,6 +328,15 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
     // ---- the tile: found by warp 0 (its window moving forward only), published, and once
     // every thread is past the previous tile (its last GEMMs read K and V), K, V and the first step loaded.
     if (tid < 32) {
+      // The next tile number is taken when the current one starts (the atomic's latency off the lookup), except in
+      // the deterministic mode: there a tile is taken only when the CTA is free to run it, so that every tile taken
+      // before a CTA's own is running or done (its dq additions come first in the fixed order; a tile taken early
+      // by a CTA still busy with a long one would hold up every later key block of its head).
+      if (p.deterministic && tile_iter > 0) {
+        int ticket = 0;
+        if (lane == 0) ticket = ptx::atomic_add_relaxed_gpu(p.tile_counter, smem.zero, 1);
+        tile = __shfl_sync(0xffffffffu, ticket, 0) + p.grid;
+      }
       TileInfo found;
       if (!find_tile(p, tile, window, lane, found)) {
         found = TileInfo{};
@@ -331,9 +345,9 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
       int ticket = 0;
       if (lane == 0) {
         smem.tile[tile_iter & 1] = found;
-        if (found.valid) ticket = ptx::atomic_add_relaxed_gpu(p.tile_counter, smem.zero, 1);
+        if (found.valid && !p.deterministic) ticket = ptx::atomic_add_relaxed_gpu(p.tile_counter, smem.zero, 1);
       }
-      tile = __shfl_sync(0xffffffffu, ticket, 0) + p.grid;
+      if (!p.deterministic) tile = __shfl_sync(0xffffffffu, ticket, 0) + p.grid;
     }
     ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kTileStart), kConsumerThreads);
     // The record is read where it is used (after the barriers and fences of each step the compiler reloads it
@@ -373,6 +387,10 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         ptx::wgmma_fence();
         issue_transposed_scores<kFp16, T::kQKTiles, T::kKTileBytes, T::kQTileBytes>(st, k_rows, smem.q[s][0]);
         ptx::wgmma_commit();
+        // Deterministic: the previous step's reductions complete while this GEMM runs; their count is raised now
+        // (the next key block of that query block may be waiting for it).
+        if (stage_leader) raise_pending(p, smem.pending_order[kWg]);
+        __syncwarp();
         ptx::wgmma_wait<0>();
         ptx::fence_registers(st);
         const bool masked = Tiles::block_needs_mask(info.s_q, info.s_k, m, info.n_block, p.causal);
@@ -473,8 +491,8 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
           ptx::bulk_reduce_add_f32(dst + g0 * kSubBlockFloats, ptx::smem_addr(smem.dq_stage[g0]), kBytes);
           if (two) ptx::bulk_reduce_add_f32(dst + 2 * kSubBlockFloats, ptx::smem_addr(smem.dq_stage[2]), kBytes);
           ptx::bulk_commit_group();
-          // The count is raised once the reductions completed: at this warpgroup's next step (finish_reductions),
-          // so the wait for their completion is off this step.
+          // The count is raised once the reductions completed: early in this warpgroup's next step, behind its first
+          // GEMM (raise_pending), so the wait for their completion is off the step's path.
           if (p.deterministic) smem.pending_order[kWg] = static_cast<int>(block);
         }
         __syncwarp();
