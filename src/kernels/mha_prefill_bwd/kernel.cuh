@@ -183,8 +183,19 @@ __device__ __forceinline__ bool find_tile(const MhaPrefillBwdParams& p, int t, v
   // The key blocks of a kv head in order (longest first under causal), except deterministic causal: last first,
   // the order in which that mode adds dq (below, the rank in consume), so that a CTA only ever waits for tiles taken
   // before its own (no deadlock with fewer CTAs than tiles).
-  const varlen::TileCoord c =
-      varlen::tile_coord(st.local, Tiles::num_n_blocks(st.k.len), p.deterministic && p.causal);
+  // GQA (p.key_block_major): a sequence's tiles key block by key block across the kv heads, so that the longest
+  // tiles (a kv head's first key blocks, each over h_q / h_kv query heads) of every kv head come first; a kv head's
+  // tiles in a row otherwise (its Q and dO are then shared in L2 by the CTAs running beside each other).
+  const int blocks = Tiles::num_n_blocks(st.k.len);
+  const bool reverse = p.deterministic && p.causal;
+  varlen::TileCoord c;
+  if (p.key_block_major) {
+    const int i = st.local / p.h_kv;
+    c.head = st.local - i * p.h_kv;
+    c.block = reverse ? blocks - 1 - i : i;
+  } else {
+    c = varlen::tile_coord(st.local, blocks, reverse);
+  }
   info.valid = 1;
   info.q_begin = st.q.begin;
   info.s_q = st.q.len;

@@ -54,7 +54,8 @@ struct MhaPrefillBwdParams {
   float* dsum;
   float* dq_accum;
 
-  int grid;  // persistent CTAs of the main kernel
+  int grid;               // persistent CTAs of the main kernel
+  bool key_block_major;   // a sequence's tiles key block by key block across the kv heads (else kv head by kv head)
 };
 
 // Launches the preprocess, the main kernel and the dq conversion on `stream` (the workspace already reset).
