@@ -13,6 +13,11 @@ kernel times do not contain; it is still recorded as graph_event_time_us (the ea
 eager_time_us). FlashMLA's dense figures are its main kernel alone; time_us is the whole call (the stricter
 comparison), and the main kernel alone is recorded as main_kernel_us, every kernel's median in `kernels`.
 
+Where flash_mla is importable (tools/peer_flashmla.sh), FlashMLA's whole call on the same tensors is timed in the
+same run by the same method (benchmarks/peer.py): flashmla_us, ratio_to_flashmla (= flashmla_us / time_us) and
+peer_max_abs_diff / peer_agrees on every row; without it flashmla_us is the docs/targets.md figure as a time
+(flashmla_source says which).
+
 FLOPs and bytes come from formulas.py (the peer's counting, docs/perf-method.md: no causal discount).
 """
 from __future__ import annotations
@@ -101,6 +106,7 @@ def run(case, harness):
     import torch
 
     import openmla
+    import peer  # benchmarks/peer.py: FlashMLA in the same run, when importable
 
     b, s_q, h_q, h_kv, s_k = case["b"], case["s_q"], case["h_q"], case["h_kv"], case["s_k"]
     causal = case["causal"]
@@ -142,6 +148,23 @@ def run(case, harness):
         "num_sm_parts": int(meta.tile_scheduler_metadata.shape[0]),
         "total_splits": int(meta.num_splits[-1]),
     }
+
+    # FlashMLA on the same tensors, timed the same way (benchmarks/peer.py): its schedule object is filled by its
+    # first call, outside the timed region, as ours; the docs/targets.md figure stays the fallback.
+    def peer_call(fm):
+        sched, _ = fm.get_mla_metadata()
+
+        def call():
+            o, l = fm.flash_mla_with_kvcache(q, k_cache, block_table, seqlens, D_V, sched, causal=causal)
+            return {"out": o, "lse": l}
+
+        return call
+
+    record.update(peer.measure(
+        harness, SUITE, time_us, ours={"out": out, "lse": lse}, make_call=peer_call,
+        unsupported=peer.unsupported_reason(SUITE, h_q=h_q, d_qk=D_QK, h_kv=h_kv, page=PAGE, d_v=D_V,
+                                            dtype={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(q.dtype)),
+        fallback_us=peer.target_as_us(target, flops, nbytes)))
     del q, k_cache, block_table, seqlens, out, lse, meta
     torch.cuda.empty_cache()
     return record

@@ -22,6 +22,11 @@ graph_event_time_us (it includes a few us of launch/event overhead that CUPTI's 
 event-timed replay vs 25.3 us CUPTI span of the same kernels), the eager call's event time as eager_time_us,
 the attention kernel alone as main_kernel_us, every kernel's median in `kernels`.
 
+Where flash_mla is importable (tools/peer_flashmla.sh), FlashMLA's whole call (main kernel + combine) on the same
+tensors is timed in the same run by the same method (benchmarks/peer.py): flashmla_us, ratio_to_flashmla
+(= flashmla_us / time_us), peer_max_abs_diff / peer_agrees; the h_q = 16 row records why FlashMLA has no figure (its
+SM90 sparse decode serves h_q 64 and 128). Without it flashmla_us is the docs/targets.md figure (flashmla_source).
+
 FLOPs and bytes come from formulas.py: FLOPs = 2 b s_q h_q topk (d_qk + d_v) (invalid slots counted, as FlashMLA
 counts them), bytes = 2 b s_q h_q d_qk + U * 656 + 2 b s_q h_q d_v with U the distinct index values (-1 once).
 
@@ -170,6 +175,7 @@ def run(case, harness):
     import torch
 
     import openmla
+    import peer  # benchmarks/peer.py: FlashMLA in the same run, when importable
 
     b, s_q, h_q, topk, s_k = case["b"], case["s_q"], case["h_q"], case["topk"], case["s_k"]
     q, k_cache, indices, attn_sink, _, stats = make_inputs(b, s_q, h_q, topk, s_k, case["varlen"])
@@ -232,6 +238,24 @@ def run(case, harness):
         record["num_sm_parts"] = int(tsm.shape[0])
     if splits is not None:
         record["total_splits"] = int(splits[-1])
+
+    # FlashMLA on the same tensors (the FP8 cache is the same 656-byte V3.2 layout, uint8), timed the same way
+    # (benchmarks/peer.py); its schedule object is filled by its first call, outside the timed region, as ours.
+    def peer_call(fm):
+        sched, _ = fm.get_mla_metadata()
+
+        def call():
+            o, l = fm.flash_mla_with_kvcache(q, k_cache, None, None, D_V, sched, is_fp8_kvcache=True,
+                                             indices=indices, attn_sink=sink)
+            return {"out": o, "lse": l}
+
+        return call
+
+    flashmla_target = _resolve_target(case.get("target"), device)  # not the copy ceiling of the h_q = 16 row
+    record.update(peer.measure(
+        harness, SUITE, time_us, ours={"out": out, "lse": lse}, make_call=peer_call,
+        unsupported=peer.unsupported_reason(SUITE, h_q=h_q, d_qk=D_QK, topk=topk, h_kv=1, page=PAGE, d_v=D_V),
+        fallback_us=peer.target_as_us(flashmla_target, flops, nbytes)))
     del q, k_cache, indices, attn_sink, sink, out, lse, meta
     torch.cuda.empty_cache()
     return record

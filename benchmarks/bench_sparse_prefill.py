@@ -12,6 +12,12 @@ random order (no topk_length), attn_sink ~ N(0, 1) per head.
 time_us is the kernel's CUPTI span with an 8 GB flush before every call (harness.time_cupti), median of 50 (20
 with --quick); FLOPs = 2 s_q topk h_q (d_qk + d_v) (formulas.sparse_prefill_flops), bytes = 2 d_qk x valid slots +
 2 s_q h_q (d_qk + d_v).
+
+Where flash_mla is importable (tools/peer_flashmla.sh), FlashMLA's flash_mla_sparse_fwd on the same tensors is timed in
+the same run by the same method (benchmarks/peer.py): flashmla_us, ratio_to_flashmla (= flashmla_us / time_us),
+peer_max_abs_diff / peer_agrees. MODEL1 (d_qk 512) rows are served by FlashMLA's SM90 prefill; the h_q 16 row is not
+(h_q 64 and 128 only: its padded twin is FlashMLA's answer) and records why. Without it flashmla_us is the
+docs/targets.md figure (flashmla_source says which).
 """
 from __future__ import annotations
 
@@ -89,6 +95,7 @@ def run(case, harness):
     import torch
 
     import openmla
+    import peer  # benchmarks/peer.py: FlashMLA in the same run, when importable
 
     s_q, s_kv, topk, h_q, d_qk = case["s_q"], case["s_kv"], case["topk"], case["h_q"], case["d_qk"]
     q, kv, indices, sink = make_inputs(s_q, s_kv, topk, h_q, d_qk)
@@ -131,6 +138,20 @@ def run(case, harness):
         record["ratio"] = target["time_us"] / time_us
     if t.note:
         record["timing_note"] = t.note
+
+    # FlashMLA on the same tensors (the padded row: the same padded q and sink), timed the same way
+    # (benchmarks/peer.py). Prefill has no schedule; FlashMLA allocates its outputs in the call (no kernel).
+    def peer_call(fm):
+        def call():
+            o, m, l = fm.flash_mla_sparse_fwd(q, kv, indices, scale, d_v=D_V, attn_sink=sink)
+            return {"out": o, "max_logits": m, "lse": l}
+
+        return call
+
+    record.update(peer.measure(
+        harness, SUITE, time_us, ours={"out": out, "max_logits": mx, "lse": lse}, make_call=peer_call,
+        unsupported=peer.unsupported_reason(SUITE, h_q=heads, d_qk=d_qk, topk=topk, h_kv=kv.shape[1], d_v=D_V),
+        fallback_us=peer.target_as_us(target)))
     del q, kv, indices, sink, out, mx, lse
     torch.cuda.empty_cache()
     return record

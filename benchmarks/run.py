@@ -19,7 +19,10 @@ Benchmark modules are the files benchmarks/bench_*.py. Each defines:
                                         #   a GPU (--cpu-reference); returns 0 on success
 
 run.py adds tflops/gbps, the percentage of the measured ceilings, the target and ratio (> 1 is
-better than the target), the device, the git commit and the time stamp.
+better than the target), the device, the git commit and the time stamp. The dense decode, sparse decode and
+sparse prefill suites also time FlashMLA in the same run when flash_mla is importable (benchmarks/peer.py;
+tools/peer_flashmla.sh builds it on the GPU machine): flashmla_us and ratio_to_flashmla on every row, shown as
+the fmla_us and fmla_x columns; the JSON's "peer" says whether it was found.
 
     python3 benchmarks/run.py                          # default suites
     python3 benchmarks/run.py --suite kv_cache --filter 'v32.*1M' --json out.json
@@ -52,6 +55,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.join(ROOT, "python"))
 
 import harness as harness_mod  # noqa: E402
+import peer as peer_mod  # noqa: E402
 
 TARGET_METRICS = ("tflops", "gbps", "time_us")
 
@@ -151,15 +155,33 @@ def params_text(params: dict, width: int = 46) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def print_table(records, errors, ceilings, device, commit):
+def peer_columns(r: dict) -> tuple[str, str]:
+    """(fmla_us, fmla_x) of a record: FlashMLA's same-run time and flashmla_us / time_us, '!' after the ratio when
+    the outputs disagreed beyond the tests' tolerances; '-' where FlashMLA was not timed in this run (the target and
+    ratio columns show the docs/targets.md figure then)."""
+    if r.get("flashmla_source") != "same_run" or r.get("flashmla_us") is None:
+        return "-", "-"
+    mark = "!" if r.get("peer_agrees") is False else ""
+    return f"{r['flashmla_us']:.2f}", fmt(r.get("ratio_to_flashmla"), ".3f") + mark
+
+
+def print_table(records, errors, ceilings, device, commit, peer_info=None):
     print()
     print(f"device: {device}   commit: {commit}")
     if ceilings:
         print(f"ceilings: copy {ceilings['copy_gbps']:.0f} GB/s (read+write), bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s")
     print("time_us: the span of the eager call's kernels by CUPTI where timing_method is 'cupti' (the decode suites, "
           "as the reference harness), else CUDA events; graph_us: CUDA events around a graph replay, where recorded")
+    if peer_info is not None:
+        if peer_info.get("available"):
+            print(f"fmla_us: FlashMLA's whole call timed in this run on the same inputs, same method ({peer_info['module']}"
+                  f" from {peer_info.get('file')}); fmla_x = fmla_us / time_us (> 1: faster than FlashMLA), '!': the "
+                  "outputs disagree beyond the tests' tolerances (peer_check); target / ratio: docs/targets.md")
+        else:
+            print(f"fmla_us / fmla_x: FlashMLA not timed in this run ({peer_info.get('why')}); target / ratio: the "
+                  "fixed docs/targets.md figures")
     head = (f"{'name':<34} {'params':<46} {'time_us':>10} {'graph_us':>10} {'TFLOP/s':>8} {'GB/s':>7} {'%ceil':>8} "
-            f"{'target':>12} {'ratio':>6}")
+            f"{'target':>12} {'ratio':>6} {'fmla_us':>10} {'fmla_x':>7}")
     print(head)
     print("-" * len(head))
     for r in records:
@@ -172,11 +194,17 @@ def print_table(records, errors, ceilings, device, commit):
             ceil = f"{pc:.0f}% bw"
         tgt = r.get("target")
         tgt_s = f"{target_text(tgt['value'])} {'us' if tgt['metric'] == 'time_us' else tgt['metric']}" if tgt else "-"
+        fmla_us, fmla_x = peer_columns(r)
         print(f"{r['name'][:34]:<34} {params_text(r['params']):<46} {r['time_us']:>10.2f} "
               f"{fmt(r.get('graph_event_time_us'), '.2f'):>10} {fmt(r['tflops'], '.1f'):>8} "
-              f"{fmt(r['gbps'], '.0f'):>7} {ceil:>8} {tgt_s:>12} {fmt(r['ratio'], '.3f'):>6}")
+              f"{fmt(r['gbps'], '.0f'):>7} {ceil:>8} {tgt_s:>12} {fmt(r['ratio'], '.3f'):>6} {fmla_us:>10} "
+              f"{fmla_x:>7}")
         if r.get("timing_note"):
             print(f"{'':<34} note: {r['timing_note']}")
+        if peer_info and peer_info.get("available") and r.get("flashmla_note"):
+            print(f"{'':<34} FlashMLA: {r['flashmla_note']}")  # the peer is here but did not run this row
+        if r.get("peer_check"):
+            print(f"{'':<34} FlashMLA outputs differ: {r['peer_check']}")
     for name, err in errors:
         print(f"{name[:34]:<34} ERROR: {err.strip().splitlines()[-1][:120]}")
 
@@ -227,6 +255,10 @@ def run_benchmarks(args) -> int:
     print(f"  copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s; "
           f"L2 flush before each timed call: {harness_mod.flush_bytes_requested() / 1e9:.2f} GB requested", flush=True)
     h = harness_mod.Harness(ceilings, warmup=args.warmup, reps=args.reps, quick=args.quick)
+    peer_info = peer_mod.describe_peer()
+    print("FlashMLA (the peer): " + (f"timed in the same run ({peer_info['file']})" if peer_info["available"]
+                                     else f"not timed: {peer_info['why']}; the docs/targets.md figures are used"),
+          flush=True)
 
     records, errors, skipped = [], list(import_errors), []
     for suite in selected:
@@ -258,7 +290,7 @@ def run_benchmarks(args) -> int:
             except Exception:
                 pass
 
-    print_table(records, errors, ceilings, device, commit)
+    print_table(records, errors, ceilings, device, commit, peer_info)
     print(f"\n{len(records)} case(s) in {time.time() - t0:.0f} s, {len(errors)} error(s)"
           + (f", {len(skipped)} skipped" if skipped else ""))
 
@@ -269,6 +301,7 @@ def run_benchmarks(args) -> int:
         "timestamp": stamp,
         "ceilings": ceilings,
         "flush_bytes": harness_mod.flush_bytes_requested(),
+        "peer": peer_info,
         "suites": selected,
         "filter": args.filter,
         "records": records,

@@ -11,6 +11,8 @@
 #
 # Typical call through the device tool (carry .deps/wheels and .deps/googletest):
 #   OPENMLA_GIT_COMMIT=<short sha> bash tools/gpu_check.sh
+# With FlashMLA timed in the same run (carry .peer too; docs/perf-method.md, "The peer in the same run"):
+#   OPENMLA_GIT_COMMIT=<short sha> GPU_CHECK_BENCH_ONLY=1 GPU_CHECK_PEER=1 bash tools/gpu_check.sh
 #
 # Files under $OUT (at most 8, what comes back): build.log ptxas.txt cpp_tests.log pytest.log
 # sanitize.log bench.log bench.json results/<date>_<device>_<commit>.json (copy the last one into
@@ -28,6 +30,10 @@
 #   GPU_CHECK_SKIP_BENCH=1       skip the benchmarks       BENCH_SUITE=sparse_decode (comma-separated; default:
 #                                                          every default suite)  BENCH_FILTER=<regex>
 #   GPU_CHECK_BENCH_ARGS="..."   extra arguments for benchmarks/run.py (e.g. --quick)
+#   GPU_CHECK_PEER=1             build FlashMLA 9241ae3 (tools/peer_flashmla.sh, from the carried .peer/) before the
+#                                benchmarks, so that they time it in the same run (flashmla_us, ratio_to_flashmla;
+#                                its messages are appended to build.log); the benchmark time limit becomes 540 s unless
+#                                BENCH_TIMEOUT is set (every peer row is timed twice: ours, then FlashMLA's)
 #   OPENMLA_GIT_COMMIT=<sha>     commit recorded in the build and the benchmark JSON (the tree sent
 #                                to the GPU machine has no .git)
 set -uo pipefail
@@ -230,14 +236,32 @@ for tool in $sanitize_tools; do
 done
 [[ -z $sanitize_tools ]] && skip sanitize "no tools selected"
 
-# ---- 6. benchmarks ----------------------------------------------------------------------------------
+# ---- 6. the peer (GPU_CHECK_PEER=1): FlashMLA built, so that the benchmarks time it in the same run -------
+bench_timeout=${BENCH_TIMEOUT:-300}
+if [[ ${GPU_CHECK_PEER:-0} == 1 ]]; then
+  begin peer
+  peer_msg=$(mktemp)
+  peer_env=$(bash tools/peer_flashmla.sh 2>"$peer_msg")
+  rc=$?
+  { echo "===== tools/peer_flashmla.sh (rc $rc)"; cat "$peer_msg"; } >>"$logs/build.log"
+  if (( rc == 0 )); then
+    eval "$peer_env"
+    record ok "$(tail -1 "$peer_msg" | sed 's/^peer_flashmla: //')"
+    bench_timeout=${BENCH_TIMEOUT:-540}
+  else
+    record FAIL "tools/peer_flashmla.sh: $(tail -1 "$peer_msg" | cut -c1-120); see build.log"
+  fi
+  rm -f "$peer_msg"
+fi
+
+# ---- 7. benchmarks ----------------------------------------------------------------------------------
 if [[ $skip_bench == 1 ]]; then
   skip bench "skipped by request"
 else
   begin bench
   # shellcheck disable=SC2206
   bargs=(${GPU_CHECK_BENCH_ARGS:-})
-  timeout -k 5 "${BENCH_TIMEOUT:-300}" "$py" benchmarks/run.py --json "$logs/bench.json" --history-dir "$history_dir" \
+  timeout -k 5 "$bench_timeout" "$py" benchmarks/run.py --json "$logs/bench.json" --history-dir "$history_dir" \
       ${BENCH_SUITE:+--suite "$BENCH_SUITE"} ${BENCH_FILTER:+--filter "$BENCH_FILTER"} "${bargs[@]}" \
       >"$logs/bench.log" 2>&1
   rc=$?
@@ -249,8 +273,12 @@ if d.get("skipped"):
     print("skipped: " + d["skipped"])
 else:
     per = collections.Counter(r["suite"] for r in d["records"])
+    same = [r for r in d["records"] if r.get("flashmla_source") == "same_run"]
+    differ = sum(1 for r in same if r.get("peer_agrees") is False)
+    peer = (f"; FlashMLA timed on {len(same)} rows" + (f", {differ} with outputs that DIFFER" if differ else "")
+            if (d.get("peer") or {}).get("available") else "")
     print(f"{len(d['records'])} records ({', '.join(f'{s} {k}' for s, k in per.items()) or 'none'}), "
-          f"{len(d['errors'])} errors")
+          f"{len(d['errors'])} errors{peer}")
 PY
 )
   if [[ $n == skipped:* ]]; then record FAIL "$n"  # this script runs on the GPU machine: no GPU is a failure
