@@ -60,7 +60,7 @@ KernelFamily family_of(Feature feature) {
     case Feature::kDenseDecode:
     case Feature::kSparseDecode: return KernelFamily::kDecode;  // one option builds both decode kernels
     case Feature::kSparsePrefill: return KernelFamily::kSparsePrefill;
-    case Feature::kDensePrefill: return KernelFamily::kMhaPrefill;  // the forward pass; no backward yet
+    case Feature::kDensePrefill: return KernelFamily::kMhaPrefill;  // the forward and the backward
     case Feature::kMergeStates: return KernelFamily::kMergeStates;
   }
   return KernelFamily::kDecode;
