@@ -40,6 +40,21 @@ OPENMLA_BWD_FN int dq_accum_index(int r, int c) {
 }
 inline constexpr int kSubBlockFloats = 64 * 64;
 
+// The deterministic mode's order of the key blocks' dq additions to a query block, non-causal: when a sequence has no
+// more key blocks (N) than the call has CTAs, key block n walks its M query blocks from walk_start(n) = floor(n M / N)
+// and wraps, so that the CTAs of a kv head reach each query block at different steps, and the additions to query
+// block m go in the order the walks reach it: key block n_a (the last whose walk starts at or before m), n_a - 1, ...,
+// 0, then N - 1, ..., n_a + 1 (rotated_rank). A CTA may then wait for a key block taken after its own, which cannot
+// deadlock while the N tiles of a kv head fit in the grid (the API's grid >= N test). Otherwise: block 0 first.
+OPENMLA_BWD_FN int walk_start(int n, int num_n, int num_m) {
+  return static_cast<int>(static_cast<int64_t>(n) * num_m / num_n);
+}
+OPENMLA_BWD_FN int rotated_rank(int n, int m, int num_n, int num_m) {
+  int last = static_cast<int>((static_cast<int64_t>(m + 1) * num_n + num_m - 1) / num_m) - 1;
+  if (last > num_n - 1) last = num_n - 1;
+  return n <= last ? last - n : last + 1 + (num_n - 1 - n);
+}
+
 // kDQK: the Q/K head dimension (192 or 128); d_v is 128. kFp16: fp16 operands (else bf16); accumulation in fp32.
 template <int kDQK, bool kFp16>
 struct Traits {
@@ -86,7 +101,8 @@ struct TileInfo {
   int m_begin;      // query blocks [m_begin, m_end) see the tile's keys (an empty range: dk = dv = 0)
   int m_end;
   int pad_block;    // the sequence's first padded block in the dq accumulator and the row statistics
-  int pad_[2];
+  int walk_from;    // the query block walk starts at m_begin + walk_from and wraps (walk_start; 0: in order)
+  int rotated;      // 1: the deterministic order is rotated_rank's (else key block order or causal's)
 };
 
 // Mbarriers:

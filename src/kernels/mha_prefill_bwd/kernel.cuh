@@ -206,7 +206,10 @@ __device__ __forceinline__ bool find_tile(const MhaPrefillBwdParams& p, int t, v
   info.m_begin = Tiles::query_block_begin(st.q.len, st.k.len, c.block, p.causal);
   info.m_end = Tiles::num_m_blocks(st.q.len);
   info.pad_block = static_cast<int>((static_cast<int64_t>(st.q.begin) + 64 * static_cast<int64_t>(st.seq)) / 64);
-  info.pad_[0] = info.pad_[1] = 0;
+  // Deterministic non-causal: rotated walks when the sequence's key blocks fit in the grid (config.h, walk_start).
+  const int num_m = info.m_end - info.m_begin;
+  info.rotated = p.deterministic && !p.causal && blocks <= p.grid && num_m > 0;
+  info.walk_from = info.rotated ? walk_start(c.block, blocks, num_m) : 0;
   return true;
 }
 
@@ -218,7 +221,9 @@ struct StepCoord {
 __device__ __forceinline__ StepCoord step_coord(const MhaPrefillBwdParams& p, const TileInfo& info, int j) {
   const int blocks = info.m_end - info.m_begin;
   const int hh = j / blocks;
-  return StepCoord{info.kv_head * p.heads_per_kv + hh, info.m_begin + (j - hh * blocks)};
+  int i = j - hh * blocks + info.walk_from;
+  if (i >= blocks) i -= blocks;
+  return StepCoord{info.kv_head * p.heads_per_kv + hh, info.m_begin + i};
 }
 
 // Thread 0: K and V of the tile (they are free: every thread passed the tile-start barrier after the previous tile's
@@ -498,9 +503,13 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
           if (p.deterministic) {
             // The fixed order of the key blocks' additions to a query block (two reductions each, one per
             // warpgroup): causal, from the last block that reaches the query block down to block 0 (the order in
-            // which the diagonal-first walks reach it anyway, so a CTA rarely waits); else block 0 first.
-            const int rank = p.causal ? Tiles::key_block_end(info.s_q, info.s_k, m, true) - 1 - info.n_block
-                                      : info.n_block;
+            // which the diagonal-first walks reach it anyway, so a CTA rarely waits); non-causal, the order in which
+            // the rotated walks reach it (config.h, rotated_rank), or block 0 first.
+            const int rank =
+                p.causal       ? Tiles::key_block_end(info.s_q, info.s_k, m, true) - 1 - info.n_block
+                : info.rotated ? rotated_rank(info.n_block, m - info.m_begin, Tiles::num_n_blocks(info.s_k),
+                                              info.m_end - info.m_begin)
+                               : info.n_block;
             const int target = 2 * rank;
             while (ptx::ld_acquire_gpu(order) < target) {
             }
