@@ -11,7 +11,7 @@
 // What checked mode reports (every value the contracts tolerate but do not define; the kernels never fault on any of
 // them and give the valid requests their results either way; docs/contracts.md, "Garbage inputs"):
 //   dense_decode   block_table[i, j] outside [0, num_blocks) for a page request i uses (j < ceil(L_i / 64));
-//                  cache_seqlens[i] outside [0, max_blocks_per_seq * 64] (negative, or past the block table);
+//                  cache_seqlens[i] outside [0, max_blocks_per_seq * page_block_size] (negative, or past the block table);
 //                  a schedule whose records or split counts do not match the call's lengths (planned for another
 //                  call, or never planned).
 //   sparse_decode  indices / extra_indices slots used (j < topk_length) holding neither -1 nor a token of the cache
@@ -19,7 +19,7 @@
 //                  out-of-range value too); topk_length / extra_topk_length outside [0, topk] / [0, extra_topk]; NaN in
 //                  attn_sink (+-inf are allowed); the schedule, as for dense decode (not for small batches without
 //                  lengths, which never read it).
-//   plan_decode    cache_seqlens negative or past problem.max_blocks_per_seq * 64 (when given); topk_length /
+//   plan_decode    cache_seqlens negative or past problem.max_blocks_per_seq * page_block_size (when given); topk_length /
 //                  extra_topk_length outside their ranges.
 //   append_kv_cache  slots at or past num_blocks * page_size (negative slots skip a row: allowed).
 //   sparse_prefill indices used (j < topk_length[t]) holding neither -1 nor a row of kv [0, s_kv); topk_length

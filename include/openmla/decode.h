@@ -42,19 +42,26 @@ struct DenseDecodeProblem {
   int64_t h_kv = 1;              // KV heads
   int64_t d_qk = 576;            // must be 576 (512 NoPE + 64 RoPE)
   int64_t d_v = 512;             // must be 512
-  int64_t page_block_size = 64;  // tokens per cache page; must be 64 for now
+  int64_t page_block_size = 64;  // tokens per cache page (k_cache.shape[1]): 16, 32, 64, 128 or 256
   KVCacheFormat cache_format = KVCacheFormat::kBFloat16;  // kBFloat16 or kFloat16 (the dtype of q and the cache)
   bool causal = false;           // bottom-right aligned; ignored when s_q == 1
   int num_sms = 0;               // SMs to schedule over; 0: the current device's count
-  // The block table's column count (its capacity is max_blocks_per_seq * 64 tokens), or 0: not given. Given,
+  // The block table's column count (its capacity is max_blocks_per_seq * page_block_size tokens), or 0: not given. Given,
   // plan_decode clamps each length to that capacity as the kernel does, so a garbage length costs no more than a
   // valid one (not given, the schedule budgets the raw length: one length of 2^31 - 1 then serialises the step),
-  // and dense_decode requires block_table.shape(1) == max_blocks_per_seq. At most kMaxBlocksPerSeq.
+  // and dense_decode requires block_table.shape(1) == max_blocks_per_seq. At most
+  // dense_max_blocks_per_seq(page_block_size).
   int64_t max_blocks_per_seq = 0;
 };
 
 // The largest block table a dense call takes: max_blocks_per_seq * 64 tokens must fit in int32.
 inline constexpr int64_t kMaxBlocksPerSeq = (int64_t{1} << 25) - 1;
+// ... and at a page size: max_blocks_per_seq * page_block_size tokens must fit in int32 too (2^24 - 1 pages of 128
+// tokens, 2^23 - 1 of 256; kMaxBlocksPerSeq for pages of 64 tokens or fewer).
+inline constexpr int64_t dense_max_blocks_per_seq(int64_t page_block_size) {
+  const int64_t by_tokens = page_block_size >= 1 ? ((int64_t{1} << 31) - 1) / page_block_size : kMaxBlocksPerSeq;
+  return by_tokens < kMaxBlocksPerSeq ? by_tokens : kMaxBlocksPerSeq;
+}
 
 // Sparse top-k decode over an FP8 paged cache (one latent KV head, no causal mask: the indices select).
 struct SparseDecodeProblem {
@@ -152,7 +159,7 @@ struct DecodeSplitBuffers {
 // then undefined); checked mode (openmla/checked.h) names the request whose length does not match.
 // With problem.num_sms > 0 every check runs before any CUDA call; 0 queries the tensors' device.
 //   Dense: `cache_seqlens` (b,) int32 (negative lengths count as 0; with problem.max_blocks_per_seq > 0 lengths
-//   above max_blocks_per_seq * 64 count as that, as in the kernel).
+//   above max_blocks_per_seq * page_block_size count as that, as in the kernel).
 //   Sparse: `topk_length` and `extra_topk_length` (b,) int32 may be absent (undefined TensorRef); given values
 //   are clamped to [0, topk] / [0, extra_topk]; extra_topk_length only with problem.extra_topk > 0.
 Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens, const DecodeSchedule& schedule,
@@ -165,12 +172,13 @@ Status plan_decode(const DecodeProblem& problem, const TensorRef& cache_seqlens,
 
 struct DenseDecodeArgs {
   TensorRef q;              // (b, s_q, h_q, d_qk) bf16/fp16; last dim contiguous, byte strides % 16 == 0
-  TensorRef k_cache;        // (num_blocks, 64, h_kv, d_qk), q's dtype; last dim contiguous, strides % 8 == 0
-                            // (page_block_size must be 64 for now)
-  TensorRef block_table;    // (b, max_blocks_per_seq) int32; last dim contiguous; max_blocks_per_seq <=
-                            // kMaxBlocksPerSeq. Entries past ceil(L/64) are never read; an entry outside
+  TensorRef k_cache;        // (num_blocks, page_block_size, h_kv, d_qk), q's dtype; last dim contiguous, strides % 8
+                            // == 0; page_block_size 16, 32, 64, 128 or 256
+  TensorRef block_table;    // (b, max_blocks_per_seq) int32, entry [i, j] = the page of tokens [j P, j P + P) of
+                            // request i (P = page_block_size); last dim contiguous; max_blocks_per_seq <=
+                            // dense_max_blocks_per_seq(P). Entries past ceil(L/P) are never read; an entry outside
                             // [0, num_blocks) reads zeros (TMA bounds), never another address; a length above
-                            // max_blocks_per_seq * 64 is clamped to it
+                            // max_blocks_per_seq * P is clamped to it
   TensorRef cache_seqlens;  // (b,) int32, contiguous; 0 allowed
   float softmax_scale = 0.f;  // 0: d_qk ** -0.5
   DecodeSchedule schedule;    // from plan_decode() with the same problem and cache_seqlens

@@ -37,6 +37,11 @@ except ModuleNotFoundError as _err:  # only "not built"; a broken extension (und
     ) from _err
 
 #: Feature names understood by query_capability().
+# The page sizes dense decode takes (k_cache.shape[1]); docs/dense-decode.md, "Page sizes". query_capability
+# ("dense_decode") answers for the device and build; a call with another page size raises ValueError naming
+# problem.page_block_size.
+DENSE_PAGE_SIZES = (16, 32, 64, 128, 256)
+
 FEATURES = ("kv_cache_quantize", "dense_decode", "sparse_decode", "sparse_prefill", "dense_prefill",
             "merge_attn_states")
 
@@ -116,7 +121,7 @@ _EXPORTS = {
 }
 _MISSING: dict[str, str] = {}  # public name -> why it is unavailable
 
-__all__ = ["FEATURES", "version", "build_commit", "query_capability", "set_checked_mode", "checked_mode",
+__all__ = ["FEATURES", "DENSE_PAGE_SIZES", "version", "build_commit", "query_capability", "set_checked_mode", "checked_mode",
            "check_status"]
 
 for _module_name, _names in _EXPORTS.items():

@@ -113,7 +113,7 @@ bool checked_mode_enabled() {
 InputCheckParams plan_decode_checks(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens) {
   InputCheckParams p{};
   const int64_t cap =
-      problem.max_blocks_per_seq > 0 ? problem.max_blocks_per_seq * kernels::kDecodeBlockTokens : kInt32Max;
+      problem.max_blocks_per_seq > 0 ? problem.max_blocks_per_seq * problem.page_block_size : kInt32Max;
   add(p, lengths_check(CheckedArgument::kCacheSeqlens, cache_seqlens, cap));
   return p;
 }
@@ -130,12 +130,13 @@ InputCheckParams plan_decode_checks(const SparseDecodeProblem& problem, const Te
 InputCheckParams dense_decode_checks(const DenseDecodeProblem& problem, const DenseDecodeArgs& a, int num_sm_parts) {
   InputCheckParams p{};
   const TensorRef& bt = a.block_table;
-  const int64_t capacity = bt.shape[1] * kernels::kDecodeBlockTokens;
+  const int64_t capacity = bt.shape[1] * problem.page_block_size;
   add(p, InputCheck{.kind = CheckKind::kBlockTable,
                     .argument = CheckedArgument::kBlockTable,
                     .data = bt.data,
                     .rows = bt.shape[0],
                     .cols = bt.shape[1],
+                    .depth = problem.page_block_size,
                     .row_stride = bt.stride[0],
                     .bound = a.k_cache.shape[0],
                     .lengths = int_data(a.cache_seqlens),
@@ -143,7 +144,7 @@ InputCheckParams dense_decode_checks(const DenseDecodeProblem& problem, const De
   add(p, lengths_check(CheckedArgument::kCacheSeqlens, a.cache_seqlens, capacity));
   InputCheck s = schedule_check(a.schedule, problem.batch, num_sm_parts);
   s.lengths = int_data(a.cache_seqlens);
-  s.max_seqlen = static_cast<int32_t>(problem.max_blocks_per_seq * kernels::kDecodeBlockTokens);
+  s.max_seqlen = static_cast<int32_t>(problem.max_blocks_per_seq * problem.page_block_size);
   add(p, s);
   return p;
 }
@@ -208,7 +209,7 @@ std::string describe_violation(const kernels::InputCheckRecord& r) {
       if (r.value < 0) {
         os << ", negative (the kernels count it as 0)";
       } else if (r.argument == CheckedArgument::kCacheSeqlens) {
-        os << ", past the block table's capacity max_blocks_per_seq * 64 = " << r.bound
+        os << ", past the block table's capacity max_blocks_per_seq * page_block_size = " << r.bound
            << " (the kernel clamps it to that)";
       } else {
         os << ", outside [0, " << (r.argument == CheckedArgument::kExtraTopkLength ? "extra_topk" : "topk") << " = "

@@ -34,6 +34,7 @@ struct DenseDecodeCall {
   kernels::DenseDecodeParams params;
   kernels::CombineParams combine;
   int combine_slices;
+  kernels::DensePageGeometry pages;  // the cache's page size: which kernel runs (kernels::launch_dense_decode)
 };
 struct SparseDecodeCall {
   kernels::SparseDecodeParams params;

@@ -1,6 +1,7 @@
 // Public decode API, planning (include/openmla/decode.h): workspace sizes and plan_decode for each family.
 // Validate -> build the scheduler's params -> launch; every check runs before the first CUDA call.
 #include <cstdint>
+#include <string>
 
 #include "api/checked.h"
 #include "api/decode_common.h"
@@ -80,6 +81,11 @@ Status validate_schedule_problem(const DenseDecodeProblem& p) {
     return invalid_field("max_blocks_per_seq", p.max_blocks_per_seq,
                          "expected 0 (not given) or the block table's column count, at most 2^25 - 1 "
                          "(max_blocks_per_seq * 64 tokens must fit in int32)");
+  // The block table's capacity in tokens is max_blocks_per_seq * page_block_size (the schedule clamps lengths to it).
+  if (p.max_blocks_per_seq > 0 && (p.page_block_size < 1 || p.max_blocks_per_seq > dense_max_blocks_per_seq(p.page_block_size)))
+    return invalid_field("max_blocks_per_seq", p.max_blocks_per_seq,
+                         "with page_block_size " + std::to_string(p.page_block_size) +
+                             ": max_blocks_per_seq * page_block_size tokens must fit in int32 (page_block_size >= 1)");
   return Status::ok();
 }
 
@@ -158,7 +164,7 @@ Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seq
   kernels::DecodeSchedulerParams params =
       detail::scheduler_params(problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
   params.cache_seqlens = static_cast<const int32_t*>(cache_seqlens.data);
-  params.max_seqlen = static_cast<int32_t>(problem.max_blocks_per_seq * kernels::kDecodeBlockTokens);
+  params.max_seqlen = static_cast<int32_t>(problem.max_blocks_per_seq * problem.page_block_size);
   if (detail::checked_mode_enabled())
     OPENMLA_RETURN_IF_ERROR(detail::run_input_checks(kernels::CheckedEntry::kPlanDecode,
                                                      detail::plan_decode_checks(problem, cache_seqlens), stream));

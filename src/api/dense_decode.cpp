@@ -21,7 +21,6 @@ namespace detail {
 
 namespace {
 constexpr int64_t kDenseHeadDimQK = 576;
-constexpr int64_t kDensePageSize = 64;
 constexpr int64_t kTmaMaxStrideBytes = int64_t{1} << 40;  // cuTensorMapEncodeTiled: global strides below 2^40 bytes
 
 // Every tensor argument with the strides of its size-1 dimensions replaced (api/validate.h, canonical()): the k_cache
@@ -59,9 +58,9 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
   OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
   if (problem.d_qk != kDenseHeadDimQK)
     return invalid_field("d_qk", problem.d_qk, "dense decode supports only d_qk = 576 (512 NoPE + 64 RoPE)");
-  if (problem.page_block_size != kDensePageSize)
+  if (!kernels::dense_decode_page_size_supported(problem.page_block_size))
     return invalid_field("page_block_size", problem.page_block_size,
-                         "dense decode supports only page_block_size = 64 for now");
+                         "dense decode supports page sizes 16, 32, 64, 128 and 256 (powers of two in [16, 256])");
   if (problem.cache_format != KVCacheFormat::kBFloat16 && problem.cache_format != KVCacheFormat::kFloat16)
     return invalid(std::string("argument 'problem.cache_format' is ") + kv_cache_format_name(problem.cache_format) +
                    "; dense decode needs a bf16 or fp16 cache (FP8 caches are sparse-decode only)");
@@ -89,7 +88,7 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(k, "k_cache", {q.dtype}, 4));
   if (k.shape[0] < 1) return invalid("argument 'k_cache' has no page blocks; shape " + shape_string(k));
   if (k.shape[0] > kInt32Max) return invalid("argument 'k_cache' has more than 2^31 - 1 page blocks");
-  OPENMLA_RETURN_IF_ERROR(check_dim(k, "k_cache", 1, kDensePageSize, "page size; only 64 is supported for now"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(k, "k_cache", 1, problem.page_block_size, "page size = problem.page_block_size"));
   OPENMLA_RETURN_IF_ERROR(check_dim(k, "k_cache", 2, h_kv, "h_kv"));
   OPENMLA_RETURN_IF_ERROR(check_dim(k, "k_cache", 3, kDenseHeadDimQK, "d_qk"));
   OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(k, "k_cache"));
@@ -102,10 +101,11 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(bt, "block_table", {DType::kInt32}, 2));
   OPENMLA_RETURN_IF_ERROR(check_dim(bt, "block_table", 0, b, "batch"));
   if (bt.shape[1] < 1) return invalid("argument 'block_table' has no columns; shape " + shape_string(bt));
-  if (bt.shape[1] > kMaxBlocksPerSeq) {
+  if (bt.shape[1] > dense_max_blocks_per_seq(problem.page_block_size)) {
     MessageStream os;
-    os << "argument 'block_table' has " << bt.shape[1] << " columns; at most " << kMaxBlocksPerSeq
-       << " are supported (max_blocks_per_seq * 64 tokens must fit in int32)";
+    os << "argument 'block_table' has " << bt.shape[1] << " columns; at most "
+       << dense_max_blocks_per_seq(problem.page_block_size) << " are supported at page size "
+       << problem.page_block_size << " (max_blocks_per_seq * page size tokens must fit in int32)";
     return invalid(os.str());
   }
   if (problem.max_blocks_per_seq > 0 && bt.shape[1] != problem.max_blocks_per_seq) {
@@ -210,6 +210,7 @@ DenseDecodeCall prepare_dense_decode(const DenseDecodeProblem& problem, const De
   call.combine = combine_params(geometry_of(problem), is_fp16, args.schedule, args.split, args.out, args.lse,
                                 /*attn_sink=*/nullptr, merge_counters ? kernels::kMaxMergeChunks : 1);
   call.combine_slices = plan.combine_slices;
+  call.pages = kernels::dense_page_geometry(static_cast<int>(problem.page_block_size));
   return call;
 }
 
@@ -229,7 +230,7 @@ Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs
   if (checked_mode_enabled())
     OPENMLA_RETURN_IF_ERROR(run_input_checks(kernels::CheckedEntry::kDenseDecode,
                                              dense_decode_checks(problem, canonical_args(args), num_sm_parts), stream));
-  OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(call.params, stream));
+  OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(call.params, call.pages, stream));
   return kernels::launch_combine(call.combine, call.combine_slices, stream);
 #endif
 }

@@ -149,7 +149,7 @@ TEST(CheckedMode, LengthsNegativeOrPastTheBlockTable) {
     c.block_table[3 * 3 + 1] = 6;  // its clamped length reads all three pages: make them valid
     c.block_table[3 * 3 + 2] = 7;
     expect_message(run_rules(CheckedEntry::kDenseDecode, c.checks()),
-                   {"argument 'cache_seqlens'[3] is 2147483647", "capacity max_blocks_per_seq * 64 = 192"});
+                   {"argument 'cache_seqlens'[3] is 2147483647", "capacity max_blocks_per_seq * page_block_size = 192"});
   }
 }
 

@@ -185,7 +185,10 @@ TEST(DecodeApi, DenseDecodeValidationErrors) {
       {"h_kv 0", [](DecodeProblem& p, DenseDecodeArgs&) { p.h_kv = 0; }, "problem.h_kv"},
       {"d_v", [](DecodeProblem& p, DenseDecodeArgs&) { p.d_v = 576; }, "problem.d_v"},
       {"d_qk", [](DecodeProblem& p, DenseDecodeArgs&) { p.d_qk = 512; }, "problem.d_qk"},
-      {"page size", [](DecodeProblem& p, DenseDecodeArgs&) { p.page_block_size = 32; }, "problem.page_block_size"},
+      {"page size 8", [](DecodeProblem& p, DenseDecodeArgs&) { p.page_block_size = 8; }, "problem.page_block_size"},
+      {"page size 48", [](DecodeProblem& p, DenseDecodeArgs&) { p.page_block_size = 48; }, "problem.page_block_size"},
+      {"page size 512", [](DecodeProblem& p, DenseDecodeArgs&) { p.page_block_size = 512; }, "problem.page_block_size"},
+      {"page size 1", [](DecodeProblem& p, DenseDecodeArgs&) { p.page_block_size = 1; }, "problem.page_block_size"},
       {"sparse", [](DecodeProblem& p, DenseDecodeArgs&) { p.sparse = true; p.topk = 64; }, "problem.sparse"},
       {"fp8 format", [](DecodeProblem& p, DenseDecodeArgs&) { p.cache_format = KVCacheFormat::kFp8V32; },
        "problem.cache_format"},
@@ -209,7 +212,8 @@ TEST(DecodeApi, DenseDecodeValidationErrors) {
       {"k missing", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache = TensorRef{}; }, "'k_cache'"},
       {"k dtype", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.dtype = DType::kFloat16; }, "'k_cache'"},
       {"k 3-D", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.ndim = 3; }, "'k_cache'"},
-      {"k page 32", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.shape[1] = 32; }, "only 64"},
+      {"k page 32 vs problem 64", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.shape[1] = 32; },
+       "argument 'k_cache'"},
       {"k h_kv", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.shape[2] = 2; }, "'k_cache'"},
       {"k d", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.shape[3] = 512; }, "'k_cache'"},
       {"k no blocks", [](DecodeProblem&, DenseDecodeArgs& a) { a.k_cache.shape[0] = 0; }, "'k_cache'"},
@@ -673,6 +677,72 @@ TEST(DecodeApi, DenseDecodeWithOptionsValidatesTheSame) {
   p.sparse = true;
   p.topk = 64;
   EXPECT_NE(test_hooks::dense_decode(p, a, options, nullptr).message().find("problem.sparse"), std::string::npos);
+}
+
+// Page sizes other than 64 (docs/dense-decode.md, "Page sizes"): every power of two in [16, 256] validates with a
+// cache of that page size; the block table's width is then counted in pages of that size.
+TEST(DecodeApi, DenseDecodeAcceptsEveryPowerOfTwoPageSize) {
+  for (const int64_t page : {16, 32, 64, 128, 256}) {
+    DecodeProblem p = dense_problem();
+    p.page_block_size = page;
+    DenseDecodeArgs a = dense_args(p);
+    a.k_cache.shape[1] = page;
+    a.k_cache.stride[0] = page * 576;
+    int parts = 0;
+    const Status s = validate_dense(p, a, &parts);
+    EXPECT_TRUE(s.is_ok()) << "page " << page << ": " << s.message();
+    EXPECT_TRUE(kernels::dense_decode_page_size_supported(page));
+  }
+  for (const int64_t page : {0, 1, 2, 4, 8, 24, 48, 96, 512, 1024})
+    EXPECT_FALSE(kernels::dense_decode_page_size_supported(page)) << page;
+}
+
+TEST(DecodeApi, DensePageGeometry) {
+  const auto g16 = kernels::dense_page_geometry(16);
+  EXPECT_EQ(g16.pages_per_block, 4);
+  EXPECT_EQ(g16.blocks_per_page_log2, 0);
+  const auto g32 = kernels::dense_page_geometry(32);
+  EXPECT_EQ(g32.pages_per_block, 2);
+  const auto g64 = kernels::dense_page_geometry(64);
+  EXPECT_EQ(g64.pages_per_block, 1);
+  EXPECT_EQ(g64.blocks_per_page_log2, 0);
+  const auto g128 = kernels::dense_page_geometry(128);
+  EXPECT_EQ(g128.pages_per_block, 1);
+  EXPECT_EQ(g128.blocks_per_page_log2, 1);
+  const auto g256 = kernels::dense_page_geometry(256);
+  EXPECT_EQ(g256.page_size, 256);
+  EXPECT_EQ(g256.blocks_per_page_log2, 2);
+}
+
+// The cache's page size must be the problem's, and the block table's width (pages) times the page size must fit int32.
+TEST(DecodeApi, DensePageSizeMessagesNameTheArgument) {
+  DecodeProblem p = dense_problem();
+  p.page_block_size = 16;
+  DenseDecodeArgs a = dense_args(p);  // k_cache pages of 64 tokens: not the problem's 16
+  int parts = 0;
+  Status s = validate_dense(p, a, &parts);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("argument 'k_cache'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("page_block_size"), std::string::npos) << s.message();
+
+  p = dense_problem();
+  p.page_block_size = 8;
+  s = validate_dense(p, dense_args(p), &parts);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("16, 32, 64, 128 and 256"), std::string::npos) << s.message();
+
+  EXPECT_EQ(dense_max_blocks_per_seq(64), kMaxBlocksPerSeq);
+  EXPECT_EQ(dense_max_blocks_per_seq(16), kMaxBlocksPerSeq);
+  EXPECT_EQ(dense_max_blocks_per_seq(128), (int64_t{1} << 24) - 1);
+  EXPECT_EQ(dense_max_blocks_per_seq(256), (int64_t{1} << 23) - 1);
+  DenseDecodeProblem d{.batch = 2, .s_q = 1, .h_q = 16, .h_kv = 1, .page_block_size = 256, .causal = true,
+                       .num_sms = 132, .max_blocks_per_seq = int64_t{1} << 23};
+  DecodeWorkspaceSizes ws;
+  s = get_decode_workspace_sizes(d, &ws);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("max_blocks_per_seq"), std::string::npos) << s.message();
+  d.max_blocks_per_seq = (int64_t{1} << 23) - 1;
+  EXPECT_TRUE(get_decode_workspace_sizes(d, &ws).is_ok());
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "openmla/decode.h"
@@ -30,6 +31,7 @@ struct Case {
   int num_sms;  // 0: the device's (many partitions, so requests split); 1: one partition, no split
   bool counters = true;         // schedule with merge counters: two-chunk requests merged in the main kernel
   bool publish_always = false;  // test hook: every chunk publishes first; the last publisher merges
+  int64_t page = 64;            // tokens per cache page (the any-page kernel for other sizes)
 };
 
 uint16_t to_bits(float v, bool fp16) {
@@ -64,10 +66,31 @@ bool report(const char* case_name, const char* what, const Status& st) {
 
 // Returns true on success.
 bool run_case(const Case& c) {
-  constexpr int64_t kB = 3, kSq = 2, kHq = 16, kDqk = 576, kDv = 512, kPage = 64, kCols = 4;
+  constexpr int64_t kB = 3, kSq = 2, kHq = 16, kDqk = 576, kDv = 512, kCapacity = 256;
+  const int64_t kPage = c.page, kCols = kCapacity / kPage;  // every block table holds 256 tokens
   const std::vector<int32_t> seqlens = {0, 70, 200};
   const int64_t h_kv = c.h_kv;
-  const int64_t num_blocks = 8;  // 0 + 2 + 4 used, 2 spare (NaN)
+  // Pages in a permuted order (at page 64: request 1 -> pages {5, 2}, request 2 -> {7, 0, 3, 6}; pages 1 and 4
+  // unused), 2 spare pages (NaN) at every page size.
+  std::vector<std::vector<int32_t>> pages(kB);
+  int64_t num_blocks = 2;
+  for (int64_t r = 0; r < kB; ++r) num_blocks += (seqlens[r] + kPage - 1) / kPage;
+  {
+    std::vector<int32_t> order(num_blocks);
+    for (int64_t i = 0; i < num_blocks; ++i) order[i] = static_cast<int32_t>(i);
+    if (kPage == 64) {
+      order = {5, 2, 7, 0, 3, 6, 1, 4};
+    } else {
+      uint32_t state = 12345;  // a fixed shuffle
+      for (int64_t i = num_blocks - 1; i > 0; --i) {
+        state = state * 1664525u + 1013904223u;
+        std::swap(order[i], order[state % (i + 1)]);
+      }
+    }
+    size_t next = 0;
+    for (int64_t r = 0; r < kB; ++r)
+      for (int64_t j = 0; j < (seqlens[r] + kPage - 1) / kPage; ++j) pages[r].push_back(order[next++]);
+  }
   const DType dtype = c.fp16 ? DType::kFloat16 : DType::kBFloat16;
 
   const openmla::DenseDecodeProblem problem{
@@ -75,6 +98,7 @@ bool run_case(const Case& c) {
       .s_q = kSq,
       .h_q = kHq,
       .h_kv = h_kv,
+      .page_block_size = kPage,
       .cache_format = c.fp16 ? openmla::KVCacheFormat::kFloat16 : openmla::KVCacheFormat::kBFloat16,
       .causal = c.causal,
       .num_sms = c.num_sms,
@@ -87,8 +111,6 @@ bool run_case(const Case& c) {
   for (size_t i = 0; i < q.size(); ++i) q[i] = to_bits(static_cast<float>(static_cast<int>(i * 37 % 23) - 11) / 16.f, c.fp16);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<uint16_t> k(num_blocks * kPage * h_kv * kDqk, to_bits(nan, c.fp16));
-  // Pages in a permuted order: request 1 -> pages {5, 2}, request 2 -> {7, 0, 3, 6}; page 1 and 4 unused.
-  const std::vector<std::vector<int32_t>> pages = {{}, {5, 2}, {7, 0, 3, 6}};
   std::vector<int32_t> block_table(kB * kCols, 2147480000);  // garbage in unused entries
   for (int64_t r = 0; r < kB; ++r) {
     for (size_t j = 0; j < pages[r].size(); ++j) {
@@ -208,6 +230,12 @@ int run_dense_decode_sanitize_cases() {
       {"h_kv=1 causal bf16 two-chunk merge", 1, true, false, 8},
       {"h_kv=1 bf16 two-chunk merge, both publish", 1, false, false, 8, true, true},
       {"h_kv=1 causal bf16 split, no counters", 1, true, false, 0, false},
+      // Other page sizes (docs/dense-decode.md, "Page sizes"): 16 (4 pages per 64-token block, lengths 70 and 200
+      // end inside a page), 32 with h_kv = 2 fp16, 256 (a block is a quarter of a page), each split and merged.
+      {"page 16 h_kv=1 causal bf16 two-chunk merge", 1, true, false, 8, true, false, 16},
+      {"page 16 h_kv=1 bf16 split, no counters", 1, false, false, 0, false, false, 16},
+      {"page 32 h_kv=2 causal fp16 split", 2, true, true, 0, true, false, 32},
+      {"page 256 h_kv=1 causal bf16 two-chunk merge", 1, true, false, 8, true, false, 256},
   };
   int failed = 0;
   for (const Case& c : cases) failed += run_case(c) ? 0 : 1;

@@ -193,9 +193,11 @@ def test_k_cache_heads_must_match_h_kv():
     expect_dense_error(problem(h_kv=2), r"'k_cache'", k_cache=fake_cuda((10, 64, 1, 576), "bf16"))
 
 
-def test_page_size_not_64():
-    p = problem(page_block_size=32)
-    expect_dense_error(p, r"page_block_size", k_cache=fake_cuda((10, 32, 1, 576), "bf16"))
+def test_page_size_not_supported():
+    # Dense decode takes 16, 32, 64, 128 and 256 (docs/dense-decode.md, "Page sizes").
+    for page in (1, 8, 48, 512):
+        expect_dense_error(problem(page_block_size=page), r"page_block_size",
+                           k_cache=fake_cuda((10, page, 1, 576), "bf16"))
     # The problem says 64 but the cache pages hold 32 tokens: k_cache is named.
     expect_dense_error(problem(), r"'k_cache'", k_cache=fake_cuda((10, 32, 1, 576), "bf16"))
 

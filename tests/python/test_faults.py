@@ -151,7 +151,7 @@ def test_dense_length_beyond_the_block_table_or_negative(checked, length):
         valid = [i for i in range(6) if i != GARBAGE_REQ]
         _check_dense_rows(out, lse, ref_out, ref_lse, valid, f"length {length}")
         assert bool((out[GARBAGE_REQ] == 0).all()) and bool(torch.isposinf(lse[GARBAGE_REQ]).all())
-    reason = "negative" if length < 0 else r"past the block table's capacity max_blocks_per_seq \* 64 = 512"
+    reason = "negative" if length < 0 else r"past the block table's capacity max_blocks_per_seq \* page_block_size = 512"
     # The planning kernel sees the length first (the schedule is planned on this first call) and names itself.
     expect_violation(rf"(plan_decode|dense_decode): argument 'cache_seqlens'\[{GARBAGE_REQ}\] is {length}, {reason}")
 

@@ -42,7 +42,7 @@ inline constexpr int kHostScheduleMaxBatch = 16;
 // another value than the kernel clamps (a garbage length then costs what a valid one does).
 
 // Dense: the length clamped to [0, max_seqlen] as the kernel clamps it (max_seqlen = the block table's capacity,
-// max_blocks_per_seq * 64; <= 0: no upper limit, the plan was not told the capacity), in 64-token blocks. An empty
+// max_blocks_per_seq * page size; <= 0: no upper limit, the plan was not told the capacity), in 64-token blocks. An empty
 // request (clamped length 0) still costs one block and is returned negated (-1): its record end_block is 0.
 OPENMLA_HOST_DEVICE int32_t dense_request_blocks_signed(int32_t seqlen, int32_t max_seqlen) {
   int64_t len = seqlen < 0 ? 0 : seqlen;

@@ -155,13 +155,56 @@ __device__ __forceinline__ void prefetch_kv_page_l2(const CUtensorMap* map4, con
   }
 }
 
+// Any page size other than 64 (docs/dense-decode.md, "Page sizes"): TMA loads of tiles [t_begin, t_end) of block `blk`
+// into buffer `buf`, issued by the calling thread. `page` is the page id this thread's warp loads (read ahead, as
+// above), `slot` its page's place in the block (small pages: rows [slot * P, slot * P + P) of every tile), `lead` the
+// one thread per warpgroup that arms the group barriers with the whole group's bytes (other warps' copies may land
+// first: the transaction count may go below zero while the arrival is pending, and the phase cannot complete).
+//   P < 64: the block is 64 / P pages; one copy per (page, tile) with map1 (box 64 columns x P rows), because a box
+//           lands densely in shared memory and the tiles of the block are 8 KB apart (one page's rows of 4 tiles are
+//           not one box). The copies of one page come from one warp; the block's pages from warps 0 .. 64/P - 1.
+//   P > 64: the block is rows [(blk mod P/64) * 64, + 64) of one page: the page-64 copies with a row coordinate.
+__device__ __forceinline__ void load_kv_tiles_any_page(SharedStorage& smem, const CUtensorMap* map4,
+                                                       const CUtensorMap* map1, const DensePageGeometry& pg, int page,
+                                                       int blk, int slot, bool lead, int kv_head, int buf, int t_begin,
+                                                       int t_end, uint64_t policy) {
+  for (int t = t_begin; t < t_end;) {
+    const int g = tile_group(t);
+    const int n = g == 2 ? 1 : T::kVTilesPerHalf;
+    if (lead) ptx::mbarrier_arrive_expect_tx(&smem.k_bar[buf][g], n * T::kTileBytes);
+    if (pg.pages_per_block == 1) {
+      const int row = (blk & ((1 << pg.blocks_per_page_log2) - 1)) * T::kBlockN;
+      ptx::tma_load_5d(smem.k[buf][t], g == 2 ? map1 : map4, &smem.k_bar[buf][g], 0, row, t, kv_head, page, policy);
+    } else {
+      for (int i = 0; i < n; ++i)
+        ptx::tma_load_5d(smem.k[buf][t + i] + slot * pg.page_size * T::kRowBytes, map1, &smem.k_bar[buf][g], 0, 0,
+                         t + i, kv_head, page, policy);
+    }
+    t += n;
+  }
+}
+
+// Any page size: the page id warp `slot` of a warpgroup loads for block `blk` (block-table entry blk * 64/P + slot for
+// P < 64, blk / (P/64) for P > 64). A slot past the sequence's last page loads the block's first page instead (its rows
+// are masked and zeroed like any row past the length), so every group's byte count stays whole and no entry past
+// ceil(L / P) is ever read.
+__device__ __forceinline__ int page_of_any(const DenseDecodeParams& p, const DensePageGeometry& pg, int req, int blk,
+                                           int slot, int seqlen) {
+  const bool inside = blk * T::kBlockN + slot * pg.page_size < seqlen;
+  const int entry = (blk * pg.pages_per_block + (inside ? slot : 0)) >> pg.blocks_per_page_log2;
+  return p.block_table[static_cast<int64_t>(req) * p.block_table_stride + entry];
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
-template <bool kIsFp16>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map,
-                        const __grid_constant__ CUtensorMap k_map_rope, const __grid_constant__ CUtensorMap q_map) {
+// The body of both kernels below. kAnyPage = false is the page-64 kernel exactly as measured (its SASS is checked
+// against the previous build's: docs/dense-decode.md, "Page sizes"); every difference of the other page sizes is an
+// `if constexpr (kAnyPage)` branch, so none of it reaches the page-64 pair loop.
+template <bool kIsFp16, bool kAnyPage>
+__device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& params, const CUtensorMap& k_map,
+                                                  const CUtensorMap& k_map_rope, const CUtensorMap& q_map,
+                                                  const DensePageGeometry& pg) {
   SharedStorage& smem = cta::shared_storage<SharedStorage>();
 
   const int tid = threadIdx.x;
@@ -204,6 +247,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int row_base = m_block * T::kBlockM;
   // Issuing threads: one per warpgroup.
   const bool is_issuer = wg_tid == 0;
+  // Any page size: the threads that issue a block's copies (lane 0 of warps 0 .. pages_per_block - 1 of the refilling
+  // warpgroup; one warp for P >= 64) and the page each of them loads (`slot`: its warp in the warpgroup).
+  const int slot = wg_tid / 32;
+  const bool is_page_issuer = kAnyPage && lane == 0 && slot < pg.pages_per_block;
+  auto refill_any_page = [&](int page, int blk, int buf, int t_begin, int t_end) {
+    load_kv_tiles_any_page(smem, &k_map, &k_map_rope, pg, page, blk, slot, wg_tid == 0, kv_head, buf, t_begin, t_end,
+                           policy);
+  };
   // Parity of each K buffer's tile-group barriers: they complete once per fill of the buffer (one per pair for K0;
   // K1 is not filled in a pair without it).
   pipeline::PhaseBit k_phase[2];
@@ -250,8 +301,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ---------------------------------------------------------------- request prologue
     // Negative lengths count as empty (as in the scheduler). A length beyond the block table's row is the
     // caller's error; clamping keeps it from ever reading another request's row.
+    // (The capacity in tokens: max_blocks_per_seq counts pages; the host checks that it fits in int32.)
     const int seqlen = min(max(__shfl_sync(0xffffffff, params.cache_seqlens[req], 0), 0),
-                           params.max_blocks_per_seq * T::kBlockN);
+                           params.max_blocks_per_seq * (kAnyPage ? pg.page_size : T::kBlockN));
     const int num_seq_blocks = (seqlen + T::kBlockN - 1) / T::kBlockN;
     int blk_begin = req == rec.begin_req ? rec.begin_block : 0;
     int blk_end = req == rec.end_req ? rec.end_block : num_seq_blocks;
@@ -275,7 +327,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const bool has_work = blk_begin < blk_end;
 
     if (has_work) {
-      if (tid == 0) {
+      if constexpr (kAnyPage) {
+        if (tid < T::kWarpgroupThreads && is_page_issuer) {
+          load_kv_tiles_any_page(smem, &k_map, &k_map_rope, pg, page_of_any(params, pg, req, blk_begin, slot, seqlen),
+                                 blk_begin, slot, tid == 0, kv_head, 0, 0, T::kNumTiles, policy);
+          if (blk_begin + 1 < blk_end)
+            load_kv_tiles_any_page(smem, &k_map, &k_map_rope, pg,
+                                   page_of_any(params, pg, req, blk_begin + 1, slot, seqlen), blk_begin + 1, slot,
+                                   tid == 0, kv_head, 1, 0, T::kNumTiles, policy);
+        }
+      } else if (tid == 0) {
         load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin), kv_head, 0, 0, T::kNumTiles, policy);
         if (blk_begin + 1 < blk_end)
           load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin + 1), kv_head, 1, 0, T::kNumTiles, policy);
@@ -308,6 +369,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // tools/placement_sweep.sh measures).
     if (params.batch < 0) {
       asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
+      // The any-page kernel's own loop lands at 0x30 modulo 128 with one line, at 0x40 with two (its speed at other
+      // offsets is not measured: docs/dense-decode.md, "Page sizes").
+      if constexpr (kAnyPage) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
     }
     float o[128];
 #pragma unroll
@@ -325,8 +389,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const bool k0_partial = tok0 + T::kBlockN > seqlen;
       const bool k1_partial = tok1 + T::kBlockN > seqlen;
       // Pages of the next pair, loaded now so the refills below never wait on global memory.
-      const int next_page0 = has_next ? page_of(params, req, blk0 + 2) : 0;
-      const int next_page1 = next_has_k1 ? page_of(params, req, blk0 + 3) : 0;
+      int next_page0, next_page1;
+      if constexpr (kAnyPage) {  // this warp's page of each next block
+        next_page0 = has_next ? page_of_any(params, pg, req, blk0 + 2, slot, seqlen) : 0;
+        next_page1 = next_has_k1 ? page_of_any(params, pg, req, blk0 + 3, slot, seqlen) : 0;
+      } else {
+        next_page0 = has_next ? page_of(params, req, blk0 + 2) : 0;
+        next_page1 = next_has_k1 ? page_of(params, req, blk0 + 3) : 0;
+      }
       float s[32];
       uint32_t pa[4][4];
 
@@ -343,8 +413,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         to_a_fragments<kIsFp16>(s, pa);
         if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
         gemm_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
-        if (has_next && is_issuer)
+        if constexpr (kAnyPage) {
+          if (has_next && is_page_issuer) refill_any_page(next_page0, blk0 + 2, 0, 0, T::kVTilesPerHalf);
+        } else if (has_next && is_issuer) {
           load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, 0, T::kVTilesPerHalf, policy);
+        }
 
         // Step 4: wait for a1 and P1; rescale P0 to m1 and hand it to WG1.
         handoff.wait(Handoff::kScale1Ready);
@@ -360,7 +433,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
           ptx::mbarrier_wait_parity(&smem.k_bar[1][0], k_phase[1].bit);  // V1_L = group 0
           gemm_pv_ss<kIsFp16>(o, smem.k[1][T::kRopeTile], smem.k[1][0]);
-          if (next_has_k1 && is_issuer) {
+          if constexpr (kAnyPage) {
+            if (next_has_k1 && is_page_issuer) {
+              refill_any_page(next_page1, blk0 + 3, 1, 0, T::kVTilesPerHalf);
+              refill_any_page(next_page1, blk0 + 3, 1, T::kRopeTile, T::kNumTiles);
+            }
+          } else if (next_has_k1 && is_issuer) {
             load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, 0, T::kVTilesPerHalf, policy);
             load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, T::kRopeTile, T::kNumTiles, policy);
           }
@@ -388,9 +466,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           to_a_fragments<kIsFp16>(s, pa);
           if (k1_partial) zero_tail_rows(smem.k[1][T::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
           gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][T::kVTilesPerHalf]);
-          if (next_has_k1 && is_issuer)
+          if constexpr (kAnyPage) {
+            if (next_has_k1 && is_page_issuer)
+              refill_any_page(next_page1, blk0 + 3, 1, T::kVTilesPerHalf, 2 * T::kVTilesPerHalf);
+          } else if (next_has_k1 && is_issuer) {
             load_kv_tiles(smem, &k_map, &k_map_rope, next_page1, kv_head, 1, T::kVTilesPerHalf, 2 * T::kVTilesPerHalf,
                           policy);
+          }
         }
 
         // Step 5: O_R += P0 V0_R.
@@ -398,8 +480,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if (k0_partial) zero_tail_rows(smem.k[0][T::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
         ptx::mbarrier_wait_parity(&smem.k_bar[0][1], k_phase[0].bit);  // V0_R = group 1
         gemm_pv_ss<kIsFp16>(o, smem.k[0][T::kRopeTile], smem.k[0][T::kVTilesPerHalf]);
-        if (has_next && is_issuer)
+        if constexpr (kAnyPage) {
+          if (has_next && is_page_issuer) refill_any_page(next_page0, blk0 + 2, 0, T::kVTilesPerHalf, T::kNumTiles);
+        } else if (has_next && is_issuer) {
           load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, T::kVTilesPerHalf, T::kNumTiles, policy);
+        }
       }
       k_phase[0].flip();
       if (has_k1) k_phase[1].flip();
@@ -630,14 +715,35 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (!is_split || merge) store_rows(false, false);
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStored);
     if (tid == 0 && req < rec.end_req) {  // only pages inside the next sequence are touched
-      const int len = min(max(next_len, 0), params.max_blocks_per_seq * T::kBlockN);
+      // (Any page size: entries 0 and 1 are the next sequence's first two pages, prefetched from their first row.)
+      const int page_tokens = kAnyPage ? pg.page_size : T::kBlockN;
+      const int len = min(max(next_len, 0), params.max_blocks_per_seq * page_tokens);
       for (int b = 0; b < 2; ++b)
-        if (len > b * T::kBlockN) prefetch_kv_page_l2(&k_map, &k_map_rope, next_page[b], kv_head);
+        if (len > b * page_tokens) prefetch_kv_page_l2(&k_map, &k_map_rope, next_page[b], kv_head);
     }
     // The staging area is the K buffers: nobody may run ahead into the next request's TMA loads.
     __syncthreads();
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kDone);
   }
+}
+
+// The page-64 kernel: the cache's pages are the kernel's 64-token blocks (one TMA per tile group).
+template <bool kIsFp16>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map,
+                        const __grid_constant__ CUtensorMap k_map_rope, const __grid_constant__ CUtensorMap q_map) {
+  dense_decode_body<kIsFp16, false>(params, k_map, k_map_rope, q_map, DensePageGeometry{});
+}
+
+// Every other page size (docs/dense-decode.md, "Page sizes"): the same pair loop over 64-token blocks, each block's
+// rows gathered from 64 / P pages (P < 64) or cut from one page (P > 64). The geometry is an extra argument after the
+// tensor maps, so the page-64 kernel's parameter layout is untouched.
+template <bool kIsFp16>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    dense_decode_any_page_kernel(const __grid_constant__ DenseDecodeParams params,
+                                 const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
+                                 const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
+  dense_decode_body<kIsFp16, true>(params, k_map, k_map_rope, q_map, pages);
 }
 
 }  // namespace openmla::kernels::dense_decode

@@ -15,10 +15,13 @@ bool g_last_fp16 = false;
 }  // namespace
 #endif
 
-Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream) {
+Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream) {
 #if defined(OPENMLA_HAS_TRACE)
   g_last_fp16 = params.is_fp16;
 #endif
+  if (pages.page_size != 64)
+    return params.is_fp16 ? dense_decode::launch_any_page_variant<true>(params, pages, stream)
+                          : dense_decode::launch_any_page_variant<false>(params, pages, stream);
   return params.is_fp16 ? dense_decode::launch_variant<true>(params, stream)
                         : dense_decode::launch_variant<false>(params, stream);
 }

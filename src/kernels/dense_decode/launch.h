@@ -14,8 +14,10 @@
 
 namespace openmla::kernels {
 
-// Grid (num_m_blocks, h_kv, num_sm_parts), Traits::kThreads threads.
-Status launch_dense_decode(const DenseDecodeParams& params, cudaStream_t stream);
+// Grid (num_m_blocks, h_kv, num_sm_parts), Traits::kThreads threads. `pages.page_size` 64 launches the page-64 kernel,
+// any other supported size (a power of two in [16, 256]: dense_decode_page_size_supported) the any-page kernel.
+Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
+
 
 #if defined(OPENMLA_HAS_TRACE)
 // Trace builds only (CMake -DOPENMLA_TRACE=ON; api/trace.h): copies the trace of the last launch (config.h, struct
@@ -29,6 +31,9 @@ namespace dense_decode {
 // One compiled variant: its definition is launch_variant.cuh, its one instantiation instantiations/<dtype>.cu.
 template <bool kIsFp16>
 Status launch_variant(const DenseDecodeParams& params, cudaStream_t stream);
+// The any-page kernel's variant: instantiations/<dtype>_any_page.cu.
+template <bool kIsFp16>
+Status launch_any_page_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
 // The variant's unit's trace array (kernel.cuh).

@@ -11,15 +11,20 @@
 
 namespace openmla::kernels::dense_decode {
 
+// Both kernels: the cache as a 5-D tensor (64 columns, P rows of a page, 9 column tiles 128 B apart, kv heads, pages).
+// Page 64 and P > 64: one box is a group of 4 tiles of 64 rows (32 KB) for the V halves, or the single RoPE tile (the
+// any-page kernel gives the row of the block inside the page). P < 64: `k_map_rope` (box: one tile of P rows) is the
+// one every copy uses, `k_map` (4 tiles of P rows) only serves the L2 prefetch of a page. Q as a 4-D map where the
+// launch plan says so (q_map untouched otherwise).
 template <bool kIsFp16>
-Status launch_variant(const DenseDecodeParams& p, cudaStream_t stream) {
-  // The cache as a 5-D tensor (64 columns, 64 rows of a page, 9 column tiles 128 B apart, kv heads, pages):
-  // one box is a group of 4 tiles (32 KB) for the V halves, or the single RoPE tile.
+Status encode_maps(const DenseDecodeParams& p, int page_size, CUtensorMap* k_map, CUtensorMap* k_map_rope,
+                   CUtensorMap* q_map) {
+  const uint64_t box_rows = page_size < Traits::kBlockN ? static_cast<uint64_t>(page_size) : Traits::kBlockN;
   detail::TensorMapSpec spec{};
   spec.dtype = kIsFp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   spec.rank = 5;
   spec.dims[0] = Traits::kTileCols;
-  spec.dims[1] = Traits::kBlockN;
+  spec.dims[1] = static_cast<uint64_t>(page_size);
   spec.dims[2] = Traits::kNumTiles;
   spec.dims[3] = static_cast<uint64_t>(p.h_kv);
   spec.dims[4] = static_cast<uint64_t>(p.num_cache_blocks);
@@ -28,22 +33,20 @@ Status launch_variant(const DenseDecodeParams& p, cudaStream_t stream) {
   spec.byte_strides[2] = static_cast<uint64_t>(p.k_stride_head) * 2;
   spec.byte_strides[3] = static_cast<uint64_t>(p.k_stride_block) * 2;
   spec.box[0] = Traits::kTileCols;
-  spec.box[1] = Traits::kBlockN;
+  spec.box[1] = box_rows;
   spec.box[2] = Traits::kVTilesPerHalf;
   spec.box[3] = 1;
   spec.box[4] = 1;
   spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
   spec.l2_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  CUtensorMap k_map, k_map_rope;
-  OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&k_map, p.k_cache, spec, "dense decode k_cache"));
+  OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(k_map, p.k_cache, spec, "dense decode k_cache"));
   spec.box[2] = 1;
-  OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&k_map_rope, p.k_cache, spec, "dense decode k_cache (RoPE)"));
+  OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(k_map_rope, p.k_cache, spec, "dense decode k_cache (RoPE)"));
 
   // Q by TMA when the launch plan says so (heuristics::plan_dense_decode_launch: each CTA's 64 rows are 64
   // consecutive heads of one query position and q's address and strides are whole 16-byte units): a 4-D map
   // (576 columns, heads, s_q, b), box 64 x 64, the 128-byte swizzle the cp.async path writes (docs/dense-decode.md,
   // decision dense-v17). Otherwise the kernel loads Q by cp.async and never reads the map.
-  CUtensorMap q_map{};
   if (p.q_tma) {
     const DenseQMapStrides qs_strides =
         dense_q_map_strides(p.batch, p.s_q, p.h_q, p.q_stride_b, p.q_stride_s, p.q_stride_h);
@@ -63,9 +66,15 @@ Status launch_variant(const DenseDecodeParams& p, cudaStream_t stream) {
     qs.box[3] = 1;
     qs.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
     qs.l2_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-    OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(&q_map, p.q, qs, "dense decode q"));
+    OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(q_map, p.q, qs, "dense decode q"));
   }
+  return Status::ok();
+}
 
+template <bool kIsFp16>
+Status launch_variant(const DenseDecodeParams& p, cudaStream_t stream) {
+  CUtensorMap k_map, k_map_rope, q_map{};
+  OPENMLA_RETURN_IF_ERROR(encode_maps<kIsFp16>(p, Traits::kBlockN, &k_map, &k_map_rope, &q_map));
   auto kernel = dense_decode_kernel<kIsFp16>;
   constexpr int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
   static detail::DynamicSmemLimit smem_limit;  // set once per device (common/dynamic_smem.h)
@@ -75,6 +84,23 @@ Status launch_variant(const DenseDecodeParams& p, cudaStream_t stream) {
                                           [&] {
                                             kernel<<<grid, Traits::kThreads, smem_bytes, stream>>>(p, k_map,
                                                                                                   k_map_rope, q_map);
+                                            return cudaPeekAtLastError();
+                                          });
+}
+
+template <bool kIsFp16>
+Status launch_any_page_variant(const DenseDecodeParams& p, const DensePageGeometry& pages, cudaStream_t stream) {
+  CUtensorMap k_map, k_map_rope, q_map{};
+  OPENMLA_RETURN_IF_ERROR(encode_maps<kIsFp16>(p, pages.page_size, &k_map, &k_map_rope, &q_map));
+  auto kernel = dense_decode_any_page_kernel<kIsFp16>;
+  constexpr int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
+  static detail::DynamicSmemLimit smem_limit;
+  const dim3 grid(p.num_m_blocks, p.h_kv, p.num_sm_parts);
+  return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
+                                          "dense decode (any page size): setting the shared-memory size",
+                                          "dense decode kernel (any page size) launch", [&] {
+                                            kernel<<<grid, Traits::kThreads, smem_bytes, stream>>>(
+                                                p, k_map, k_map_rope, q_map, pages);
                                             return cudaPeekAtLastError();
                                           });
 }

@@ -60,6 +60,29 @@ struct DenseDecodeParams {
   bool q_tma = false;
 };
 
+// Page sizes other than 64 (docs/dense-decode.md, "Page sizes"): how the kernel's 64-token blocks map onto pages of P
+// tokens, P a power of two in [16, 256]. Passed to the any-page kernel as its own argument (not a DenseDecodeParams
+// field: that would move the page-64 kernel's tensor-map arguments and change its SASS).
+struct DensePageGeometry {
+  int page_size = 64;             // P, tokens per page (k_cache.shape[1])
+  int pages_per_block = 1;        // 64 / P for P < 64, else 1
+  int blocks_per_page_log2 = 0;   // log2(P / 64) for P > 64, else 0
+};
+
+// The page sizes the kernels take (docs/dense-decode.md, "Page sizes"): 64, and powers of two in [16, 256] through the
+// any-page kernel. Smaller pages would put more than 4 pages (one per warp of a warpgroup) in a 64-token block.
+inline constexpr int64_t kDenseMinPageSize = 16, kDenseMaxPageSize = 256;
+inline bool dense_decode_page_size_supported(int64_t page_size) {
+  return page_size >= kDenseMinPageSize && page_size <= kDenseMaxPageSize && (page_size & (page_size - 1)) == 0;
+}
+// The geometry of a supported page size (DensePageGeometry).
+inline DensePageGeometry dense_page_geometry(int page_size) {
+  DensePageGeometry g{.page_size = page_size, .pages_per_block = 1, .blocks_per_page_log2 = 0};
+  if (page_size < 64) g.pages_per_block = 64 / page_size;
+  for (int blocks = page_size / 64; blocks > 1; blocks /= 2) ++g.blocks_per_page_log2;
+  return g;
+}
+
 // q's strides (elements) as its TMA tensor map sees them: a size-1 dimension is never stepped, so its stride
 // (free in PyTorch) is replaced by the packed one. Used by the launch plan (may Q go by TMA?) and the launcher
 // (the map itself), so both see the same values.

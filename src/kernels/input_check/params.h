@@ -38,8 +38,9 @@ enum class CheckedArgument : int32_t {
 enum class CheckKind : int32_t {
   // `rows` int32 values in [0, bound] (lengths: cache_seqlens, topk_length, extra_topk_length).
   kLengths = 0,
-  // (rows, cols) int32, row stride `row_stride`: for row i, the entries [0, ceil(L_i / 64)) with
-  // L_i = lengths[i] clamped to [0, lengths_cap] lie in [0, bound) (block-table pages a request uses).
+  // (rows, cols) int32, row stride `row_stride`: for row i, the entries [0, ceil(L_i / depth)) with
+  // L_i = lengths[i] clamped to [0, lengths_cap] lie in [0, bound) (block-table pages a request uses; depth = the
+  // page size).
   kBlockTable = 1,
   // (rows, cols, depth) int32, strides row_stride, col_stride, last dim contiguous: for (i, j), the slots
   // [0, L_i) with L_i = lengths[i] clamped to [0, depth] (depth when lengths is null) hold -1 or lie in [0, bound).

@@ -68,7 +68,7 @@ OPENMLA_HOST_DEVICE bool element_violates(const InputCheck& c, int64_t e, Violat
     case CheckKind::kBlockTable: {
       const int64_t i = e / c.cols, j = e - i * c.cols;
       const int64_t len = clamp64(c.lengths[i], 0, c.lengths_cap);
-      if (j >= (len + kDecodeBlockTokens - 1) / kDecodeBlockTokens) return false;  // a page the request never reads
+      if (j >= (len + c.depth - 1) / c.depth) return false;  // a page the request never reads (depth: page size)
       const int32_t x = static_cast<const int32_t*>(c.data)[i * c.row_stride + j];
       return (x < 0 || x >= c.bound) && set(v, i, j, 0, x, c.bound);
     }
