@@ -14,6 +14,8 @@ enum class Feature : int {
   kSparsePrefill = 3,    // sparse MLA prefill
   kDensePrefill = 4,     // dense MHA prefill forward/backward
   kMergeStates = 5,      // merge_attn_states: combining partial attention states (decode context parallelism)
+  kDecodeBatchInvariant = 6,  // batch-invariant decode schedules (DenseDecodeProblem / SparseDecodeProblem::
+                              // batch_invariant): served wherever the decode kernels are
 };
 
 const char* feature_name(Feature feature);

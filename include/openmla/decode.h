@@ -52,6 +52,11 @@ struct DenseDecodeProblem {
   // and dense_decode requires block_table.shape(1) == max_blocks_per_seq. At most
   // dense_max_blocks_per_seq(page_block_size).
   int64_t max_blocks_per_seq = 0;
+  // Batch-invariant schedule (docs/decode-schedule.md, "Batch invariance"): a request's output bits do not depend on
+  // the other requests of the batch. Each request is split into chunks of kDecodeInvariantChunkTokens tokens fixed by
+  // its own length, merged in an order fixed by its own chunks. Plan and call must agree on it (the call's split
+  // buffers are sized for it, from the block table's width: get_decode_workspace_sizes needs max_blocks_per_seq).
+  bool batch_invariant = false;
 };
 
 // The largest block table a dense call takes: max_blocks_per_seq * 64 tokens must fit in int32.
@@ -76,7 +81,12 @@ struct SparseDecodeProblem {
   int64_t extra_topk = 0;        // slots per query token of the extra cache; 0: no extra cache
   int64_t extra_page_block_size = 0;  // tokens per page of the extra cache (>= 1 when extra_topk > 0)
   int num_sms = 0;               // SMs to schedule over; 0: the current device's count
+  bool batch_invariant = false;  // as DenseDecodeProblem::batch_invariant (a request's chunks: topk slots, then extra)
 };
+
+// Chunk size of batch-invariant schedules, in tokens (dense) or top-k slots (sparse): a multiple of the 64-token
+// block, the same for every request and every batch (docs/decode-schedule.md, "Batch invariance", for the choice).
+inline constexpr int64_t kDecodeInvariantChunkTokens = 4096;
 
 // Compatibility form (the single problem struct of earlier versions): `sparse` selects the family, and the
 // fields of the other family are ignored (dense: topk, extra_topk, extra_page_block_size; sparse: causal,
@@ -98,17 +108,19 @@ struct DecodeProblem {
   int64_t extra_page_block_size = 0;
   int num_sms = 0;
   int64_t max_blocks_per_seq = 0;  // dense only: DenseDecodeProblem::max_blocks_per_seq
+  bool batch_invariant = false;    // DenseDecodeProblem::batch_invariant / SparseDecodeProblem::batch_invariant
 
   DenseDecodeProblem as_dense() const {
     return DenseDecodeProblem{.batch = batch, .s_q = s_q, .h_q = h_q, .h_kv = h_kv, .d_qk = d_qk, .d_v = d_v,
                               .page_block_size = page_block_size, .cache_format = cache_format, .causal = causal,
-                              .num_sms = num_sms, .max_blocks_per_seq = max_blocks_per_seq};
+                              .num_sms = num_sms, .max_blocks_per_seq = max_blocks_per_seq,
+                              .batch_invariant = batch_invariant};
   }
   SparseDecodeProblem as_sparse() const {
     return SparseDecodeProblem{.batch = batch, .s_q = s_q, .h_q = h_q, .d_qk = d_qk, .d_v = d_v,
                                .page_block_size = page_block_size, .cache_format = cache_format, .topk = topk,
                                .extra_topk = extra_topk, .extra_page_block_size = extra_page_block_size,
-                               .num_sms = num_sms};
+                               .num_sms = num_sms, .batch_invariant = batch_invariant};
   }
 };
 
@@ -116,7 +128,9 @@ struct DecodeWorkspaceSizes {
   int num_sm_parts = 0;          // partitions the schedule splits the work into (<= kMaxDecodeSmParts)
   int64_t metadata_ints = 0;     // schedule records: num_sm_parts * kDecodeScheduleRecordInts int32
   int64_t num_splits_ints = 0;   // split-slot prefix sums: batch + 1 int32
-  int64_t partial_rows = 0;      // (batch + num_sm_parts) * s_q * h_q rows of partial results
+  int64_t partial_rows = 0;      // (batch + num_sm_parts) * s_q * h_q rows of partial results; batch-invariant:
+                                 // batch * max_chunks * s_q * h_q (max_chunks: the chunks of the longest request
+                                 // the problem allows, from max_blocks_per_seq or topk + extra_topk)
   size_t partial_o_bytes = 0;    // partial_rows * d_v * sizeof(float)
   size_t partial_lse_bytes = 0;  // partial_rows * sizeof(float)
   int64_t merge_counter_ints = 0;  // DecodeSchedule::merge_counters: one int32 per (request, query tile) of the

@@ -554,7 +554,7 @@ class TensorStyleDecode {
   // decode.py (get_mla_metadata's arguments, or the shapes of an object-style call traced by torch.compile).
   nb::object plan(nb::handle like, nb::handle cache_seqlens, nb::handle topk_length, nb::handle extra_topk_length,
                   int64_t batch, int64_t s_q, int64_t h_q, int64_t h_kv, bool sparse, int64_t topk, int64_t extra_topk,
-                  nb::handle metadata, nb::handle num_splits, nb::handle stream) {
+                  nb::handle metadata, nb::handle num_splits, nb::handle stream, bool batch_invariant) {
     TensorReader reader;
     TensorRef where;
     const bool allocate = metadata.is_none() || num_splits.is_none();
@@ -574,10 +574,13 @@ class TensorStyleDecode {
     // The schedule depends on the batch, the head geometry, the SM count and (sparse) the top-k sizes and lengths,
     // not on the cache layout (each family's default format).
     const int num_sms = device_sm_count(device_id);
-    const DenseDecodeProblem dense{.batch = batch, .s_q = s_q, .h_q = h_q, .h_kv = h_kv, .num_sms = num_sms};
-    const SparseDecodeProblem sparse_problem{
+    // (batch_invariant: the schedule tensors' shapes are the default's; the split buffers, which the call sizes from
+    // its block table, are not needed here.)
+    DenseDecodeProblem dense{.batch = batch, .s_q = s_q, .h_q = h_q, .h_kv = h_kv, .num_sms = num_sms};
+    SparseDecodeProblem sparse_problem{
         .batch = batch, .s_q = s_q, .h_q = h_q, .topk = topk, .extra_topk = extra_topk, .num_sms = num_sms};
     const DecodeWorkspaceSizes sizes = sparse ? decode_workspace_sizes(sparse_problem) : decode_workspace_sizes(dense);
+    dense.batch_invariant = sparse_problem.batch_invariant = batch_invariant;
     nb::object md = nb::borrow(metadata), splits = nb::borrow(num_splits);
     if (allocate) {
       md = new_cuda_tensor(*reader.api(), device_id, DType::kInt32, {sizes.num_sm_parts, kDecodeScheduleRecordInts});
@@ -600,7 +603,8 @@ class TensorStyleDecode {
                     nb::handle head_dim_v, nb::handle metadata, nb::handle num_splits, nb::handle softmax_scale,
                     nb::handle causal, nb::handle is_fp8_kvcache, nb::handle indices, nb::handle attn_sink,
                     nb::handle extra_k_cache, nb::handle extra_indices, nb::handle topk_length,
-                    nb::handle extra_topk_length, nb::handle out, nb::handle lse, nb::handle stream) {
+                    nb::handle extra_topk_length, nb::handle out, nb::handle lse, nb::handle stream,
+                    bool batch_invariant) {
     const DecodeCall c{q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, is_fp8_kvcache,
                        indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length};
     TensorReader reader;
@@ -610,6 +614,11 @@ class TensorStyleDecode {
         [&] { c.check(check_call_, metadata, num_splits); });
     const int device_id = call.q.device_id;
     call.dense_problem.num_sms = call.sparse_problem.num_sms = device_sm_count(device_id);
+    if (batch_invariant) {  // the plan's mode (get_mla_metadata(..., batch_invariant=True)); split slots by the table
+      call.dense_problem.batch_invariant = call.sparse_problem.batch_invariant = true;
+      if (!call.sparse && call.block_table.defined() && call.block_table.ndim == 2)
+        call.dense_problem.max_blocks_per_seq = call.block_table.shape[1];
+    }
     const CallStream s = call_stream(reader.api(), stream, device_id);
     const DecodeWorkspaceSizes sizes = call.sparse ? decode_workspace_sizes(call.sparse_problem)
                                                    : decode_workspace_sizes(call.dense_problem);
@@ -796,18 +805,19 @@ void bind_decode_step(nb::module_& m) {
            nb::arg("topk_length").none(), nb::arg("extra_topk_length").none(), nb::arg("batch"), nb::arg("s_q"),
            nb::arg("h_q"), nb::arg("h_kv"), nb::arg("sparse"), nb::arg("topk"), nb::arg("extra_topk"),
            nb::arg("tile_scheduler_metadata").none() = nb::none(), nb::arg("num_splits").none() = nb::none(),
-           nb::arg("stream").none() = nb::none(),
+           nb::arg("stream").none() = nb::none(), nb::arg("batch_invariant") = false,
            "(tile_scheduler_metadata, num_splits) planned on the GPU on like's device: new tensors, or the given "
-           "ones (with stream: for tensors without the DLPack exchange API).")
+           "ones (with stream: for tensors without the DLPack exchange API); batch_invariant: the batch-invariant "
+           "schedule (docs/decode-schedule.md).")
       .def("decode", &TensorStyleDecode::decode, nb::arg("q").none(), nb::arg("k_cache").none(),
            nb::arg("block_table").none(), nb::arg("cache_seqlens").none(), nb::arg("head_dim_v").none(),
            nb::arg("tile_scheduler_metadata").none(), nb::arg("num_splits").none(), nb::arg("softmax_scale").none(),
            nb::arg("causal").none(), nb::arg("is_fp8_kvcache").none(), nb::arg("indices").none(),
            nb::arg("attn_sink").none(), nb::arg("extra_k_cache").none(), nb::arg("extra_indices").none(),
            nb::arg("topk_length").none(), nb::arg("extra_topk_length").none(), nb::arg("out").none(),
-           nb::arg("lse").none(), nb::arg("stream").none() = nb::none(),
+           nb::arg("lse").none(), nb::arg("stream").none() = nb::none(), nb::arg("batch_invariant") = false,
            "One call with tensor-style metadata, flash_mla_with_kvcache's arguments -> (out, lse); a call it cannot "
-           "serve raises the error flash_mla_with_kvcache names for it.")
+           "serve raises the error flash_mla_with_kvcache names for it. batch_invariant: the metadata's mode.")
       .def("__len__", &TensorStyleDecode::pool_size, "Split-KV scratch sets in the pool, one per (device, stream).");
 
   m.def("device_sm_count", &device_sm_count, nb::arg("device_id"), "SM count of a CUDA device (queried once).");

@@ -22,11 +22,12 @@ namespace {
 openmla::Feature feature_from_name(const std::string& name) {
   using openmla::Feature;
   for (Feature f : {Feature::kKVCacheQuantize, Feature::kDenseDecode, Feature::kSparseDecode,
-                    Feature::kSparsePrefill, Feature::kDensePrefill, Feature::kMergeStates})
+                    Feature::kSparsePrefill, Feature::kDensePrefill, Feature::kMergeStates,
+                    Feature::kDecodeBatchInvariant})
     if (name == openmla::feature_name(f)) return f;
   throw nb::value_error(("argument 'feature': unknown feature '" + name +
                          "'; expected one of kv_cache_quantize, dense_decode, sparse_decode, sparse_prefill, "
-                         "dense_prefill, merge_attn_states")
+                         "dense_prefill, merge_attn_states, decode_batch_invariant")
                             .c_str());
 }
 

@@ -52,15 +52,17 @@ NAMESPACE = "openmla"
 _DECODE_ARGS = ("Tensor q, Tensor k_cache, Tensor? block_table, Tensor? cache_seqlens, SymInt head_dim_v, "
                 "Tensor tile_scheduler_metadata, Tensor num_splits, float? softmax_scale=None, bool causal=False, "
                 "bool is_fp8_kvcache=False, Tensor? indices=None, Tensor? attn_sink=None, Tensor? extra_k_cache=None, "
-                "Tensor? extra_indices_in_kvcache=None, Tensor? topk_length=None, Tensor? extra_topk_length=None")
+                "Tensor? extra_indices_in_kvcache=None, Tensor? topk_length=None, Tensor? extra_topk_length=None, "
+                "bool batch_invariant=False")
 
 #: Op name -> schema. `Tensor(a!)` marks an argument the op writes.
 SCHEMAS = {
     "get_mla_metadata": ("get_mla_metadata(Tensor cache_seqlens, SymInt num_q_tokens_per_head_k, SymInt num_heads_k, "
-                         "SymInt? num_heads_q=None, bool is_fp8_kvcache=False, SymInt? topk=None) -> (Tensor, Tensor)"),
+                         "SymInt? num_heads_q=None, bool is_fp8_kvcache=False, SymInt? topk=None, "
+                         "bool batch_invariant=False) -> (Tensor, Tensor)"),
     "plan_schedule": ("plan_schedule(Tensor like, Tensor? cache_seqlens, Tensor? topk_length, Tensor? extra_topk_length, "
-                      "SymInt batch, SymInt s_q, SymInt h_q, SymInt h_kv, bool sparse, SymInt topk, SymInt extra_topk) "
-                      "-> (Tensor, Tensor)"),
+                      "SymInt batch, SymInt s_q, SymInt h_q, SymInt h_kv, bool sparse, SymInt topk, SymInt extra_topk, "
+                      "bool batch_invariant=False) -> (Tensor, Tensor)"),
     "flash_mla_with_kvcache": f"flash_mla_with_kvcache({_DECODE_ARGS}) -> (Tensor, Tensor)",
     "flash_mla_with_kvcache_out": f"flash_mla_with_kvcache_out({_DECODE_ARGS}, *, Tensor(a!) out, Tensor(b!) lse) -> ()",
     "quantize_kv_cache": "quantize_kv_cache(Tensor kv_bf16, str format='v32') -> Tensor",
@@ -92,9 +94,9 @@ _FAKE_SM_COUNT = 132
 # CUDA implementations: the package functions
 # ---------------------------------------------------------------------------------------------------------------
 def _get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None, is_fp8_kvcache=False,
-                      topk=None):
+                      topk=None, batch_invariant=False):
     return _decode.get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache,
-                                    topk)
+                                    topk, batch_invariant)
 
 
 def _flash_mla_with_kvcache_out(*args, out, lse, **kwargs):
@@ -181,7 +183,7 @@ def _new_schedule(like, batch, parts):
 
 
 def _fake_get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
-                           is_fp8_kvcache=False, topk=None):
+                           is_fp8_kvcache=False, topk=None, batch_invariant=False):
     b, s_q, h_q, h_kv, sparse, _ = _decode._metadata_problem(
         cache_seqlens, int(num_q_tokens_per_head_k), int(num_heads_k), None if num_heads_q is None else int(num_heads_q),
         is_fp8_kvcache, None if topk is None else int(topk))
@@ -190,7 +192,7 @@ def _fake_get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, 
 
 
 def _fake_plan_schedule(like, cache_seqlens, topk_length, extra_topk_length, batch, s_q, h_q, h_kv, sparse, topk,
-                        extra_topk):
+                        extra_topk, batch_invariant=False):
     return _new_schedule(like, batch, _num_sm_parts(like.device, s_q, h_q, h_kv, sparse))
 
 

@@ -118,7 +118,9 @@ class FlashMLASchedMeta:
         extra_topk_length_given).
       tile_scheduler_metadata: (num_sm_parts, 8) int32 CUDA tensor, one work record per SM partition.
       num_splits: (b + 1,) int32 CUDA tensor, exclusive prefix sum of the per-request split counts.
-    OpenMLA additions: partial_o (partial_rows, d_v) float32 and partial_lse (partial_rows,) float32, the
+    OpenMLA additions: batch_invariant (bool, from get_mla_metadata: a request's results do not depend on the rest
+    of the batch; docs/decode-schedule.md, "Batch invariance"); partial_o (partial_rows, d_v) float32 and
+    partial_lse (partial_rows,) float32, the
     split-KV scratch of this step; merge_counters (merge_counter_ints,) int32, zeroed by the plan, with which
     dense decode merges requests split in two chunks inside its main kernel; workspace_sizes, the dict from
     ``get_decode_workspace_sizes``.
@@ -140,7 +142,9 @@ class FlashMLASchedMeta:
     _step = None
     _traced = None
 
-    def __init__(self):
+    def __init__(self, batch_invariant: bool = False):
+        #: OpenMLA: plan the batch-invariant schedule (get_mla_metadata(batch_invariant=True); docs/decode-schedule.md).
+        self.batch_invariant: bool = bool(batch_invariant)
         self.have_initialized: bool = False
         self.config: Optional[_Config] = None
         self.tile_scheduler_metadata = None
@@ -151,13 +155,14 @@ class FlashMLASchedMeta:
         self.workspace_sizes: Optional[dict] = None
 
     def __repr__(self) -> str:
+        mode = ", batch_invariant=True" if self.batch_invariant else ""
         if not self.have_initialized:
-            return "FlashMLASchedMeta(have_initialized=False)"
-        return f"FlashMLASchedMeta(have_initialized=True, config={self.config})"
+            return f"FlashMLASchedMeta(have_initialized=False{mode})"
+        return f"FlashMLASchedMeta(have_initialized=True{mode}, config={self.config})"
 
 
 def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads_k=None, num_heads_q=None,
-                     is_fp8_kvcache=False, topk=None):
+                     is_fp8_kvcache=False, topk=None, batch_invariant=False):
     """The schedule of one decoding step, in either of flash_mla's two styles.
 
     Without ``cache_seqlens`` (object style, flash_mla today): returns ``(FlashMLASchedMeta(), None)``, an
@@ -177,21 +182,27 @@ def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads
     Returns (num_sm_parts, 8) and (b + 1,) int32 tensors, to pass to :func:`flash_mla_with_kvcache` as
     ``tile_scheduler_metadata`` and ``num_splits``. Their shapes depend on the head geometry and b only, so they
     can be copied into static buffers of a captured CUDA graph (SGLang's pattern).
+
+    ``batch_invariant`` (OpenMLA, both styles): plan the batch-invariant schedule, with which a request's ``out`` and
+    ``lse`` bits do not depend on the other requests of the batch (vLLM's batch-invariant mode; each request is split
+    into chunks of 4096 tokens or top-k slots fixed by its own length: docs/decode-schedule.md, "Batch invariance").
+    The object keeps the mode; tensor-style metadata needs ``batch_invariant=True`` on the decode calls too.
     """
     if cache_seqlens is None:
-        return FlashMLASchedMeta(), None
+        return FlashMLASchedMeta(batch_invariant), None
     b, s_q, h_q, h_kv, sparse, topk = _metadata_problem(cache_seqlens, num_q_tokens_per_head_k, num_heads_k,
                                                         num_heads_q, is_fp8_kvcache, topk)
     if _is_compiling():
         return _torch.ops.openmla.get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q,
-                                                   bool(is_fp8_kvcache), topk)
-    return _plan_metadata(cache_seqlens, cache_seqlens, None, None, b, s_q, h_q, h_kv, sparse, topk or 0, 0)
+                                                   bool(is_fp8_kvcache), topk, bool(batch_invariant))
+    return _plan_metadata(cache_seqlens, cache_seqlens, None, None, b, s_q, h_q, h_kv, sparse, topk or 0, 0,
+                          bool(batch_invariant))
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                            num_splits=None, softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None,
                            attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
-                           extra_topk_length=None, *, out=None, lse=None):
+                           extra_topk_length=None, *, batch_invariant=False, out=None, lse=None):
     """MLA decode attention over a paged KV cache (flash_mla-compatible): dense, or sparse when ``indices`` is given.
 
     Dense mode (``indices`` None):
@@ -232,6 +243,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
       softmax_scale: scale of q.k; None means q.shape[-1] ** -0.5.
       out: optional (b, s_q, h_q, head_dim_v) tensor of q's dtype to write into (last dim contiguous).
       lse: optional (b, h_q, s_q) float32 tensor to write into (any strides).
+      batch_invariant: OpenMLA, keyword-only: tensor-style metadata planned by get_mla_metadata(...,
+        batch_invariant=True) (the call's split buffers are sized for it). A FlashMLASchedMeta keeps its own mode:
+        True here with an object planned without it raises ValueError.
 
     Returns:
       (out, lse): out (b, s_q, h_q, head_dim_v) in q's dtype; lse (b, h_q, s_q) float32, the natural log
@@ -249,7 +263,13 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if _is_compiling():
         return _traced_call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                             softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
-                            extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse)
+                            extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse, batch_invariant)
+    if batch_invariant:
+        _check_invariant_object(tile_scheduler_metadata, num_splits)
+        if num_splits is not None:
+            return _tensor_style(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                 num_splits, softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
+                                 extra_indices_in_kvcache, topk_length, extra_topk_length, True, out=out, lse=lse)
     if num_splits is None:
         # Object style: the planned step's entry, every layer's call (it raises what is wrong with a call).
         step = getattr(tile_scheduler_metadata, "_step", None)
@@ -413,6 +433,14 @@ def _schedule_style(sched, num_splits) -> bool:
                     f"{type(sched).__name__}")
 
 
+def _check_invariant_object(sched, num_splits) -> None:
+    """flash_mla_with_kvcache(..., batch_invariant=True) with an object: the object must have been made so."""
+    if num_splits is None and isinstance(sched, FlashMLASchedMeta) and not sched.batch_invariant:
+        raise ValueError("argument 'batch_invariant' is True but the FlashMLASchedMeta was made without it: an object "
+                         "keeps the mode of get_mla_metadata(batch_invariant=...); get one from "
+                         "get_mla_metadata(batch_invariant=True)")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Object style: DecodeStep.decode
 # ---------------------------------------------------------------------------------------------------------------
@@ -443,7 +471,7 @@ def _object_style(sched, q, k_cache, block_table, cache_seqlens, head_dim_v, sof
                     except Exception:
                         # The arguments were rejected (nothing ran but the plan): the object stays unused, so it
                         # can be reused with correct arguments.
-                        sched.__init__()
+                        sched.__init__(sched.batch_invariant)
                         raise
                     sched._step = step  # published last: other threads see a planned object or none
                     return result
@@ -462,7 +490,7 @@ def _plan_step(sched: FlashMLASchedMeta, config: _Config, cache_format: str, cac
     sparse = config.is_fp8_kvcache
     problem = dict(batch=config.b, s_q=config.s_q, h_q=config.h_q, d_qk=config.d_qk, d_v=config.d_v,
                    page_block_size=config.page_block_size, cache_format=cache_format,
-                   num_sms=_C.device_sm_count(_device_index(dev)))
+                   num_sms=_C.device_sm_count(_device_index(dev)), batch_invariant=sched.batch_invariant)
     if sparse:  # SparseDecodeProblem's own fields
         problem.update(sparse=True, topk=config.topk, extra_topk=config.extra_topk or 0,
                        extra_page_block_size=config.extra_page_block_size or 0)
@@ -495,15 +523,18 @@ def _plan_step(sched: FlashMLASchedMeta, config: _Config, cache_format: str, cac
 # ---------------------------------------------------------------------------------------------------------------
 def _tensor_style(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                   softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None, attn_sink=None,
-                  extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None, extra_topk_length=None, *,
-                  out=None, lse=None):
-    """A call with the tensors of get_mla_metadata(cache_seqlens, ...) (flash_mla_with_kvcache's arguments): its one
-    entry is TensorStyleDecode.decode, which the torch op torch.ops.openmla.flash_mla_with_kvcache calls through
-    here too. Where torch has no DLPack exchange API, the outputs and the stream come from torch first."""
+                  extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None, extra_topk_length=None,
+                  batch_invariant=False, *, out=None, lse=None):
+    """A call with the tensors of get_mla_metadata(cache_seqlens, ...) (flash_mla_with_kvcache's arguments, and the
+    metadata's mode `batch_invariant`): its one entry is TensorStyleDecode.decode, which the torch op
+    torch.ops.openmla.flash_mla_with_kvcache calls through here too. Where torch has no DLPack exchange API, the
+    outputs and the stream come from torch first."""
+    batch_invariant = bool(batch_invariant)
     if _IN_PLACE:
         return _TENSOR_STYLE.decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                                     num_splits, softmax_scale, causal, is_fp8_kvcache, indices, attn_sink,
-                                    extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse)
+                                    extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse,
+                                    batch_invariant=batch_invariant)
     _, config = _check_tensor_call(tile_scheduler_metadata, num_splits, q, k_cache, block_table, cache_seqlens,
                                    head_dim_v, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
                                    extra_indices_in_kvcache, topk_length, extra_topk_length)
@@ -511,7 +542,8 @@ def _tensor_style(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_sched
         k_cache, extra_k_cache, out, lse, stream = _from_torch(q, config, k_cache, extra_k_cache, out, lse)
     return _TENSOR_STYLE.decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                                 num_splits, softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
-                                extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse, stream)
+                                extra_indices_in_kvcache, topk_length, extra_topk_length, out, lse, stream,
+                                batch_invariant=batch_invariant)
 
 
 def _from_torch(q, config: _Config, k_cache, extra_k_cache, out, lse):
@@ -581,14 +613,15 @@ def _metadata_problem(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_h
 
 
 def _plan_metadata(like, cache_seqlens, topk_length, extra_topk_length, batch, s_q, h_q, h_kv, sparse, topk,
-                   extra_topk):
+                   extra_topk, batch_invariant=False):
     """(tile_scheduler_metadata, num_splits) on like's device, planned on the GPU from cache_seqlens (dense) or
     topk_length / extra_topk_length (sparse): get_mla_metadata's tensor style and the torch op plan_schedule. Its one
     entry is TensorStyleDecode.plan; where torch has no DLPack exchange API, the tensors and the stream come from
     torch first."""
+    batch_invariant = bool(batch_invariant)
     if _IN_PLACE:
         return _TENSOR_STYLE.plan(like, cache_seqlens, topk_length, extra_topk_length, batch, s_q, h_q, h_kv, sparse,
-                                  topk, extra_topk)
+                                  topk, extra_topk, batch_invariant=batch_invariant)
     _check_plan_like(like)
     torch = _torch
     with _plain_torch():
@@ -600,7 +633,7 @@ def _plan_metadata(like, cache_seqlens, topk_length, extra_topk_length, batch, s
         splits = torch.empty((sizes["num_splits_ints"],), dtype=torch.int32, device=dev)
         stream = torch.cuda.current_stream(dev).cuda_stream
     return _TENSOR_STYLE.plan(like, cache_seqlens, topk_length, extra_topk_length, batch, s_q, h_q, h_kv, sparse, topk,
-                              extra_topk, metadata, splits, stream)
+                              extra_topk, metadata, splits, stream, batch_invariant=batch_invariant)
 
 
 def _device_index(device) -> int:
@@ -612,25 +645,30 @@ def _device_index(device) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 def _traced_call(q, k_cache, block_table, cache_seqlens, head_dim_v, sched, num_splits, softmax_scale, causal,
                  is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length,
-                 out, lse):
+                 out, lse, batch_invariant=False):
     """flash_mla_with_kvcache as torch.compile traces it: a FlashMLASchedMeta is planned by the plan op the first
     time the traced code uses it (like the first layer's call in eager mode), then every call is one decode op."""
     ops = _torch.ops.openmla
+    if batch_invariant:
+        _check_invariant_object(sched, num_splits)
     if isinstance(sched, FlashMLASchedMeta):
         if num_splits is not None:
             raise ValueError("argument 'num_splits' must be None with a FlashMLASchedMeta (object style)")
+        batch_invariant = sched.batch_invariant
         if sched._traced is None:
             sparse = indices is not None
             has_extra = sparse and extra_k_cache is not None
             sched._traced = ops.plan_schedule(
                 q, None if sparse else cache_seqlens, topk_length if sparse else None,
                 extra_topk_length if has_extra else None, q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2],
-                sparse, indices.shape[-1] if sparse else 0, extra_indices.shape[-1] if has_extra else 0)
+                sparse, indices.shape[-1] if sparse else 0, extra_indices.shape[-1] if has_extra else 0,
+                sched.batch_invariant)
         metadata, num_splits = sched._traced
     else:
         metadata = sched
     args = (q, k_cache, block_table, cache_seqlens, head_dim_v, metadata, num_splits, softmax_scale, bool(causal),
-            bool(is_fp8_kvcache), indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length)
+            bool(is_fp8_kvcache), indices, attn_sink, extra_k_cache, extra_indices, topk_length, extra_topk_length,
+            bool(batch_invariant))
     if out is None and lse is None:
         return ops.flash_mla_with_kvcache(*args)
     if out is None:

@@ -16,6 +16,7 @@ const char* feature_name(Feature feature) {
     case Feature::kSparsePrefill: return "sparse_prefill";
     case Feature::kDensePrefill: return "dense_prefill";
     case Feature::kMergeStates: return "merge_attn_states";
+    case Feature::kDecodeBatchInvariant: return "decode_batch_invariant";
   }
   return "unknown";
 }

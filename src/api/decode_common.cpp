@@ -1,6 +1,7 @@
 // Checks and builders shared by the decode calls (api/decode_common.h).
 #include "api/decode_common.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -89,10 +90,10 @@ Status check_split_buffers(const DecodeSplitBuffers& split, int64_t d_v) {
   return check_contiguous(pl, "split.partial_lse");
 }
 
-Status check_partition_sizes(const DecodeGeometry& g, int num_sm_parts, const DecodeSchedule& schedule,
-                             const DecodeSplitBuffers& split) {
+Status check_partition_sizes(const DecodeGeometry& g, int num_sm_parts, int64_t split_slots,
+                             const DecodeSchedule& schedule, const DecodeSplitBuffers& split) {
   OPENMLA_RETURN_IF_ERROR(check_schedule_parts(schedule, num_sm_parts));
-  const int64_t needed_rows = (g.batch + num_sm_parts) * g.s_q * g.h_q;
+  const int64_t needed_rows = split_slots * g.s_q * g.h_q;
   if (needed_rows > kInt32Max)
     return invalid("the split-KV partials of this problem need " + std::to_string(needed_rows) +
                    " rows, more than the kernels' 32-bit row index allows; reduce batch, s_q or h_q");
@@ -100,9 +101,12 @@ Status check_partition_sizes(const DecodeGeometry& g, int num_sm_parts, const De
        {std::pair{&split.partial_o, "split.partial_o"}, std::pair{&split.partial_lse, "split.partial_lse"}}) {
     if (t->shape[0] < needed_rows) {
       MessageStream os;
-      os << "argument '" << name << "' has " << t->shape[0] << " rows, but this problem needs at least " << needed_rows
-         << " ((batch + num_sm_parts) * s_q * h_q with num_sm_parts = " << num_sm_parts
-         << "); size it with get_decode_workspace_sizes()";
+      os << "argument '" << name << "' has " << t->shape[0] << " rows, but this problem needs at least " << needed_rows;
+      if (split_slots == g.batch + num_sm_parts)
+        os << " ((batch + num_sm_parts) * s_q * h_q with num_sm_parts = " << num_sm_parts << ")";
+      else
+        os << " (batch-invariant: " << split_slots << " split slots * s_q * h_q)";
+      os << "; size it with get_decode_workspace_sizes()";
       return invalid(os.str());
     }
   }
@@ -145,9 +149,15 @@ SoftmaxScale softmax_scale_of(float softmax_scale, int64_t d_qk) {
   return SoftmaxScale{scale, static_cast<float>(static_cast<double>(scale) * kLog2e)};
 }
 
+int split_capacity(const DecodeGeometry& g, const DecodeSplitBuffers& split) {
+  const int64_t rows = std::min(split.partial_o.shape[0], split.partial_lse.shape[0]);
+  return static_cast<int>(std::min<int64_t>(rows / (g.s_q * g.h_q), kInt32Max));
+}
+
 kernels::CombineParams combine_params(const DecodeGeometry& g, bool is_fp16, const DecodeSchedule& schedule,
                                       const DecodeSplitBuffers& split, const TensorRef& out, const TensorRef& lse,
-                                      const float* attn_sink, int merged_in_kernel, const int32_t* host_num_splits) {
+                                      const float* attn_sink, int merged_in_kernel, const int32_t* host_num_splits,
+                                      bool batch_invariant) {
   kernels::CombineParams p{
       .batch = static_cast<int>(g.batch),
       .s_q = static_cast<int>(g.s_q),
@@ -162,6 +172,7 @@ kernels::CombineParams combine_params(const DecodeGeometry& g, bool is_fp16, con
       .host_num_splits = {},
       .attn_sink = attn_sink,
       .merged_in_kernel = merged_in_kernel,
+      .split_capacity = batch_invariant ? split_capacity(g, split) : 0,
       .output = decode_output_view(out, lse),
   };
   if (host_num_splits != nullptr)

@@ -40,9 +40,10 @@ Status check_merge_counters(const DecodeSchedule& schedule, int64_t needed);
 Status check_schedule_parts(const DecodeSchedule& schedule, int num_sm_parts);
 // Split-KV scratch shapes that do not depend on num_sm_parts.
 Status check_split_buffers(const DecodeSplitBuffers& split, int64_t d_v);
-// The schedule's partition count and the split buffers' row count against num_sm_parts.
-Status check_partition_sizes(const DecodeGeometry& g, int num_sm_parts, const DecodeSchedule& schedule,
-                             const DecodeSplitBuffers& split);
+// The schedule's partition count against num_sm_parts, and the split buffers' rows against `split_slots` * s_q * h_q
+// (heuristics::decode_split_slots: batch + num_sm_parts, or the batch-invariant count).
+Status check_partition_sizes(const DecodeGeometry& g, int num_sm_parts, int64_t split_slots,
+                             const DecodeSchedule& schedule, const DecodeSplitBuffers& split);
 // The partition count of a family's problem on the tensors' device: resolves num_sms (the only check that may
 // query the device) and applies the family's formula.
 template <typename Problem>
@@ -65,13 +66,16 @@ struct SoftmaxScale {
 };
 SoftmaxScale softmax_scale_of(float softmax_scale, int64_t d_qk);
 
+// Split slots the (checked) split buffers hold: their rows / (s_q * h_q), at most 2^31 - 1.
+int split_capacity(const DecodeGeometry& g, const DecodeSplitBuffers& split);
+
 // The combine kernel's parameters for a decode call's outputs and split buffers. `host_num_splits`: the prefix sums
 // of a schedule known on the host (batch + 1 values, batch <= kernels::kHostScheduleMaxBatch), used instead of the
-// schedule's num_splits; null: read the schedule.
+// schedule's num_splits; null: read the schedule. `batch_invariant`: the capped combine (split_capacity set).
 kernels::CombineParams combine_params(const DecodeGeometry& g, bool is_fp16, const DecodeSchedule& schedule,
                                       const DecodeSplitBuffers& split, const TensorRef& out, const TensorRef& lse,
                                       const float* attn_sink, int merged_in_kernel,
-                                      const int32_t* host_num_splits = nullptr);
+                                      const int32_t* host_num_splits = nullptr, bool batch_invariant = false);
 
 // Every tensor of the schedule / the split buffers with the strides of its size-1 dimensions replaced (canonical()).
 DecodeSchedule canonical(const DecodeSchedule& schedule);

@@ -20,10 +20,21 @@ namespace {
 
 constexpr int64_t kMaxSparseSq = 65535;  // sparse main kernel grid.y limit
 
+// A batch-invariant dense problem sizes its split slots from the block table's width.
+Status check_sizable(const DenseDecodeProblem& p) {
+  if (p.batch_invariant && p.max_blocks_per_seq == 0)
+    return invalid_field("max_blocks_per_seq", p.max_blocks_per_seq,
+                         "a batch-invariant problem needs the block table's column count: its split buffers hold "
+                         "every chunk of the longest request it allows");
+  return Status::ok();
+}
+Status check_sizable(const SparseDecodeProblem&) { return Status::ok(); }
+
 template <typename Problem>
 Status workspace_sizes(const Problem& problem, DecodeWorkspaceSizes* sizes) {
   if (sizes == nullptr) return Status::invalid_argument("argument 'sizes' must not be null");
   OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
+  OPENMLA_RETURN_IF_ERROR(check_sizable(problem));
   int num_sms = problem.num_sms;
   if (num_sms == 0) {
     int device = 0;
@@ -34,7 +45,7 @@ Status workspace_sizes(const Problem& problem, DecodeWorkspaceSizes* sizes) {
   s.num_sm_parts = heuristics::decode_num_sm_parts(problem, num_sms);
   s.metadata_ints = static_cast<int64_t>(s.num_sm_parts) * kDecodeScheduleRecordInts;
   s.num_splits_ints = problem.batch + 1;
-  s.partial_rows = (problem.batch + s.num_sm_parts) * problem.s_q * problem.h_q;
+  s.partial_rows = heuristics::decode_split_slots(problem, s.num_sm_parts) * problem.s_q * problem.h_q;
   s.partial_o_bytes = static_cast<size_t>(s.partial_rows) * static_cast<size_t>(problem.d_v) * sizeof(float);
   s.partial_lse_bytes = static_cast<size_t>(s.partial_rows) * sizeof(float);
   s.merge_counter_ints = heuristics::decode_merge_counter_count(problem);
@@ -45,12 +56,13 @@ Status workspace_sizes(const Problem& problem, DecodeWorkspaceSizes* sizes) {
 // The scheduler's params common to both families (unused in a build without the decode kernels).
 [[maybe_unused]] kernels::DecodeSchedulerParams scheduler_params(int64_t batch, int num_sm_parts,
                                                                  const DecodeSchedule& schedule,
-                                                                 int64_t merge_counter_count) {
+                                                                 int64_t merge_counter_count, int32_t chunk_blocks) {
   const bool counters = schedule.merge_counters.defined();
   return kernels::DecodeSchedulerParams{
       .batch = static_cast<int>(batch),
       .num_sm_parts = num_sm_parts,
       .sparse = false,
+      .chunk_blocks = chunk_blocks,
       .cache_seqlens = nullptr,
       .max_seqlen = 0,
       .topk = 0,
@@ -162,7 +174,8 @@ Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seq
   OPENMLA_RETURN_IF_ERROR(
       detail::check_launch_context(schedule.metadata.device_id, "schedule.metadata", stream, "plan_decode"));
   kernels::DecodeSchedulerParams params =
-      detail::scheduler_params(problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
+      detail::scheduler_params(problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem),
+                               heuristics::decode_chunk_blocks(problem));
   params.cache_seqlens = static_cast<const int32_t*>(cache_seqlens.data);
   params.max_seqlen = static_cast<int32_t>(problem.max_blocks_per_seq * problem.page_block_size);
   if (detail::checked_mode_enabled())
@@ -184,7 +197,8 @@ Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_len
   OPENMLA_RETURN_IF_ERROR(
       detail::check_launch_context(schedule.metadata.device_id, "schedule.metadata", stream, "plan_decode"));
   kernels::DecodeSchedulerParams params =
-      detail::scheduler_params(problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem));
+      detail::scheduler_params(problem.batch, num_sm_parts, schedule, heuristics::decode_merge_counter_count(problem),
+                               heuristics::decode_chunk_blocks(problem));
   params.sparse = true;
   params.topk = static_cast<int>(problem.topk);
   params.topk_length = topk_length.defined() ? static_cast<const int32_t*>(topk_length.data) : nullptr;

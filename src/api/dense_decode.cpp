@@ -153,7 +153,11 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
 
   // ---- sizes depending on num_sm_parts (the only check that may query the device) ----------------------------
   OPENMLA_RETURN_IF_ERROR(resolve_num_sm_parts(problem, q.device_id, num_sm_parts));
-  return check_partition_sizes(g, *num_sm_parts, args.schedule, args.split);
+  // A batch-invariant call sizes its split slots from the block table's width (the plan may not have been told it).
+  DenseDecodeProblem sized = problem;
+  sized.max_blocks_per_seq = bt.shape[1];
+  return check_partition_sizes(g, *num_sm_parts, heuristics::decode_split_slots(sized, *num_sm_parts), args.schedule,
+                               args.split);
 }
 
 DenseDecodeCall prepare_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args_in,
@@ -203,12 +207,15 @@ DenseDecodeCall prepare_dense_decode(const DenseDecodeProblem& problem, const De
       .merge_counters = merge_counters ? static_cast<int*>(args.schedule.merge_counters.data) : nullptr,
       .merge_publish_always = options.merge_publish_always,
       .q_tma = plan.q_tma,
+      .chunk_blocks = heuristics::decode_chunk_blocks(problem),
+      .split_capacity = split_capacity(geometry_of(problem), args.split),
   };
   // Always launched: which requests were split is only known on the device (num_splits), and a fixed
   // launch sequence keeps the call graph-capturable. Unsplit requests exit in the prologue. With merge counters
   // the main kernel already merged the requests of two chunks.
   call.combine = combine_params(geometry_of(problem), is_fp16, args.schedule, args.split, args.out, args.lse,
-                                /*attn_sink=*/nullptr, merge_counters ? kernels::kMaxMergeChunks : 1);
+                                /*attn_sink=*/nullptr, merge_counters ? kernels::kMaxMergeChunks : 1,
+                                /*host_num_splits=*/nullptr, problem.batch_invariant);
   call.combine_slices = plan.combine_slices;
   call.pages = kernels::dense_page_geometry(static_cast<int>(problem.page_block_size));
   return call;

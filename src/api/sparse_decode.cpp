@@ -196,7 +196,8 @@ Status validate_sparse_decode(const SparseDecodeProblem& problem, const SparseDe
 
   // ---- sizes depending on num_sm_parts (the only check that may query the device) ----------------------------
   OPENMLA_RETURN_IF_ERROR(resolve_num_sm_parts(problem, q.device_id, num_sm_parts));
-  return check_partition_sizes(g, *num_sm_parts, args.schedule, args.split);
+  return check_partition_sizes(g, *num_sm_parts, heuristics::decode_split_slots(problem, *num_sm_parts), args.schedule,
+                               args.split);
 }
 
 SparseDecodeCall prepare_sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args_in,
@@ -224,6 +225,7 @@ SparseDecodeCall prepare_sparse_decode(const SparseDecodeProblem& problem, const
       .q_stride_h = args.q.stride[2],
       .main = cache_view(args.k_cache, args.indices, args.topk_length, problem.topk),
       .has_extra = has_extra,
+      .chunk_blocks = heuristics::decode_chunk_blocks(problem),
       .extra = has_extra
                    ? cache_view(args.extra_k_cache, args.extra_indices, args.extra_topk_length, problem.extra_topk)
                    : kernels::SparseCacheView{},
@@ -234,6 +236,7 @@ SparseDecodeCall prepare_sparse_decode(const SparseDecodeProblem& problem, const
       .schedule = static_cast<const kernels::DecodeScheduleRecord*>(args.schedule.metadata.data),
       .num_splits = static_cast<const int32_t*>(args.schedule.num_splits.data),
       .uniform_blocks = plan.uniform_blocks,
+      .split_capacity = split_capacity(geometry_of(problem), args.split),
       .uniform_records = {},
       .uniform_num_splits = {},
   };
@@ -243,7 +246,7 @@ SparseDecodeCall prepare_sparse_decode(const SparseDecodeProblem& problem, const
   // records the combine takes their prefix sums too: the call then never reads the device schedule.
   call.combine = combine_params(geometry_of(problem), /*is_fp16=*/false, args.schedule, args.split, args.out, args.lse,
                                 params.attn_sink, /*merged_in_kernel=*/1,
-                                plan.uniform_blocks > 0 ? plan.uniform_num_splits : nullptr);
+                                plan.uniform_blocks > 0 ? plan.uniform_num_splits : nullptr, problem.batch_invariant);
   call.combine_slices = plan.combine_slices;
   return call;
 }

@@ -42,6 +42,13 @@ SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& prob
   SparseDecodeLaunchPlan plan;
   const int num_head_blocks = static_cast<int>((problem.h_q + 63) / 64);
   plan.combine_slices = combine_slices(problem.batch, problem.s_q, problem.h_q);
+  if (problem.batch_invariant) {
+    // A batch-invariant schedule lives on the device only (no host records), and the variant must not follow the
+    // batch: crossover wherever the head tiles pair, as for large batches (docs/decode-schedule.md, "Batch
+    // invariance"; the two variants compute the same tiles, this only keeps one code path per call shape).
+    plan.crossover = sparse_use_crossover(num_head_blocks, 0);
+    return plan;
+  }
   // A uniform schedule (the work per request fixed by topk alone) at small batch is known on the host.
   int64_t uniform_payload = 0;
   if (problem.batch <= kSparseHostRecordsMaxBatch && !has_topk_length && !has_extra_topk_length) {

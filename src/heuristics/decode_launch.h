@@ -65,7 +65,8 @@ struct SparseDecodeLaunchPlan {
 };
 
 // `num_sm_parts`: the schedule's partition count; `has_topk_length` / `has_extra_topk_length`: whether the call
-// passes per-request lengths (then the work per request is only known on the device).
+// passes per-request lengths (then the work per request is only known on the device). A batch-invariant problem gets
+// no host records and the large-batch variant choice, whatever its batch.
 SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& problem, int num_sm_parts,
                                                  bool has_topk_length, bool has_extra_topk_length);
 

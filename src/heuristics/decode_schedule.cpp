@@ -93,4 +93,43 @@ DecodeScheduleHost walk_decode_schedule(const std::vector<int32_t>& blocks, cons
   return out;
 }
 
+int32_t decode_chunk_blocks(const DenseDecodeProblem& problem) {
+  return problem.batch_invariant ? static_cast<int32_t>(kDecodeInvariantChunkTokens / kDecodeBlockTokens) : 0;
+}
+
+int32_t decode_chunk_blocks(const SparseDecodeProblem& problem) {
+  return problem.batch_invariant ? static_cast<int32_t>(kDecodeInvariantChunkTokens / kDecodeBlockTokens) : 0;
+}
+
+int64_t decode_split_slots(const DenseDecodeProblem& problem, int num_sm_parts) {
+  const int32_t chunk = decode_chunk_blocks(problem);
+  if (chunk == 0) return problem.batch + num_sm_parts;
+  // max_blocks_per_seq counts pages of page_block_size tokens; chunks count 64-token blocks.
+  const int64_t page = problem.page_block_size > 0 ? problem.page_block_size : kDecodeBlockTokens;
+  const int64_t blocks = ceil_div(problem.max_blocks_per_seq * page, static_cast<int64_t>(kDecodeBlockTokens));
+  return problem.batch * std::max<int64_t>(ceil_div(blocks, chunk), 1);
+}
+
+int64_t decode_split_slots(const SparseDecodeProblem& problem, int num_sm_parts) {
+  const int32_t chunk = decode_chunk_blocks(problem);
+  if (chunk == 0) return problem.batch + num_sm_parts;
+  const int64_t blocks = sparse_request_blocks(problem.topk, nullptr, problem.extra_topk, nullptr);
+  return problem.batch * ceil_div(blocks, chunk);
+}
+
+DecodeScheduleHost walk_invariant_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
+                                           int num_sm_parts, int32_t chunk_blocks) {
+  const int32_t batch = static_cast<int32_t>(blocks.size());
+  DecodeScheduleHost out;
+  out.records.assign(num_sm_parts, DecodeScheduleRecord{});
+  out.num_splits.assign(batch + 1, 0);
+  int64_t total = 0;
+  for (int32_t n : blocks) total += kernels::ChunkWalk::request_work(n, chunk_blocks);
+  kernels::ChunkWalk walk;
+  walk.begin(batch, num_sm_parts, chunk_blocks, total, out.records.data(), out.num_splits.data());
+  for (int32_t i = 0; i < batch; ++i) walk.add_request(i, blocks[i], !empty.empty() && empty[i]);
+  walk.finish();
+  return out;
+}
+
 }  // namespace openmla::heuristics

@@ -72,4 +72,21 @@ inline constexpr int32_t kDecodeScheduleFailed = -1;
 DecodeScheduleHost walk_decode_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
                                         int num_sm_parts, int64_t payload);
 
+// ---- Batch-invariant schedules (docs/decode-schedule.md, "Batch invariance") ----------------------------------
+// Chunk size in 64-token blocks of a batch-invariant problem, 0 for a default one (kDecodeInvariantChunkTokens / 64;
+// the same for every call shape, so a request's bits do not depend on the batch either).
+int32_t decode_chunk_blocks(const DenseDecodeProblem& problem);
+int32_t decode_chunk_blocks(const SparseDecodeProblem& problem);
+
+// Split slots (partial rows / (s_q * h_q)) a problem's call needs: batch + num_sm_parts (default: each partition adds
+// at most one chunk), or batch * max_chunks for a batch-invariant problem (max_chunks: chunks of the longest request
+// the problem allows: dense max_blocks_per_seq blocks, which must then be > 0; sparse topk then extra_topk slots).
+int64_t decode_split_slots(const DenseDecodeProblem& problem, int num_sm_parts);
+int64_t decode_split_slots(const SparseDecodeProblem& problem, int num_sm_parts);
+
+// The batch-invariant pass (ChunkWalk) over per-request block counts, run on the host: the records and num_splits
+// the GPU scheduler writes for these counts with chunks of `chunk_blocks` blocks.
+DecodeScheduleHost walk_invariant_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
+                                           int num_sm_parts, int32_t chunk_blocks);
+
 }  // namespace openmla::heuristics

@@ -106,4 +106,55 @@ heuristics::DecodeScheduleHost build_sparse_decode_schedule(int64_t batch, int64
   return build_decode_schedule(blocks, {}, num_sm_parts);
 }
 
+heuristics::DecodeScheduleHost build_invariant_schedule(const std::vector<int32_t>& blocks,
+                                                        const std::vector<bool>& empty, int num_sm_parts,
+                                                        int32_t chunk_blocks) {
+  constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
+  const int32_t batch = static_cast<int32_t>(blocks.size());
+  struct Chunk {
+    int32_t req, ordinal, begin, end;  // blocks [begin, end) of request req
+    bool split;                        // the request has more than one chunk
+  };
+  std::vector<Chunk> chunks;
+  heuristics::DecodeScheduleHost out;
+  out.num_splits.assign(batch + 1, 0);
+  for (int32_t r = 0; r < batch; ++r) {
+    const int32_t count = (blocks[r] + chunk_blocks - 1) / chunk_blocks;
+    for (int32_t c = 0; c < count; ++c)
+      chunks.push_back({r, c, c * chunk_blocks, std::min(blocks[r], (c + 1) * chunk_blocks), count > 1});
+    out.num_splits[r + 1] = out.num_splits[r] + count;
+  }
+  const auto cost = [&](const Chunk& c) { return static_cast<int64_t>(c.end - c.begin) + kOverhead; };
+  int64_t remaining = 0;
+  for (const Chunk& c : chunks) remaining += cost(c);
+
+  out.records.assign(num_sm_parts, DecodeScheduleRecord{batch, batch - 1, 0, 0, 0, 0, 0, 0});
+  size_t next = 0;
+  for (int p = 0; p < num_sm_parts && next < chunks.size(); ++p) {
+    const int64_t target = (remaining + (num_sm_parts - p) - 1) / (num_sm_parts - p);
+    const size_t first = next;
+    int64_t load = cost(chunks[next++]);
+    while (next < chunks.size()) {
+      const int64_t with = load + cost(chunks[next]);
+      const bool last_part = p == num_sm_parts - 1;
+      if (!last_part && with > target && with - target >= target - load) break;
+      load = with;
+      ++next;
+    }
+    remaining -= load;
+    const Chunk& a = chunks[first];
+    const Chunk& z = chunks[next - 1];
+    DecodeScheduleRecord& rec = out.records[p];
+    rec.begin_req = a.req;
+    rec.end_req = z.req;
+    rec.begin_block = a.begin;
+    rec.end_block = !empty.empty() && empty[z.req] ? 0 : z.end;
+    rec.begin_split = a.ordinal;
+    rec.is_first_req_split = a.split ? 1 : 0;
+    rec.is_last_req_split = z.split ? 1 : 0;
+    rec.pad = chunk_blocks;
+  }
+  return out;
+}
+
 }  // namespace openmla::oracle

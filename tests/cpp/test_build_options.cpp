@@ -189,7 +189,8 @@ TEST(BuildOptions, CapabilityNamesTheOptionOfAnAbsentFamily) {
                   {Feature::kSparseDecode, kDecode},
                   {Feature::kSparsePrefill, kSparsePrefill},
                   {Feature::kDensePrefill, kMhaPrefill},
-                  {Feature::kMergeStates, kMergeStates}};
+                  {Feature::kMergeStates, kMergeStates},
+                  {Feature::kDecodeBatchInvariant, kDecode}};
   for (const auto& f : features) {
     const Capability cap = query_capability(f.feature);
     if (f.family.built) {

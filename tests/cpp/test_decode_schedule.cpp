@@ -445,7 +445,7 @@ class DecodeScheduleGpu : public ::testing::Test {
   DecodeScheduleHost run_gpu(const std::vector<int32_t>& lengths, int parts, bool sparse, int topk,
                              const std::vector<int32_t>& topk_len, int extra_topk,
                              const std::vector<int32_t>& extra_len, int64_t payload_override = 0,
-                             int32_t max_seqlen = 0) {
+                             int32_t max_seqlen = 0, int32_t chunk_blocks = 0) {
     const int batch = static_cast<int>(sparse ? (topk_len.empty() ? lengths.size() : topk_len.size()) : lengths.size());
     auto upload = [](const std::vector<int32_t>& v) -> int32_t* {
       if (v.empty()) return nullptr;
@@ -468,6 +468,7 @@ class DecodeScheduleGpu : public ::testing::Test {
         .batch = batch,
         .num_sm_parts = parts,
         .sparse = sparse,
+        .chunk_blocks = chunk_blocks,
         .cache_seqlens = d_seqlens,
         .max_seqlen = max_seqlen,
         .topk = topk,
@@ -502,6 +503,25 @@ class DecodeScheduleGpu : public ::testing::Test {
     return out;
   }
 };
+
+// Batch-invariant schedules (docs/decode-schedule.md, "Batch invariance"): the GPU's ChunkWalk against the
+// partition-major oracle of decode_schedule_oracle.h.
+TEST_F(DecodeScheduleGpu, InvariantMatchesOracle) {
+  const int32_t chunk = static_cast<int32_t>(kDecodeInvariantChunkTokens / 64);
+  for (const auto& c : adversarial_cases()) {
+    const DenseWork w = dense_work(c.seqlens);
+    for (int parts : kPartCounts)
+      expect_same_bytes(run_gpu(c.seqlens, parts, false, 0, {}, 0, {}, 0, 0, chunk),
+                        oracle::build_invariant_schedule(w.blocks, w.empty, parts, chunk), c.name + " dense invariant");
+  }
+  std::vector<int32_t> topk_len(300);
+  for (size_t i = 0; i < topk_len.size(); ++i) topk_len[i] = static_cast<int32_t>((i * 977) % 20000);
+  std::vector<int32_t> blocks;
+  for (int32_t t : topk_len) blocks.push_back(heuristics::sparse_request_blocks(16384, &t, 0, nullptr));
+  for (int parts : kPartCounts)
+    expect_same_bytes(run_gpu({}, parts, true, 16384, topk_len, 0, {}, 0, 0, chunk),
+                      oracle::build_invariant_schedule(blocks, {}, parts, chunk), "sparse invariant");
+}
 
 TEST_F(DecodeScheduleGpu, DenseMatchesOracle) {
   for (const auto& c : adversarial_cases()) {

@@ -344,11 +344,20 @@ def test_get_mla_metadata_signature_is_flash_mlas_older_one():
     import inspect
 
     params = list(inspect.signature(dec.get_mla_metadata).parameters.values())
+    # flash_mla's arguments, then OpenMLA's batch_invariant (docs/decode-schedule.md, "Batch invariance").
     assert [p.name for p in params] == ["cache_seqlens", "num_q_tokens_per_head_k", "num_heads_k", "num_heads_q",
-                                        "is_fp8_kvcache", "topk"]
+                                        "is_fp8_kvcache", "topk", "batch_invariant"]
     assert {p.name: p.default for p in params} == {
         "cache_seqlens": None, "num_q_tokens_per_head_k": None, "num_heads_k": None, "num_heads_q": None,
-        "is_fp8_kvcache": False, "topk": None}
+        "is_fp8_kvcache": False, "topk": None, "batch_invariant": False}
+
+
+def test_get_mla_metadata_batch_invariant_object():
+    meta, splits = dec.get_mla_metadata(batch_invariant=True)
+    assert isinstance(meta, dec.FlashMLASchedMeta) and splits is None
+    assert meta.batch_invariant is True and meta.have_initialized is False
+    assert "batch_invariant=True" in repr(meta)
+    assert dec.get_mla_metadata()[0].batch_invariant is False
 
 
 class _Lengths:
@@ -392,12 +401,14 @@ def test_signature_matches_flash_mla():
     names = [p.name for p in params]
     assert names == ["q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata",
                      "num_splits", "softmax_scale", "causal", "is_fp8_kvcache", "indices", "attn_sink",
-                     "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length", "out", "lse"]
+                     "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length",
+                     "batch_invariant", "out", "lse"]
     defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
     assert defaults == {"num_splits": None, "softmax_scale": None, "causal": False, "is_fp8_kvcache": False,
                         "indices": None, "attn_sink": None, "extra_k_cache": None, "extra_indices_in_kvcache": None,
-                        "topk_length": None, "extra_topk_length": None, "out": None, "lse": None}
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params if p.name in ("out", "lse"))
+                        "topk_length": None, "extra_topk_length": None, "batch_invariant": False, "out": None,
+                        "lse": None}
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params if p.name in ("out", "lse", "batch_invariant"))
 
 
 def _call(**kwargs):

@@ -75,7 +75,9 @@ def test_decode_op_arguments_follow_flash_mla_with_kvcache():
 
     names = [a.name for a in _op("flash_mla_with_kvcache")._schema.arguments]
     python = list(inspect.signature(openmla.flash_mla_with_kvcache).parameters)
-    assert names == python[:len(names)]  # the function's order, without the keyword-only out / lse
+    # The function's order, without the keyword-only out / lse (its keyword-only batch_invariant is the op's last
+    # argument).
+    assert names == python[:len(names)]
     assert [a.name for a in _op("flash_mla_with_kvcache_out")._schema.arguments] == python
 
 

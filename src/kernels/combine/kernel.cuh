@@ -70,8 +70,10 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-template <typename Element, int kSlices>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ CombineParams p) {
+// The combine of one (request, row, slice). kCapacityGuard (batch-invariant calls: combine_capped_kernel) also skips a
+// request whose split slots pass p.split_capacity; without it the code is the default kernel's as it always was.
+template <typename Element, int kSlices, bool kCapacityGuard>
+__device__ __forceinline__ void combine_rows(const CombineParams& p) {
   constexpr int kVectorsPerLane = kCombineHeadDim / kSlices / kVectorStride;  // 4 or 1 float4
   constexpr int kColumnsPerLane = 4 * kVectorsPerLane;
   constexpr int kBatch = 4 * kSlices;  // split rows in flight per warp (the same registers either way)
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   // is launched without PDL and never triggers early), so it is safe to read before the wait.
   const int32_t first_slot = combine_split_base(p, req);
   const int32_t num_slots = combine_split_base(p, req + 1) - first_slot;
-  if (num_slots <= max(1, p.merged_in_kernel)) {
+  if (num_slots <= max(1, p.merged_in_kernel) || (kCapacityGuard && first_slot + num_slots > p.split_capacity)) {
     // Not split, or merged by the main kernel: it wrote the final result. One CTA still waits for the main
     // kernel, so that this grid never completes before it (work after the combine on the stream must see
     // every output row, whichever kernel wrote it).
@@ -185,6 +187,18 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
     *reinterpret_cast<uint2*>(out + j * kVectorStride) =
         pack4<Element>(acc[4 * j + 0], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
   }
+}
+
+template <typename Element, int kSlices>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ CombineParams p) {
+  combine_rows<Element, kSlices, false>(p);
+}
+
+// Batch-invariant calls (launch_invariant.cu, its own unit): the split buffers hold the chunks of the longest request
+// the call's block table allows, which a schedule planned from other lengths may pass.
+template <typename Element, int kSlices>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_capped_kernel(const __grid_constant__ CombineParams p) {
+  combine_rows<Element, kSlices, true>(p);
 }
 
 }  // namespace openmla::kernels::combine

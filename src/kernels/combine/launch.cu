@@ -1,5 +1,6 @@
 // Combine launcher (launch.h): the one place the output type and the slice count become template arguments.
 #include "kernels/combine/kernel.cuh"
+#include "kernels/combine/launch_grid.cuh"
 #include "kernels/combine/launch.h"
 #include "kernels/combine/params.h"
 
@@ -11,23 +12,7 @@ namespace {
 
 template <typename Element, int kSlices>
 Status launch_combine_typed(const CombineParams& params, cudaStream_t stream) {
-  const int rows = params.s_q * params.h_q;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(params.batch), static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps),
-                        static_cast<unsigned>(kSlices));
-  config.blockDim = dim3(kCombineWarps * 32, 1, 1);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  // Programmatic dependent launch: combine CTAs may become resident while the main kernel's last CTAs
-  // run; the kernel's griddepcontrol.wait restores full ordering before any partial is read.
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  OPENMLA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, combine::combine_kernel<Element, kSlices>, params),
-                               "combine kernel launch");
-  return Status::ok();
+  return combine::launch_combine_grid(combine::combine_kernel<Element, kSlices>, params, kSlices, stream);
 }
 
 template <typename Element>
@@ -48,6 +33,7 @@ Status launch_combine(const CombineParams& params, int slices, cudaStream_t stre
       params.output.out == nullptr || params.output.lse == nullptr)
     return Status::internal("combine: a required pointer is null");
   if (slices != 1 && slices != kCombineMaxSlices) return Status::internal("combine: slices must be 1 or kCombineMaxSlices");
+  if (params.split_capacity > 0) return combine::launch_combine_capped(params, slices, stream);
   return params.is_fp16 ? launch_combine_sliced<__half>(params, slices, stream)
                         : launch_combine_sliced<__nv_bfloat16>(params, slices, stream);
 }

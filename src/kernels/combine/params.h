@@ -33,6 +33,12 @@ struct CombineParams {
   int32_t host_num_splits[kHostScheduleMaxBatch + 1];
   const float* attn_sink;    // (h_q,) natural-log units, may be null (no sink)
   int merged_in_kernel;      // requests with at most this many chunks were finished by the main kernel (1: none)
+  // Batch-invariant calls only (read by combine_capped_kernel; 0 otherwise): the split slots the partial buffers hold.
+  // A request whose slots pass it (a schedule planned with other lengths than the call's) is skipped: the main kernel
+  // wrote final rows for it instead of partials (a default schedule never has more than batch + num_sm_parts slots,
+  // which the buffers always hold). It sits in the padding before `output`: the struct's size and every other
+  // field's offset are the default kernel's as before (its SASS and resource usage unchanged).
+  int split_capacity;
 
   // out: (b, s_q, h_q, 512) in q's dtype, last dim contiguous, other strides multiples of 4 elements
   // (8-byte stores); lse: logical (b, h_q, s_q) float32, natural log.

@@ -16,6 +16,7 @@ Status launch_decode_scheduler(const DecodeSchedulerParams& params, cudaStream_t
     return Status::internal("decode scheduler: dense schedule without cache_seqlens");
   if (params.sparse && params.topk <= 0) return Status::internal("decode scheduler: sparse schedule with topk <= 0");
 
+  if (params.chunk_blocks > 0) return decode_scheduler::launch_invariant_scheduler(params, stream);
   // A plain launch (no PDL attribute): the main kernel that follows reads every record, so it must not
   // start before this grid has finished and its writes are visible.
   decode_scheduler::decode_scheduler_kernel<<<1, kDecodeSchedulerThreads, 0, stream>>>(params);

@@ -16,6 +16,10 @@ struct DecodeSchedulerParams {
   int batch;         // b >= 1
   int num_sm_parts;  // 1 .. kMaxDecodeSmParts; records written
   bool sparse;       // false: blocks from cache_seqlens; true: from topk / topk_length / extra
+  // > 0: the batch-invariant pass (ChunkWalk) with chunks of this many blocks, run by its own kernel
+  // (invariant_kernel.cuh); 0: the default greedy pass. In the padding after `sparse`: the default kernel's parameter
+  // layout and size are unchanged.
+  int32_t chunk_blocks;
 
   const int32_t* cache_seqlens;  // (b,) dense only; negative lengths count as 0
   int32_t max_seqlen;            // dense: lengths above it count as it (the block table's capacity); 0: no limit
@@ -33,8 +37,12 @@ struct DecodeSchedulerParams {
   int64_t payload_override;
 };
 
-// Launches the scheduler (grid 1 x 1, kDecodeSchedulerThreads threads) on `stream`.
+// Launches the scheduler (grid 1 x 1, kDecodeSchedulerThreads threads) on `stream`: the default kernel, or with
+// params.chunk_blocks > 0 the batch-invariant one (launch_invariant.cu).
 Status launch_decode_scheduler(const DecodeSchedulerParams& params, cudaStream_t stream);
+namespace decode_scheduler {
+Status launch_invariant_scheduler(const DecodeSchedulerParams& params, cudaStream_t stream);
+}  // namespace decode_scheduler
 
 inline constexpr int kDecodeSchedulerThreads = 256;
 // Requests staged in shared memory per round of the greedy pass (16 KiB of block counts).

@@ -117,6 +117,107 @@ struct PartitionWalk {
   }
 };
 
+// The batch-invariant pass (docs/decode-schedule.md, "Batch invariance"), request-major like PartitionWalk. Request i
+// of n_i blocks is cut into ceil(n_i / C) chunks of C = `chunk_blocks` blocks (the last one shorter), a cut that
+// depends on n_i alone; the chunks are dealt to the partitions whole, in request order. Partition p closes before a
+// chunk that would take it past its target ceil(remaining / (parts - p)) by more than it is short of the target
+// without it (remaining = work not yet in a closed partition; a chunk costs its blocks + overhead); the last
+// partition takes whatever is left, so every chunk is always assigned. A partition may hold several chunks of one
+// request: the kernels walk its range chunk by chunk (chunk_begin .. next multiple of C).
+//
+// Records: begin/end request and block as in the default walk; begin_split = begin_block / C (the ordinal of the
+// partition's first chunk); is_first_req_split / is_last_req_split = the begin / end request has more than one chunk
+// (the same flag when they are one request); pad = C, so an invariant schedule names its chunk size.
+// num_splits[i + 1] - num_splits[i] = the chunk count of request i.
+struct ChunkWalk {
+  // Configuration.
+  int32_t batch;
+  int32_t num_parts;
+  int32_t chunk_blocks;
+  DecodeScheduleRecord* records;  // (num_parts,)
+  int32_t* num_splits;            // (batch + 1,)
+  // State.
+  int32_t part;        // partition being filled
+  int64_t remaining;   // work (blocks + overhead per chunk) not yet in a closed partition
+  int64_t used;        // work in `part`
+  int64_t target;      // `part`'s share of `remaining`
+  bool open;
+  bool first_split;    // the open partition's begin request has more than one chunk
+  bool end_split;      // its end request has more than one chunk
+  int32_t prefix;
+  DecodeScheduleRecord cur;
+
+  // Chunks of a request of `blocks` >= 1 blocks.
+  OPENMLA_HOST_DEVICE static int32_t chunks_of(int32_t blocks, int32_t chunk_blocks) {
+    return static_cast<int32_t>((static_cast<int64_t>(blocks) + chunk_blocks - 1) / chunk_blocks);
+  }
+  // The pass's total work: sum over requests of blocks + overhead * chunks (what begin() takes).
+  OPENMLA_HOST_DEVICE static int64_t request_work(int32_t blocks, int32_t chunk_blocks) {
+    return static_cast<int64_t>(blocks) + static_cast<int64_t>(kDecodeRequestOverheadBlocks) * chunks_of(blocks, chunk_blocks);
+  }
+
+  OPENMLA_HOST_DEVICE void begin(int32_t batch_, int32_t num_parts_, int32_t chunk_blocks_, int64_t total_work,
+                                 DecodeScheduleRecord* records_, int32_t* num_splits_) {
+    batch = batch_;
+    num_parts = num_parts_;
+    chunk_blocks = chunk_blocks_;
+    records = records_;
+    num_splits = num_splits_;
+    part = 0;
+    remaining = total_work;
+    used = 0;
+    target = 0;
+    open = false;
+    first_split = end_split = false;
+    prefix = 0;
+    num_splits[0] = 0;
+  }
+
+  OPENMLA_HOST_DEVICE void close_partition() {
+    cur.is_first_req_split = first_split ? 1 : 0;  // (one request: first_split == end_split)
+    cur.is_last_req_split = end_split ? 1 : 0;
+    cur.pad = chunk_blocks;
+    records[part] = cur;
+    ++part;
+    remaining -= used;
+    open = false;
+  }
+
+  // Assigns request `req` (`blocks` >= 1; `empty`: its range ends at block 0). Never runs out of partitions.
+  OPENMLA_HOST_DEVICE void add_request(int32_t req, int32_t blocks, bool empty) {
+    constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
+    const int32_t chunks = chunks_of(blocks, chunk_blocks);
+    const bool split = chunks > 1;
+    for (int32_t c = 0; c < chunks; ++c) {
+      const int64_t b0 = static_cast<int64_t>(c) * chunk_blocks;
+      const int64_t b1 = b0 + chunk_blocks < blocks ? b0 + chunk_blocks : blocks;
+      const int64_t cost = b1 - b0 + kOverhead;
+      if (open && part < num_parts - 1 && used + cost > target && used + cost - target >= target - used)
+        close_partition();
+      if (!open) {
+        cur.begin_req = req;
+        cur.begin_block = static_cast<int32_t>(b0);
+        cur.begin_split = c;
+        first_split = split;
+        used = 0;
+        target = (remaining + (num_parts - part) - 1) / (num_parts - part);
+        open = true;
+      }
+      used += cost;
+      cur.end_req = req;
+      cur.end_block = empty ? 0 : static_cast<int32_t>(b1);
+      end_split = split;
+    }
+    prefix += chunks;
+    num_splits[req + 1] = prefix;
+  }
+
+  OPENMLA_HOST_DEVICE void finish() {
+    if (open) close_partition();
+    for (; part < num_parts; ++part) records[part] = PartitionWalk::idle_record(batch);
+  }
+};
+
 // The reading of a partition record, the inverse of the walk above: what record `rec` says about request `req`
 // (rec.begin_req <= req <= rec.end_req) of `blocks` blocks. The partition computes blocks [chunk_begin_block,
 // chunk_end_block) of it (a request strictly inside the record is covered whole; only the first can start late and
@@ -141,6 +242,14 @@ OPENMLA_HOST_DEVICE bool chunk_is_split(const DecodeScheduleRecord& rec, int32_t
 }
 OPENMLA_HOST_DEVICE int32_t chunk_ordinal(const DecodeScheduleRecord& rec, int32_t req) {
   return req == rec.begin_req ? rec.begin_split : 0;
+}
+
+// Batch-invariant schedules (ChunkWalk; record pad = chunk_blocks > 0): a partition's range of a request is walked
+// chunk by chunk. The chunk that starts at block `begin` (a multiple of chunk_blocks) ends at the next multiple or at
+// `range_end` (chunk_end_block of the request), whichever comes first; its split ordinal is begin / chunk_blocks.
+OPENMLA_HOST_DEVICE int32_t invariant_chunk_end(int32_t begin, int32_t range_end, int32_t chunk_blocks) {
+  const int64_t next = (static_cast<int64_t>(begin) / chunk_blocks + 1) * chunk_blocks;
+  return next < range_end ? static_cast<int32_t>(next) : range_end;
 }
 
 #if defined(__CUDACC__)

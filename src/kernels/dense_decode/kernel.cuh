@@ -198,10 +198,13 @@ __device__ __forceinline__ int page_of_any(const DenseDecodeParams& p, const Den
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
-// The body of both kernels below. kAnyPage = false is the page-64 kernel exactly as measured (its SASS is checked
+// The body of the kernels below. kAnyPage = false is the page-64 kernel exactly as measured (its SASS is checked
 // against the previous build's: docs/dense-decode.md, "Page sizes"); every difference of the other page sizes is an
-// `if constexpr (kAnyPage)` branch, so none of it reaches the page-64 pair loop.
-template <bool kIsFp16, bool kAnyPage>
+// `if constexpr (kAnyPage)` branch, so none of it reaches the page-64 pair loop. kChunked (batch-invariant schedules,
+// docs/decode-schedule.md, "Batch invariance") is the same: the chunk walk is `if constexpr (kChunked)` code, and the
+// default kernels (kChunked = false) compile to the machine code they had without it (checked with
+// tools/sass_guard.sh against the previous build).
+template <bool kIsFp16, bool kAnyPage, bool kChunked>
 __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& params, const CUtensorMap& k_map,
                                                   const CUtensorMap& k_map_rope, const CUtensorMap& q_map,
                                                   const DensePageGeometry& pg) {
@@ -296,7 +299,12 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
   bool q_issued = false;
   bool q_sent = false;    // (epilogue) this thread has issued its share of that Q
 
-  for (int req = rec.begin_req; req <= rec.end_req; ++req) {
+  // kChunked: the partition's work items are the chunks of its range of each request [begin_req, end_req]
+  // (ChunkWalk's records). `item_begin` is the current chunk's first block; it is set at the end of the previous item,
+  // so it is not live across the pair loop. `item_step` 0: the next item is a chunk of the same request.
+  int item_begin = rec.begin_block;
+  int item_step = 1;
+  for (int req = rec.begin_req; req <= rec.end_req; req += kChunked ? item_step : 1) {
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kPrologueStart);
     // ---------------------------------------------------------------- request prologue
     // Negative lengths count as empty (as in the scheduler). A length beyond the block table's row is the
@@ -307,9 +315,21 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     const int num_seq_blocks = (seqlen + T::kBlockN - 1) / T::kBlockN;
     int blk_begin = req == rec.begin_req ? rec.begin_block : 0;
     int blk_end = req == rec.end_req ? rec.end_block : num_seq_blocks;
-    const bool is_split =
+    bool is_split =
         (req == rec.begin_req && rec.is_first_req_split) || (req == rec.end_req && rec.is_last_req_split);
-    const int split_slot = params.num_splits[req] + (req == rec.begin_req ? rec.begin_split : 0);
+    int split_slot = params.num_splits[req] + (req == rec.begin_req ? rec.begin_split : 0);
+    if constexpr (kChunked) {
+      // The chunk [item_begin, next multiple of chunk_blocks) of the range; split when the request has more than one
+      // chunk (num_splits, as the combine reads it) and its slots fit the partial buffers. (Broadcast from lane 0,
+      // as the lengths: values the compiler cannot prove warp-uniform move the pair loop's counters out of the
+      // uniform registers.)
+      const int first_slot = __shfl_sync(0xffffffff, params.num_splits[req], 0);
+      const int end_slot = __shfl_sync(0xffffffff, params.num_splits[req + 1], 0);
+      blk_begin = __shfl_sync(0xffffffff, item_begin, 0);
+      blk_end = invariant_chunk_end(blk_begin, blk_end, params.chunk_blocks);
+      split_slot = first_slot + blk_begin / params.chunk_blocks;
+      is_split = end_slot - first_slot > 1 && end_slot <= params.split_capacity;
+    }
 
     // Right border (exclusive key index) of each of this thread's two rows; bottom-right causal mask.
     int border[2];
@@ -372,6 +392,14 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       // The any-page kernel's own loop lands at 0x30 modulo 128 with one line, at 0x40 with two (its speed at other
       // offsets is not measured: docs/dense-decode.md, "Page sizes").
       if constexpr (kAnyPage) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
+      // The batch-invariant kernels' loops (their speed at any offset is not measured): three more lines put the
+      // any-page one at 0x40 modulo 128; no count tried puts the page-64 one there (0: 0x70, 3: 0x20, 4: 0x30, 5: 0x50,
+      // 6: 0x60), five leave it at 0x50 until tools/placement_sweep.sh says better.
+      if constexpr (kChunked) {
+        constexpr int kLines = kAnyPage ? 3 : 5;
+#pragma unroll
+        for (int i = 0; i < kLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
+      }
     }
     float o[128];
 #pragma unroll
@@ -493,19 +521,43 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
 
     // ---------------------------------------------------------------- epilogue
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kLoopDone);
-    if (req == rec.end_req) ptx::griddep_launch_dependents();
+    // The next item: the next request from its first block, or (kChunked) the next chunk of this request while the
+    // record's range of it goes on (recomputed here from the split slot and the record, so nothing more stays live
+    // across the pair loop).
+    int next_req = req + 1, next_begin = 0;
+    if constexpr (kChunked) {
+      const int first_slot = __shfl_sync(0xffffffff, params.num_splits[req], 0);
+      const int chunks = __shfl_sync(0xffffffff, params.num_splits[req + 1], 0) - first_slot;
+      const int chunk_end = __shfl_sync(0xffffffff, (split_slot - first_slot + 1) * params.chunk_blocks, 0);
+      const bool more = req == rec.end_req ? chunk_end < rec.end_block : chunk_end < chunks * params.chunk_blocks;
+      if (more) {
+        next_req = req;
+        next_begin = chunk_end;
+      }
+    }
+    const bool has_next = kChunked ? next_req <= rec.end_req : req < rec.end_req;
+    if (kChunked ? !has_next : req == rec.end_req) ptx::griddep_launch_dependents();
     // The next request's inputs while this epilogue runs (docs/dense-decode.md, decisions dense-v12, dense-v13,
     // dense-v17): its Q (the Q buffer is dead here and the epilogue stages in the K buffers; by TMA from thread 0
     // after the row-sum barrier where params.q_tma, otherwise by cp.async from the threads that do not store rows,
     // during the stores), and thread 0 reads its length and first two page ids, used after the epilogue's stores
     // to prefetch those pages into L2.
     int next_len = 0, next_page[2] = {0, 0};
-    if (req < rec.end_req) {
+    // kChunked: block-table entries of the next item's first block (its first page), prefetched from that page on.
+    const int next_entry = kAnyPage ? (next_begin * pg.pages_per_block) >> pg.blocks_per_page_log2 : next_begin;
+    if (has_next) {
       q_issued = true;  // by threads kBlockM.. while threads 0..kBlockM-1 store the rows (below)
       if (tid == 0) {
-        next_len = params.cache_seqlens[req + 1];
-        next_page[0] = page_of(params, req + 1, 0);
-        if (params.max_blocks_per_seq > 1) next_page[1] = page_of(params, req + 1, 1);
+        if constexpr (kChunked) {
+          next_len = params.cache_seqlens[next_req];
+          // (An entry past the table's row is never read; one past the length is never prefetched, below.)
+          if (next_entry < params.max_blocks_per_seq) next_page[0] = page_of(params, next_req, next_entry);
+          if (next_entry + 1 < params.max_blocks_per_seq) next_page[1] = page_of(params, next_req, next_entry + 1);
+        } else {
+          next_len = params.cache_seqlens[req + 1];
+          next_page[0] = page_of(params, req + 1, 0);
+          if (params.max_blocks_per_seq > 1) next_page[1] = page_of(params, req + 1, 1);
+        }
       }
     }
     // In-kernel merge of a request split into two chunks (docs/dense-decode.md, "Split requests"): thread 0
@@ -542,7 +594,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     // Also certifies both warpgroups are done reading the K buffers, which become the staging area.
     ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kRowSumReady), T::kThreads);
     // Both warpgroups are past their last Q K^T: the TMA path loads the next Q now (one thread, 9 boxes).
-    if (params.q_tma && q_issued) tma_q(req + 1);
+    if (params.q_tma && q_issued) tma_q(kChunked ? next_req : req + 1);
     const int merge_mode = counter != nullptr ? smem.merge_info[0] : kMergeByCombine;
 #pragma unroll
     for (int i = 0; i < 2; ++i) total[i] = smem.row_sum[0][frag.row[i]] + smem.row_sum[1][frag.row[i]];
@@ -631,7 +683,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
           ptx::bulk_wait_group_read0();
         }
       } else if (q_issued && !q_sent && !params.q_tma) {
-        issue_q(req + 1, tid - T::kBlockM, T::kThreads - T::kBlockM);
+        issue_q(kChunked ? next_req : req + 1, tid - T::kBlockM, T::kThreads - T::kBlockM);
         q_sent = true;
       }
     };
@@ -714,16 +766,21 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     }
     if (!is_split || merge) store_rows(false, false);
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStored);
-    if (tid == 0 && req < rec.end_req) {  // only pages inside the next sequence are touched
+    if (tid == 0 && has_next) {  // only pages inside the next sequence are touched
       // (Any page size: entries 0 and 1 are the next sequence's first two pages, prefetched from their first row.)
       const int page_tokens = kAnyPage ? pg.page_size : T::kBlockN;
       const int len = min(max(next_len, 0), params.max_blocks_per_seq * page_tokens);
       for (int b = 0; b < 2; ++b)
-        if (len > b * page_tokens) prefetch_kv_page_l2(&k_map, &k_map_rope, next_page[b], kv_head);
+        if (len > (kChunked ? next_entry + b : b) * page_tokens)
+          prefetch_kv_page_l2(&k_map, &k_map_rope, next_page[b], kv_head);
     }
     // The staging area is the K buffers: nobody may run ahead into the next request's TMA loads.
     __syncthreads();
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kDone);
+    if constexpr (kChunked) {
+      item_step = next_req - req;
+      item_begin = next_begin;
+    }
   }
 }
 
@@ -732,7 +789,7 @@ template <bool kIsFp16>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     dense_decode_kernel(const __grid_constant__ DenseDecodeParams params, const __grid_constant__ CUtensorMap k_map,
                         const __grid_constant__ CUtensorMap k_map_rope, const __grid_constant__ CUtensorMap q_map) {
-  dense_decode_body<kIsFp16, false>(params, k_map, k_map_rope, q_map, DensePageGeometry{});
+  dense_decode_body<kIsFp16, false, false>(params, k_map, k_map_rope, q_map, DensePageGeometry{});
 }
 
 // Every other page size (docs/dense-decode.md, "Page sizes"): the same pair loop over 64-token blocks, each block's
@@ -743,7 +800,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     dense_decode_any_page_kernel(const __grid_constant__ DenseDecodeParams params,
                                  const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
                                  const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
-  dense_decode_body<kIsFp16, true>(params, k_map, k_map_rope, q_map, pages);
+  dense_decode_body<kIsFp16, true, false>(params, k_map, k_map_rope, q_map, pages);
+}
+
+// Batch-invariant schedules (docs/decode-schedule.md, "Batch invariance"): the page-64 and any-page kernels walking
+// each record's range chunk by chunk (params.chunk_blocks > 0), in units of their own (instantiations/*_invariant.cu)
+// so the default kernels keep their machine code. The page geometry is an argument as for the any-page kernel
+// (DensePageGeometry{} at page 64).
+template <bool kIsFp16, bool kAnyPage>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    dense_decode_invariant_kernel(const __grid_constant__ DenseDecodeParams params,
+                                  const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
+                                  const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
+  dense_decode_body<kIsFp16, kAnyPage, true>(params, k_map, k_map_rope, q_map, pages);
 }
 
 }  // namespace openmla::kernels::dense_decode

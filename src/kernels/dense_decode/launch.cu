@@ -19,6 +19,13 @@ Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeome
 #if defined(OPENMLA_HAS_TRACE)
   g_last_fp16 = params.is_fp16;
 #endif
+  if (params.chunk_blocks > 0) {  // batch-invariant schedule: the chunk-walking kernels
+    if (pages.page_size != 64)
+      return params.is_fp16 ? dense_decode::launch_invariant_variant<true, true>(params, pages, stream)
+                            : dense_decode::launch_invariant_variant<false, true>(params, pages, stream);
+    return params.is_fp16 ? dense_decode::launch_invariant_variant<true, false>(params, pages, stream)
+                          : dense_decode::launch_invariant_variant<false, false>(params, pages, stream);
+  }
   if (pages.page_size != 64)
     return params.is_fp16 ? dense_decode::launch_any_page_variant<true>(params, pages, stream)
                           : dense_decode::launch_any_page_variant<false>(params, pages, stream);

@@ -15,7 +15,8 @@
 namespace openmla::kernels {
 
 // Grid (num_m_blocks, h_kv, num_sm_parts), Traits::kThreads threads. `pages.page_size` 64 launches the page-64 kernel,
-// any other supported size (a power of two in [16, 256]: dense_decode_page_size_supported) the any-page kernel.
+// any other supported size (a power of two in [16, 256]: dense_decode_page_size_supported) the any-page kernel;
+// params.chunk_blocks > 0 (a batch-invariant schedule) their chunk-walking twins.
 Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
 
 
@@ -34,6 +35,9 @@ Status launch_variant(const DenseDecodeParams& params, cudaStream_t stream);
 // The any-page kernel's variant: instantiations/<dtype>_any_page.cu.
 template <bool kIsFp16>
 Status launch_any_page_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
+// The batch-invariant kernels' variants (params.chunk_blocks > 0): instantiations/<dtype>[_any_page]_invariant.cu.
+template <bool kIsFp16, bool kAnyPage>
+Status launch_invariant_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
 // The variant's unit's trace array (kernel.cuh).

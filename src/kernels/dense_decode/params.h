@@ -58,6 +58,14 @@ struct DenseDecodeParams {
   // CTA's 64 rows are 64 consecutive heads of one query position and q's address and strides suit a tensor map),
   // false for 16-byte cp.async (docs/dense-decode.md, decision dense-v17).
   bool q_tma = false;
+
+  // Batch-invariant schedules (docs/decode-schedule.md, "Batch invariance"): > 0, the schedule's chunk size in blocks
+  // (its records were written by ChunkWalk), and the kernel walks each record's range chunk by chunk, a chunk's split
+  // ordinal being its first block / chunk_blocks; 0: the default schedule. split_capacity: the split slots the
+  // partial buffers hold; a request whose slots would pass it (lengths other than the plan's) writes final rows
+  // instead of partials (read only with chunk_blocks > 0).
+  int chunk_blocks = 0;
+  int split_capacity = 0;
 };
 
 // Page sizes other than 64 (docs/dense-decode.md, "Page sizes"): how the kernel's 64-token blocks map onto pages of P

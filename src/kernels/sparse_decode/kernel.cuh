@@ -181,11 +181,15 @@ using epilogue::pack_bf16;
 // Per-request geometry, computed identically by every role (it must match the scheduler's block count:
 // main blocks = max(ceil(main_len / 64), 1), then ceil(extra_len / 64) extra blocks).
 // ---------------------------------------------------------------------------------------------------
+// A work item of a partition: its range of one request, or with a batch-invariant schedule (kChunked: the
+// sparse_decode_invariant_kernel; docs/decode-schedule.md, "Batch invariance") one chunk of that range. Every role
+// walks the same items. Every kChunked difference below is `if constexpr` code: the default kernels
+// (kChunked = false) compile to the machine code they had without it (tools/sass_guard.sh).
 struct RequestWork {
   int main_len;     // usable main slots: min(topk_length, topk), or topk
   int extra_len;    // usable extra slots (0 without an extra cache)
   int main_blocks;
-  int blk_begin, blk_end;
+  int blk_begin, blk_end;  // the item's blocks
   bool is_split;
   int split_slot;
 };
@@ -195,8 +199,10 @@ __device__ __forceinline__ int clamp_len(const int32_t* lengths, int req, int to
   return min(max(lengths[req], 0), topk);
 }
 
+// The item of request `req` that starts at block `begin` (kChunked only; otherwise the record's range of the request).
+template <bool kChunked>
 __device__ __forceinline__ RequestWork request_work(const SparseDecodeParams& p, const DecodeScheduleRecord& rec,
-                                                    int req) {
+                                                    int req, int begin) {
   RequestWork w;
   w.main_len = __shfl_sync(0xffffffff, clamp_len(p.main.topk_length, req, p.main.topk), 0);
   w.extra_len = p.has_extra ? __shfl_sync(0xffffffff, clamp_len(p.extra.topk_length, req, p.extra.topk), 0) : 0;
@@ -206,7 +212,32 @@ __device__ __forceinline__ RequestWork request_work(const SparseDecodeParams& p,
   w.blk_end = chunk_end_block(rec, req, num_blocks);
   w.is_split = chunk_is_split(rec, req);
   w.split_slot = 0;
+  if constexpr (kChunked) {
+    w.blk_begin = begin;
+    w.blk_end = invariant_chunk_end(begin, w.blk_end, p.chunk_blocks);
+  }
   return w;
+}
+
+// kChunked: whether the partition's range of request `req` goes on after item `w` (recomputed from the item, not a
+// RequestWork field: the default kernels' cursors keep the layout they were measured with).
+__device__ __forceinline__ bool item_more(const DecodeScheduleRecord& rec, int req, const RequestWork& w) {
+  return w.blk_end < chunk_end_block(rec, req, w.main_blocks + (w.extra_len + Co::kBlockN - 1) / Co::kBlockN);
+}
+
+// The consumers' completion of item `w` of request `req`: its split slot (the request's first slot plus the item's
+// ordinal) and, with chunks, whether it is split: the request has more than one chunk (num_splits, as the combine
+// reads it) and its slots fit the partial buffers. (Not in request_work: the producer's cursors need neither.)
+template <bool kChunked>
+__device__ __forceinline__ void item_split(const SparseDecodeParams& p, const DecodeScheduleRecord& rec, int req,
+                                           RequestWork& w) {
+  if constexpr (kChunked) {
+    const int first_slot = p.num_splits[req], end_slot = p.num_splits[req + 1];
+    w.is_split = end_slot - first_slot > 1 && end_slot <= p.split_capacity;
+    w.split_slot = first_slot + w.blk_begin / p.chunk_blocks;
+  } else {
+    w.split_slot = sparse_split_base(p, req) + chunk_ordinal(rec, req);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -332,26 +363,42 @@ struct Cursor {
   RequestWork w;
 };
 
+template <bool kChunked>
 __device__ __forceinline__ void cursor_settle(const SparseDecodeParams& p, const DecodeScheduleRecord& rec, Cursor& c) {
-  // Moves past requests with an empty block range (none occur with the scheduler's work model; kept exact).
-  while (c.req <= rec.end_req && c.blk >= c.w.blk_end) {
-    if (++c.req > rec.end_req) break;
-    c.w = request_work(p, rec, c.req);
-    c.blk = c.w.blk_begin;
+  if constexpr (kChunked) {
+    // At the end of an item: the request's next chunk, else the next request.
+    while (c.req <= rec.end_req && c.blk >= c.w.blk_end) {
+      int begin = c.w.blk_end;
+      if (!item_more(rec, c.req, c.w)) {
+        if (++c.req > rec.end_req) break;
+        begin = chunk_begin_block(rec, c.req);
+      }
+      c.w = request_work<true>(p, rec, c.req, begin);  // (one call site: a second one made the producer spill)
+      c.blk = c.w.blk_begin;
+    }
+  } else {
+    // Moves past requests with an empty block range (none occur with the scheduler's work model; kept exact).
+    while (c.req <= rec.end_req && c.blk >= c.w.blk_end) {
+      if (++c.req > rec.end_req) break;
+      c.w = request_work<false>(p, rec, c.req, 0);
+      c.blk = c.w.blk_begin;
+    }
   }
 }
+template <bool kChunked>
 __device__ __forceinline__ Cursor cursor_begin(const SparseDecodeParams& p, const DecodeScheduleRecord& rec) {
   Cursor c;
   c.req = rec.begin_req;
-  c.w = request_work(p, rec, c.req);
+  c.w = request_work<kChunked>(p, rec, c.req, rec.begin_block);
   c.blk = c.w.blk_begin;
-  cursor_settle(p, rec, c);
+  cursor_settle<kChunked>(p, rec, c);
   return c;
 }
+template <bool kChunked>
 __device__ __forceinline__ Cursor cursor_next(const SparseDecodeParams& p, const DecodeScheduleRecord& rec, Cursor c) {
   if (c.req > rec.end_req) return c;
   ++c.blk;
-  cursor_settle(p, rec, c);
+  cursor_settle<kChunked>(p, rec, c);
   return c;
 }
 
@@ -402,7 +449,7 @@ __device__ __forceinline__ void load_q_tile(const SparseDecodeParams& p, SharedS
 // Consumers: kWg = 0 (S = Q K^T, softmax, O_L) or 1 (O_R). Separate instantiations so that ptxas sees
 // one register budget (setmaxnreg) per warpgroup role.
 // ---------------------------------------------------------------------------------------------------
-template <Layout L, bool kCrossover, int kWg, typename InitSync>
+template <Layout L, bool kCrossover, bool kChunked, int kWg, typename InitSync>
 __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStorage<L>& smem,
                                         const DecodeScheduleRecord& rec, int tid, InitSync&& init_sync) {
   using T = Traits<L>;
@@ -447,25 +494,32 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
   init_sync(true);
   if (q_after_setup) load_first_q();
   uint32_t it = 0;
-  uint32_t q_gen = 0;  // Q generation of the current request (0: the first, loaded above)
-  for (int req = rec.begin_req; req <= rec.end_req; ++req) {
-    RequestWork w = request_work(p, rec, req);
-    w.split_slot = sparse_split_base(p, req) + chunk_ordinal(rec, req);
+  uint32_t q_gen = 0;  // Q generation of the current item (0: the first, loaded above)
+  // kChunked: the partition's items are the chunks of its range of each request; `item` counts them, `item_begin`
+  // is the next one's first block and `item_step` 0 when it is a chunk of the same request.
+  int item = 0, item_begin = rec.begin_block, item_step = 1;
+  for (int req = rec.begin_req; req <= rec.end_req; req += kChunked ? item_step : 1, ++item) {
+    RequestWork w = request_work<kChunked>(p, rec, req, item_begin);
+    item_split<kChunked>(p, rec, req, w);
     const bool has_blocks = w.blk_end > w.blk_begin;
+    const bool first_item = kChunked ? item == 0 : req == rec.begin_req;
+    const bool more = kChunked && item_more(rec, req, w);
+    const bool last_item = kChunked ? req == rec.end_req && !more : req == rec.end_req;
+    const int item_ordinal = kChunked ? item : req - rec.begin_req;  // (trace builds)
 
     // ---- Q tile: the first was requested by both consumer warpgroups above; later ones come from the producer
     // (only WG0 reads Q). The barrier also keeps WG0's next out_scale write behind WG1's read of the last one.
-    if (req == rec.begin_req) {
+    if (first_item) {
       ptx::cp_async_wait_all();
     } else if (wg == 0 && has_blocks) {
       ++q_gen;
       ptx::mbarrier_wait_parity(&smem.q_full, QRing::parity(q_gen - 1));
     }
-    OPENMLA_SWITCH(req - rec.begin_req - 1, 4);
+    OPENMLA_SWITCH(item_ordinal - 1, 4);
     ptx::fence_proxy_async_shared();
     consumer_barrier();
-    OPENMLA_SWITCH(req - rec.begin_req - 1, 5);
-    if (wg == 0 && req == rec.begin_req) OPENMLA_TIMELINE(kQReady);
+    OPENMLA_SWITCH(item_ordinal - 1, 5);
+    if (wg == 0 && first_item) OPENMLA_TIMELINE(kQReady);
 
     float o[128];
 #pragma unroll
@@ -585,19 +639,19 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       }
     }
 
-    if (wg == 0 && req == rec.end_req) OPENMLA_TIMELINE(kLastBlockDone);
+    if (wg == 0 && last_item) OPENMLA_TIMELINE(kLastBlockDone);
     // Every warpgroup takes the same decision: a request with at least one block ends with WG0's last Q K^T done.
     // WG0 released this request's Q generation after its last Q K^T; the partition's first Q is released here
     // when its request has no blocks (the scheduler never makes one; kept exact).
-    OPENMLA_SWITCH(req - rec.begin_req, 0);
-    if (wg == 0 && req == rec.begin_req && !has_blocks) {
+    OPENMLA_SWITCH(item_ordinal, 0);
+    if (wg == 0 && first_item && !has_blocks) {
       __syncwarp();
       if (lane == 0) ptx::mbarrier_arrive(&smem.q_free);
     }
-    OPENMLA_SWITCH(req - rec.begin_req, 1);
+    OPENMLA_SWITCH(item_ordinal, 1);
 
     // ---- epilogue: WG0 owns the softmax statistics and hands the output scale to WG1.
-    if (req == rec.end_req) ptx::griddep_launch_dependents();
+    if (last_item) ptx::griddep_launch_dependents();
     const Fragment frag = make_fragment(ptx::launder32(tid) % T::kWarpgroupThreads);
     float total[2] = {0.f, 0.f};
     if (wg == 0) {
@@ -617,7 +671,7 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
       }
     }
     consumer_barrier();
-    OPENMLA_SWITCH(req - rec.begin_req, 2);
+    OPENMLA_SWITCH(item_ordinal, 2);
     const float inv0 = smem.out_scale[frag.row[0]], inv1 = smem.out_scale[frag.row[1]];
     scale_rows(o, inv0, inv1);
     const int col_base = wg * (T::kHeadDimV / 2);
@@ -656,7 +710,11 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
         }
       }
     }
-    OPENMLA_SWITCH(req - rec.begin_req, 3);
+    OPENMLA_SWITCH(item_ordinal, 3);
+    if constexpr (kChunked) {  // the next item: this request's next chunk, or the next request from its first block
+      item_step = more ? 0 : 1;
+      item_begin = more ? w.blk_end : 0;
+    }
   }
   if (wg == 0) OPENMLA_TIMELINE(kEpilogueDone);
 }
@@ -664,252 +722,22 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
+// The kernel: one template per schedule kind, the same body (kernel_body.inc); kChunked = false is the default kernel
+// exactly as measured.
 template <Layout L, bool kCrossover>
 __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(const __grid_constant__ SparseDecodeParams p) {
-  using T = Traits<L>;
-  using Smem = SharedStorage<L>;
-  Smem& smem = cta::shared_storage<Smem>();
+  constexpr bool kChunked = false;
+#include "kernels/sparse_decode/kernel_body.inc"
+}
 
-  const int tid = threadIdx.x;
-  const int wg = cta::warpgroup(tid);
-  const int wg_tid = tid % T::kWarpgroupThreads;
-  const int s_idx = blockIdx.y;
-  constexpr int kCtas = kCrossover ? 2 : 1;
-  if (tid == 0) OPENMLA_TIMELINE(kEntry);
-
-  // The kernel head is a chain of dependent loads (schedule record, indices, tokens; docs/sparse-decode.md, "Where
-  // the time goes"), so the record is read first and each role issues its first loads (producer: indices and
-  // first tokens; consumers: the first Q tile) before it calls init_sync(), which sets the barriers up (decision
-  // sparse-v12). With host records (small batch) the record comes from the kernel parameters (decision sparse-v20).
-  DecodeScheduleRecord rec = p.uniform_blocks > 0 ? unpack_partition_record(p.uniform_records[blockIdx.z])
-                                                  : p.schedule[blockIdx.z];
-  // broadcast_record_range(rec) spelled out: through the function the trace build's crossover variants compiled
-  // differently (docs/architecture.md, "Device layer").
-  rec.begin_req = __shfl_sync(0xffffffff, rec.begin_req, 0);
-  rec.end_req = __shfl_sync(0xffffffff, rec.end_req, 0);
-  rec.begin_block = __shfl_sync(0xffffffff, rec.begin_block, 0);
-  rec.end_block = __shfl_sync(0xffffffff, rec.end_block, 0);
-  // An idle partition (past the last request) of the plain kernel does a dry run instead of leaving: its producer
-  // walks two blocks of request 0 with no selected slot (no global load, zeros into its own shared memory) and
-  // nobody consumes them. The producer's code is then fetched into L2 by the idle SMs while the working ones wait
-  // for their first record, index and token, so after a flush their first block fetches it from L2, not DRAM
-  // (docs/sparse-decode.md, decision sparse-v30: b = 2 -0.6 us; each SM's own instruction cache stays cold).
-  // Crossover CTAs just leave (both CTAs of a cluster share the record, so both leave here, before any remote
-  // access).
-  const bool dry = !kCrossover && rec.begin_req >= p.batch;
-  if (rec.begin_req >= p.batch) {
-    ptx::griddep_launch_dependents();
-    if (!dry) return;
-    rec.begin_req = rec.end_req = 0;
-    rec.begin_block = 0;
-    rec.end_block = 2;  // both K buffers, so no wait on a consumer release
-    rec.begin_split = 0;
-    rec.is_first_req_split = rec.is_last_req_split = 1;
-  }
-  // Called once by every thread, from its role's code (the barrier instructions are per-warp aligned only).
-  // publish = false: the thread has written nothing the others read (the crossover producers), so its cluster
-  // arrival is relaxed and does not wait for its gathers in flight.
-  auto init_sync = [&](bool publish) {
-    if (tid == 0) {
-      for (int b = 0; b < 2; ++b) {
-        ptx::mbarrier_init(&smem.full[b], T::kWarpgroupThreads);  // every local producer thread (+ peer bytes)
-        ptx::mbarrier_init(&smem.free_[b][0], 4 * kCtas);           // every WG0 warp of each CTA
-        ptx::mbarrier_init(&smem.free_[b][1], 8 * kCtas);           // every consumer warp of each CTA
-        ptx::mbarrier_init(&smem.p_ready[b], T::kWarpgroupThreads); // every WG0 thread
-      }
-      ptx::mbarrier_init(&smem.q_full, T::kWarpgroupThreads);  // every producer thread's Q copies
-      ptx::mbarrier_init(&smem.q_free, 4);                      // every WG0 warp
-      for (int b = 0; b < 2; ++b) ptx::mbarrier_init(&smem.scale_free[b], T::kWarpgroupThreads);  // every WG1 thread
-      ptx::fence_mbarrier_init();
-    }
-    // The peer arrives on our barriers and writes our buffers: both CTAs must be initialised first.
-    if constexpr (kCrossover) {
-      if (publish) ptx::cluster_sync(); else ptx::cluster_sync_relaxed_arrive();
-    } else {
-      ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kInit), T::kThreads);
-    }
-    if (tid == 0) OPENMLA_TIMELINE(kInitDone);
-  };
-
-  if (dry && wg != 2) {  // the dry run's consumers only take part in the barrier setup
-    init_sync(true);
-    return;
-  }
-  if (wg == 2) {
-    // =================================================================== producer
-    ptx::setmaxnreg_dec<T::kRegsProducer>();
-    const int lane4 = wg_tid % T::kThreadsPerToken;
-    const int tok_in_round = wg_tid / T::kThreadsPerToken;
-    uint32_t peer_delta = 0, peer_rank = 0;
-    if constexpr (kCrossover) {
-      peer_rank = ptx::cluster_cta_rank() ^ 1u;
-      const uint32_t base = ptx::smem_addr(&smem);
-      peer_delta = ptx::map_to_peer(base, peer_rank) - base;
-    }
-    const int tok_base = kCrossover ? static_cast<int>(peer_rank ^ 1u) * T::kTokensPerRound : 0;
-    constexpr int kRounds = kCrossover ? 1 : 2;
-    // Bytes the peer's st.async writes into our buffer per block: its 32 tokens x all tiles, 32 validity words.
-    constexpr uint32_t kPeerBytesPerBlock =
-        T::kTokensPerRound * (T::kNumTiles * T::kRowBytes + static_cast<int>(sizeof(uint32_t)));
-    // Of which two bulk copies (one per half): its 32 tokens x 4 tiles each (the rest comes by st.async).
-    constexpr uint32_t kBulkBytes = T::kTokensPerRound / Co::kTokensPerGroup * Co::kGroupStride;
-    static_assert(kBulkBytes == T::kTokensPerRound * Co::kHalfTiles * T::kRowBytes, "32 tokens x 4 tiles");
-    // Software pipeline over the partition's blocks (docs/sparse-decode.md, decisions sparse-v2, sparse-v4): indices
-    // are loaded three blocks ahead, the tokens of the block two ahead are prefetched into L2, and the gathers of
-    // the next unit (the next block, or this block's second round) are in flight in registers while this unit is
-    // dequantised.
-    const int tok0 = tok_base + tok_in_round;  // this thread's token of round 0
-    auto usable = [](const SparseCacheView& c, int idx) { return idx >= 0 && idx < c.capacity; };
-    uint32_t q_gen = 0;  // Q tiles loaded for the consumers so far (the first request's is theirs)
-    Cursor cur = cursor_begin(p, rec);
-    if (dry) cur.w.main_len = cur.w.extra_len = 0;  // every slot skipped: no index or token load
-    Cursor n1 = cursor_next(p, rec, cur);
-    Cursor n2 = cursor_next(p, rec, n1);
-    int idx_cur[kRounds], idx_n1[kRounds], idx_n2[kRounds];
-    OPENMLA_TIMELINE_AFTER(kProdCursor, static_cast<uint32_t>(cur.w.main_len));
-    load_indices<kRounds>(p, rec, cur, tok0, s_idx, idx_cur);
-    load_indices<kRounds>(p, rec, n1, tok0, s_idx, idx_n1);
-    load_indices<kRounds>(p, rec, n2, tok0, s_idx, idx_n2);
-    OPENMLA_TIMELINE_AFTER(kProdIndex, static_cast<uint32_t>(idx_cur[0]));
-    TokenData<L> d0, d1;  // d0: round 0 of the current block; d1: the unit after it
-    // The plain path also issues the first block's second round before the setup, except with host records (small
-    // batch), where the head's extra DRAM traffic made b = 2 slower (docs/sparse-decode.md, decision sparse-v25:
-    // h_q = 64 -1.6 %, b = 2 +1.3 us).
-    const bool early_round1 = kRounds == 2 && p.uniform_blocks == 0;
-    {
-      const SparseCacheView& c = cursor_cache(p, cur);
-      load_token<L>(c, idx_cur[0], usable(c, idx_cur[0]), lane4, d0);
-      if (early_round1) load_token<L>(c, idx_cur[1], usable(c, idx_cur[1]), lane4, d1);
-    }
-    init_sync(false);
-    OPENMLA_TIMELINE_AFTER(kProdToken, d0.nope[0].x);
-    // One block. da holds this block's round 0; db receives the next unit (kRounds == 1: the next block, so
-    // the two register sets swap roles every block; kRounds == 2: this block's round 1). No register copies:
-    // a copy would wait for the in-flight gathers right away (docs/sparse-decode.md, decision sparse-v6).
-    auto step = [&](uint32_t it, TokenData<L>& da, TokenData<L>& db) {
-      OPENMLA_TRACE(2, it, 0);
-      // KRing::slot(it) and KRing::parity(it) spelled out (the free waits below pass parity ^ 1 =
-      // KRing::free_parity(it)): through the functions, ptxas scheduled the crossover producer differently
-      // (docs/architecture.md, "Device layer").
-      const int buf = it & 1;
-      const uint32_t phase = (it >> 1) & 1;
-      const SparseCacheView& c = cursor_cache(p, cur);
-      const SparseCacheView& c1 = cursor_cache(p, n1);
-      bool valid[kRounds];
-#pragma unroll
-      for (int r = 0; r < kRounds; ++r) valid[r] = usable(c, idx_cur[r]);
-      // The next unit's gathers (a slot past the end of the partition has index -1: zeros, no load); with
-      // early_round1 the first block's second round is already in flight.
-      if constexpr (kRounds == 1)
-        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, db);
-      else if (it != 0 || !early_round1)
-        load_token<L>(c, idx_cur[1], valid[1], lane4, db);
-      // Two blocks ahead: the tokens into L2. Three ahead: the indices.
-      {
-        const SparseCacheView& c2 = cursor_cache(p, n2);
-#pragma unroll
-        for (int r = 0; r < kRounds; ++r)
-          if (usable(c2, idx_n2[r])) prefetch_token_l2<L>(c2, idx_n2[r], lane4);
-      }
-      const Cursor n3 = cursor_next(p, rec, n2);
-      int idx_n3[kRounds];
-      load_indices<kRounds>(p, rec, n3, tok0, s_idx, idx_n3);
-
-      // A later request's first block: first its Q tile, once WG0 is done with the previous one (its last Q K^T
-      // comes about when this buffer frees up, and the copies' latency then overlaps this block's fill).
-      if (cur.req != rec.begin_req && cur.blk == cur.w.blk_begin) {
-        ++q_gen;
-        ptx::mbarrier_wait_parity(&smem.q_free, (q_gen - 1) & 1);  // QRing::parity(q_gen - 1), spelled out (above)
-        load_q_tile<L>(p, smem, cur.req, wg_tid, T::kWarpgroupThreads);
-        ptx::cp_async_mbarrier_arrive_noinc(&smem.q_full);
-      }
-      // Both CTAs' consumers must be done with (this half of) the buffer: we write the peer's copy too.
-      ptx::mbarrier_wait_parity(&smem.free_[buf][0], phase ^ 1);
-      if constexpr (!kCrossover) ptx::mbarrier_wait_parity(&smem.free_[buf][1], phase ^ 1);
-      OPENMLA_TRACE(2, it, 1);
-      const uint32_t full_addr = ptx::smem_addr(&smem.full[buf]);
-      const uint32_t k_base = ptx::smem_addr(smem.k[buf]);
-      const TokenWriter<L, kCrossover> wr{k_base, peer_delta, full_addr + peer_delta};
-      auto put_valid = [&](int tok, bool v) {
-        if (lane4 == 0) {
-          const uint32_t vaddr = ptx::smem_addr(&smem.valid[buf][tok]);
-          ptx::st_shared_u32(vaddr, v ? 1u : 0u);
-          if constexpr (kCrossover) ptx::st_async_b32(vaddr + peer_delta, v ? 1u : 0u, wr.peer_full);
-        }
-      };
-      // Crossover: sends one half (16 KB: our 32 tokens x 4 tiles) to the peer once every producer thread's
-      // stores to it are fenced (one bulk copy, completing on the peer's full barrier).
-      auto send_half = [&](int half) {
-        ptx::fence_proxy_async_shared();
-        ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kProducer), T::kWarpgroupThreads);
-        if (wg_tid == 0) {
-          const uint32_t off = static_cast<uint32_t>(half * Co::kHalfBytes + tok_base / Co::kTokensPerGroup * Co::kGroupStride);
-          ptx::bulk_copy_to_peer(k_base + off + peer_delta, k_base + off, kBulkBytes, wr.peer_full);
-        }
-      };
-      if constexpr (kCrossover) {
-        // V_L half as soon as both CTAs' WG0 are done; the V_R half (+ RoPE / P tile, validity) after both WG1.
-        store_tiles<L, kCrossover, 0, Co::kHalfTiles>(da, tok0, lane4, wr);
-        send_half(0);
-        if (it == 0) OPENMLA_TIMELINE(kProdFirstSent);
-        ptx::mbarrier_wait_parity(&smem.free_[buf][1], phase ^ 1);
-        store_tiles<L, kCrossover, Co::kHalfTiles, T::kNopeTiles>(da, tok0, lane4, wr);
-      } else {
-        store_tiles<L, kCrossover, 0, T::kNopeTiles>(da, tok0, lane4, wr);
-      }
-      put_valid(tok0, valid[0]);
-      if constexpr (kRounds == 2) {
-        OPENMLA_TRACE(2, it, 4);  // plain path: round 0 stored (the trace's raw print shows it)
-        load_token<L>(c1, idx_n1[0], usable(c1, idx_n1[0]), lane4, da);  // next block's round 0
-        store_tiles<L, kCrossover, 0, T::kNopeTiles>(db, tok0 + T::kTokensPerRound, lane4, wr);
-        put_valid(tok0 + T::kTokensPerRound, valid[1]);
-        OPENMLA_TRACE(2, it, 5);  // plain path: round 1 stored
-      }
-      // Our own copy: generic stores, made visible to wgmma by the proxy fence and released by the arrival.
-      // The peer's copy completes on the peer's barrier by itself (st.async complete_tx); thread 0 announces
-      // the bytes the peer sends us this block.
-      OPENMLA_TRACE(2, it, 2);
-      if constexpr (kCrossover) {
-        send_half(1);
-        if (wg_tid == 0) ptx::mbarrier_arrive_expect_tx(&smem.full[buf], kPeerBytesPerBlock);
-        else ptx::mbarrier_arrive(&smem.full[buf]);
-      } else {
-        ptx::fence_proxy_async_shared();
-        ptx::mbarrier_arrive(&smem.full[buf]);
-      }
-      OPENMLA_TRACE(2, it, 3);
-
-      cur = n1;
-      n1 = n2;
-      n2 = n3;
-#pragma unroll
-      for (int r = 0; r < kRounds; ++r) {
-        idx_cur[r] = idx_n1[r];
-        idx_n1[r] = idx_n2[r];
-        idx_n2[r] = idx_n3[r];
-      }
-    };
-    for (uint32_t it = 0; cur.req <= rec.end_req; ++it) {
-      if (kRounds == 1 && (it & 1)) step(it, d1, d0);
-      else step(it, d0, d1);
-    }
-    // Nobody leaves while the peer may still write our shared memory or arrive on our barriers. Each role
-    // ends in its own exit so ptxas keeps the three register budgets apart (no merge after setmaxnreg).
-    OPENMLA_TIMELINE(kProducerDone);
-    if constexpr (kCrossover) ptx::cluster_sync();
-    return;
-  } else if (wg == 0) {
-    ptx::setmaxnreg_inc<T::kRegsWg0>();
-    consume<L, kCrossover, 0>(p, smem, rec, tid, init_sync);
-    if constexpr (kCrossover) ptx::cluster_sync();
-    OPENMLA_TIMELINE(kExit);
-    return;
-  } else {
-    if constexpr (T::kRegsWg1 > T::kLaunchRegs) ptx::setmaxnreg_inc<T::kRegsWg1>();
-    consume<L, kCrossover, 1>(p, smem, rec, tid, init_sync);
-    if constexpr (kCrossover) ptx::cluster_sync();
-    return;
-  }
+// Batch-invariant schedules (p.chunk_blocks > 0; docs/decode-schedule.md, "Batch invariance"): every role walks each
+// record's range of a request chunk by chunk, a chunk being a work item of its own (its own Q generation, epilogue
+// and split slot). Its own units (instantiations/*_invariant.cu), so the default kernels keep their machine code.
+template <Layout L, bool kCrossover>
+__global__ void __launch_bounds__(Common::kThreads, 1)
+    sparse_decode_invariant_kernel(const __grid_constant__ SparseDecodeParams p) {
+  constexpr bool kChunked = true;
+#include "kernels/sparse_decode/kernel_body.inc"
 }
 
 }  // namespace openmla::kernels::sparse_decode

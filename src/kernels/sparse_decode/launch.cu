@@ -18,6 +18,14 @@ Status launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream) {
   g_last_model1 = p.is_model1;
   g_last_crossover = p.crossover;
 #endif
+  if (p.chunk_blocks > 0) {  // batch-invariant schedule: the chunk-walking kernels
+    using sparse_decode::launch_invariant_variant;
+    if (p.is_model1)
+      return p.crossover ? launch_invariant_variant<Layout::kModel1, true>(p, stream)
+                         : launch_invariant_variant<Layout::kModel1, false>(p, stream);
+    return p.crossover ? launch_invariant_variant<Layout::kV32, true>(p, stream)
+                       : launch_invariant_variant<Layout::kV32, false>(p, stream);
+  }
   if (p.is_model1)
     return p.crossover ? launch_variant<Layout::kModel1, true>(p, stream)
                        : launch_variant<Layout::kModel1, false>(p, stream);

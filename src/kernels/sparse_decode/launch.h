@@ -31,6 +31,9 @@ namespace sparse_decode {
 // One compiled variant: its definition is launch_variant.cuh, its one instantiation instantiations/<variant>.cu.
 template <Layout L, bool kCrossover>
 Status launch_variant(const SparseDecodeParams& params, cudaStream_t stream);
+// The batch-invariant kernel's variant (params.chunk_blocks > 0): instantiations/<variant>_invariant.cu.
+template <Layout L, bool kCrossover>
+Status launch_invariant_variant(const SparseDecodeParams& params, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
 // The variant's unit's trace array (kernel.cuh).

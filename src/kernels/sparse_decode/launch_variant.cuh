@@ -10,12 +10,12 @@
 
 namespace openmla::kernels::sparse_decode {
 
-template <Layout L, bool kCrossover>
-Status launch_variant(const SparseDecodeParams& p, cudaStream_t stream) {
+// One kernel of a variant (the default or the batch-invariant one), with its own shared-memory limit record.
+template <Layout L, bool kCrossover, typename Kernel>
+Status launch_kernel(Kernel kernel, detail::DynamicSmemLimit& smem_limit, const SparseDecodeParams& p,
+                     cudaStream_t stream) {
   using Smem = SharedStorage<L>;
-  auto kernel = sparse_decode_kernel<L, kCrossover>;
   constexpr int smem_bytes = static_cast<int>(sizeof(Smem)) + 1024;  // + slack to align to 1024
-  static detail::DynamicSmemLimit smem_limit;  // set once per device (common/dynamic_smem.h)
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(p.num_head_blocks, p.s_q, p.num_sm_parts);
   config.blockDim = dim3(Common::kThreads);
@@ -35,6 +35,18 @@ Status launch_variant(const SparseDecodeParams& p, cudaStream_t stream) {
                                             const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p);
                                             return err != cudaSuccess ? err : cudaPeekAtLastError();
                                           });
+}
+
+template <Layout L, bool kCrossover>
+Status launch_variant(const SparseDecodeParams& p, cudaStream_t stream) {
+  static detail::DynamicSmemLimit smem_limit;  // set once per device (common/dynamic_smem.h)
+  return launch_kernel<L, kCrossover>(sparse_decode_kernel<L, kCrossover>, smem_limit, p, stream);
+}
+
+template <Layout L, bool kCrossover>
+Status launch_invariant_variant(const SparseDecodeParams& p, cudaStream_t stream) {
+  static detail::DynamicSmemLimit smem_limit;
+  return launch_kernel<L, kCrossover>(sparse_decode_invariant_kernel<L, kCrossover>, smem_limit, p, stream);
 }
 
 #if defined(OPENMLA_HAS_TRACE)

@@ -38,6 +38,12 @@ struct SparseDecodeParams {
 
   SparseCacheView main;
   bool has_extra;
+  // Batch-invariant schedules (docs/decode-schedule.md, "Batch invariance"; read only by sparse_decode_invariant_kernel):
+  // > 0, the schedule's chunk size in blocks, and every role walks each record's range of a request chunk by chunk (a
+  // chunk is a work item of its own: its own Q generation, epilogue and split slot, ordinal = first block /
+  // chunk_blocks); 0: the default schedule. Never with host records (uniform_blocks == 0). It and split_capacity sit
+  // in alignment padding: the struct's size and the other fields' offsets are the default kernel's as before.
+  int chunk_blocks;
   SparseCacheView extra;  // attended after the main selection, under the same softmax
 
   const float* attn_sink;  // (h_q,) natural-log units, may be null
@@ -57,6 +63,9 @@ struct SparseDecodeParams {
   // reads its record from the parameters instead of a cold load of `schedule` (docs/sparse-decode.md, decision
   // sparse-v20). 0: read `schedule`.
   int uniform_blocks;
+  // Batch-invariant schedules: the split slots the partial buffers hold; a request whose slots would pass it writes
+  // final rows instead (read only with chunk_blocks > 0).
+  int split_capacity;
   uint64_t uniform_records[kMaxDecodeSmParts];
   // With uniform_blocks > 0: the split-slot prefix sums of the same host walk (batch + 1 values), used instead of
   // num_splits (sparse_split_base).

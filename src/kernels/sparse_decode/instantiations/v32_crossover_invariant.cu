@@ -1,0 +1,9 @@
+// Sparse decode main kernel of batch-invariant schedules (docs/decode-schedule.md, "Batch invariance"): V3.2 layout,
+// crossover pairs.
+#include "kernels/sparse_decode/launch_variant.cuh"
+
+namespace openmla::kernels::sparse_decode {
+
+template Status launch_invariant_variant<Layout::kV32, true>(const SparseDecodeParams& params, cudaStream_t stream);
+
+}  // namespace openmla::kernels::sparse_decode
