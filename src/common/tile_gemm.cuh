@@ -263,14 +263,16 @@ struct DescUniform64 {
   __device__ __forceinline__ static uint64_t at(uint32_t lo, uint32_t off) { return desc_from_lo(lo) + (off >> 4); }
 };
 
-// S (+)= Q K^T over the four k16 slices of one 64-column tile `t` of Q and K (K-major, tiles kTileBytes apart): q / k
-// are the Desc bases (base<kLboKMajor>) of the buffers' first tiles. `overwrite`: the first slice overwrites S.
-template <bool kIsFp16, class Desc, int kN, int kTileBytes, class Base>
+// S (+)= Q K^T over the four k16 slices of one 64-column tile `t` of Q and K (K-major, tiles kTileBytes apart; K's
+// kKTileBytes apart when its tiles have another row count, as in the dense MHA backward's S^T = K Q^T): q / k are the
+// Desc bases (base<kLboKMajor>) of the buffers' first tiles. `overwrite`: the first slice overwrites S.
+template <bool kIsFp16, class Desc, int kN, int kTileBytes, class Base, int kKTileBytes = kTileBytes>
 __device__ __forceinline__ void issue_qk_tile(float (&s)[kN / 2], Base q, Base k, int t, bool overwrite) {
 #pragma unroll
   for (int kk = 0; kk < kRowBytes / 32; ++kk) {
     const uint32_t off = static_cast<uint32_t>(t * kTileBytes + kk * 32);
-    Element16<kIsFp16>::template mma_ss<kN, 0>(s, Desc::at(q, off), Desc::at(k, off), (overwrite && kk == 0) ? 0 : 1);
+    const uint32_t k_off = static_cast<uint32_t>(t * kKTileBytes + kk * 32);
+    Element16<kIsFp16>::template mma_ss<kN, 0>(s, Desc::at(q, off), Desc::at(k, k_off), (overwrite && kk == 0) ? 0 : 1);
   }
 }
 
