@@ -18,41 +18,31 @@ ADDED_SHAPES = [128]
 BWD_SHAPES = [192]
 TRANS_A_SHAPES = [64]
 TYPES = [("bf16", "bf16"), ("f16", "f16")]
+# The FP8 prefill (docs/fp8-prefill-design.md): e4m3 x e4m3 -> f32, m64nNk32, shared-memory A (Q K^T) and register A
+# (P V). 8-bit wgmma has no transpose immediates: both operands are K-major in shared memory. N = 64 (sparse prefill's
+# 64-key blocks), 128 (the dense block, d_v), 192 and 256 (wider key blocks, to measure).
+FP8_SHAPES = [64, 128, 192, 256]
+FP8_TYPE = "e4m3"
 
 
 def operand_list(start, count):
     return ", ".join(f"%{i}" for i in range(start, start + count))
 
 
-def gen_ss(n, t):
+def gen_ss(n, t, trans_a=False):
+    """SS form; trans_a: A read MN-major (the transposed-A immediate set), a wrapper named *_ss_ta_*."""
     regs = n // 2
     lines = []
-    lines.append(f"// D(64x{n}, f32) (+)= A(64x16, smem desc) * B({n}x16, smem desc); element type {t}.")
+    a_what = "smem desc, MN-major: transposed" if trans_a else "smem desc"
+    lines.append(f"// D(64x{n}, f32) (+)= A(64x16, {a_what}) * B({n}x16, smem desc); element type {t}.")
     lines.append(f"template <int kTransB>")
-    lines.append(f"__device__ __forceinline__ void wgmma_m64n{n}k16_ss_{t}(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{")
+    name = f"wgmma_m64n{n}k16_ss{'_ta' if trans_a else ''}_{t}"
+    lines.append(f"__device__ __forceinline__ void {name}(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{")
     lines.append("  asm volatile(")
     lines.append("      \"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" + str(regs + 2) + ", 0;\\n\"")
     lines.append(f"      \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} \"")
     lines.append(f"      \"{{{operand_list(0, regs)}}}, \"")
-    lines.append(f"      \"%{regs}, %{regs + 1}, p, 1, 1, 0, %{regs + 3};\\n}}\\n\"")
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    lines.append(f"      : {outs}")
-    lines.append('      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));')
-    lines.append("}")
-    return "\n".join(lines)
-
-
-def gen_ss_trans_a(n, t):
-    regs = n // 2
-    lines = []
-    lines.append(f"// D(64x{n}, f32) (+)= A(64x16, smem desc, MN-major: transposed) * B({n}x16, smem desc); element type {t}.")
-    lines.append(f"template <int kTransB>")
-    lines.append(f"__device__ __forceinline__ void wgmma_m64n{n}k16_ss_ta_{t}(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{")
-    lines.append("  asm volatile(")
-    lines.append("      \"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" + str(regs + 2) + ", 0;\\n\"")
-    lines.append(f"      \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} \"")
-    lines.append(f"      \"{{{operand_list(0, regs)}}}, \"")
-    lines.append(f"      \"%{regs}, %{regs + 1}, p, 1, 1, 1, %{regs + 3};\\n}}\\n\"")
+    lines.append(f"      \"%{regs}, %{regs + 1}, p, 1, 1, {1 if trans_a else 0}, %{regs + 3};\\n}}\\n\"")
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     lines.append(f"      : {outs}")
     lines.append('      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));')
@@ -74,6 +64,40 @@ def gen_rs(n, t):
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     lines.append(f"      : {outs}")
     lines.append('      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));')
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def gen_ss_fp8(n, t):
+    regs = n // 2
+    lines = []
+    lines.append(f"// D(64x{n}, f32) (+)= A(64x32, smem desc, K-major) * B({n}x32, smem desc, K-major); element type {t}.")
+    lines.append(f"__device__ __forceinline__ void wgmma_m64n{n}k32_ss_{t}(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{")
+    lines.append("  asm volatile(")
+    lines.append("      \"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" + str(regs + 2) + ", 0;\\n\"")
+    lines.append(f"      \"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{t}.{t} \"")
+    lines.append(f"      \"{{{operand_list(0, regs)}}}, \"")
+    lines.append(f"      \"%{regs}, %{regs + 1}, p, 1, 1;\\n}}\\n\"")
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    lines.append(f"      : {outs}")
+    lines.append('      : "l"(desc_a), "l"(desc_b), "r"(scale_d));')
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def gen_rs_fp8(n, t):
+    regs = n // 2
+    lines = []
+    lines.append(f"// D(64x{n}, f32) (+)= A(64x32, registers: 4 x 4 {t}) * B({n}x32, smem desc, K-major); element type {t}.")
+    lines.append(f"__device__ __forceinline__ void wgmma_m64n{n}k32_rs_{t}(float (&d)[{regs}], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {{")
+    lines.append("  asm volatile(")
+    lines.append("      \"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" + str(regs + 5) + ", 0;\\n\"")
+    lines.append(f"      \"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{t}.{t} \"")
+    lines.append(f"      \"{{{operand_list(0, regs)}}}, \"")
+    lines.append(f"      \"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1;\\n}}\\n\"")
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    lines.append(f"      : {outs}")
+    lines.append('      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));')
     lines.append("}")
     return "\n".join(lines)
 
@@ -104,8 +128,16 @@ def main():
             parts.append(gen_rs(n, t))
             parts.append("")
         for n in TRANS_A_SHAPES:
-            parts.append(gen_ss_trans_a(n, t))
+            parts.append(gen_ss(n, t, trans_a=True))
             parts.append("")
+    parts.append("// e4m3 x e4m3 -> f32, k32 (32 bytes of K per slice, as 16 bf16 columns). No kTransB: 8-bit wgmma reads both")
+    parts.append("// operands K-major only (the transpose immediates exist for .f16 / .bf16 alone).")
+    parts.append("")
+    for n in FP8_SHAPES:
+        parts.append(gen_ss_fp8(n, FP8_TYPE))
+        parts.append("")
+        parts.append(gen_rs_fp8(n, FP8_TYPE))
+        parts.append("")
     parts.append("}  // namespace openmla::ptx")
     with open(OUT, "w") as f:
         f.write("\n".join(parts) + "\n")

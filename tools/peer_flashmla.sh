@@ -4,7 +4,7 @@
 #
 #   eval "$(bash tools/peer_flashmla.sh)"        # ~2 min with 16 cores the first time; a warm machine finds the build
 #
-# Needs .peer/flashmla-9241ae3.tgz and .peer/build_flashmla.sh (copied by hand from ../shared/peer/; .peer/ is
+# Needs .peer/flashmla-9241ae3.tgz and .peer/build_flashmla.sh (copied by hand from where the peer's tarball is kept, outside the project; .peer/ is
 # git-ignored, so name it in the device tool's carry list). The build lands outside the synced tree
 # (OPENMLA_PEER_BUILD_DIR, default the temp folder's peer/, which a warm machine keeps between calls).
 # Only the export line goes to stdout; the messages go to stderr (on a failed build, the last 30 lines of its log,
@@ -19,7 +19,7 @@ peer_dir=${OPENMLA_PEER_DIR:-.peer}
 tgz=${OPENMLA_PEER_TGZ:-$(ls -t "$peer_dir"/flashmla-*.tgz 2>/dev/null | head -1 || true)}
 script=$peer_dir/build_flashmla.sh
 if [[ -z $tgz || ! -f $tgz || ! -f $script ]]; then
-  echo "peer_flashmla: need $peer_dir/flashmla-9241ae3.tgz and $script (cp ../shared/peer/{flashmla-9241ae3.tgz,build_flashmla.sh} $peer_dir/ on the workstation, and carry $peer_dir)" >&2
+  echo "peer_flashmla: need $peer_dir/flashmla-9241ae3.tgz and $script (copy flashmla-9241ae3.tgz and build_flashmla.sh into $peer_dir on the workstation, and carry $peer_dir)" >&2
   exit 1
 fi
 dest=${OPENMLA_PEER_BUILD_DIR:-$(dirname "$(mktemp -u)")/peer}

@@ -28,27 +28,37 @@ constexpr int64_t kMaxRowStride = int64_t{1} << 32;
 // Tile numbers (and the counter that hands them out, plus the grid) stay below 2^31.
 constexpr int64_t kMaxTiles = kInt32Max - (int64_t{1} << 16);
 
-const char* problem_dtype_name(DType d) { return dtype_name(d); }
 constexpr const char* kDtypeRule = "problem.dtype: q, k, v and out share one dtype";
+
+}  // namespace
+
+// The heads, head dimensions and dtype rules of the forward and the backward (`supported`: the message's tail).
+Status check_heads_and_shape(int64_t h_q, int64_t h_kv, int64_t d_qk, int64_t d_v, DType dtype, const char* supported) {
+  if (h_kv < 1) return invalid_field("h_kv", h_kv, "must be >= 1");
+  if (h_q < 1 || h_q % h_kv != 0) {
+    MessageStream os;
+    os << "must be a positive multiple of h_kv = " << h_kv << " (each kv head serves h_q / h_kv query heads)";
+    return invalid_field("h_q", h_q, os.str());
+  }
+  if (h_q > 65536) return invalid_field("h_q", h_q, "must be at most 65536");
+  if (!((d_qk == 192 || d_qk == 128) && d_v == 128)) {
+    MessageStream os;
+    os << "argument 'problem.d_qk' / 'problem.d_v' is " << d_qk << " / " << d_v << "; " << supported;
+    return Status::unsupported(os.str());
+  }
+  if (dtype != DType::kBFloat16 && dtype != DType::kFloat16)
+    return invalid_field("dtype", dtype_name(dtype), "must be bfloat16 or float16");
+  return Status::ok();
+}
+
+namespace {
 
 Status check_problem(const MhaPrefillProblem& p) {
   if (p.batch < 1) return invalid_field("batch", p.batch, "must be >= 1 (the number of sequences)");
   if (p.batch > kInt32Max - 1) return invalid_field("batch", p.batch, "must be below 2^31 - 1");
-  if (p.h_kv < 1) return invalid_field("h_kv", p.h_kv, "must be >= 1");
-  if (p.h_q < 1 || p.h_q % p.h_kv != 0) {
-    MessageStream os;
-    os << "must be a positive multiple of h_kv = " << p.h_kv << " (each kv head serves h_q / h_kv query heads)";
-    return invalid_field("h_q", p.h_q, os.str());
-  }
-  if (p.h_q > 65536) return invalid_field("h_q", p.h_q, "must be at most 65536");
-  if (!((p.d_qk == 192 || p.d_qk == 128) && p.d_v == 128)) {
-    MessageStream os;
-    os << "argument 'problem.d_qk' / 'problem.d_v' is " << p.d_qk << " / " << p.d_v
-       << "; dense MHA prefill supports (d_qk, d_v) = (192, 128) (MLA: 128 NoPE + 64 RoPE) or (128, 128)";
-    return Status::unsupported(os.str());
-  }
-  if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16)
-    return invalid_field("dtype", problem_dtype_name(p.dtype), "must be bfloat16 or float16");
+  OPENMLA_RETURN_IF_ERROR(check_heads_and_shape(p.h_q, p.h_kv, p.d_qk, p.d_v, p.dtype,
+                                                "dense MHA prefill supports (d_qk, d_v) = (192, 128) (MLA: 128 NoPE + "
+                                                "64 RoPE) or (128, 128)"));
   if (p.max_seqlen_qo < 0) return invalid_field("max_seqlen_qo", p.max_seqlen_qo, "must be >= 0 (0: unknown)");
   if (p.num_sms < 0) return invalid_field("num_sms", p.num_sms, "must be >= 0 (0: the current device's SM count)");
   const int epilogue = static_cast<int>(p.epilogue);

@@ -28,21 +28,9 @@ Status check_bwd_problem(const MhaPrefillBwdProblem& p) {
   if (p.batch > (int64_t{1} << 24)) return invalid_field("batch", p.batch, "must be at most 2^24");
   if (p.total_q < 0 || p.total_q > kMaxRows)
     return invalid_field("total_q", p.total_q, "must be in [0, 2^30] (the rows of q)");
-  if (p.h_kv < 1) return invalid_field("h_kv", p.h_kv, "must be >= 1");
-  if (p.h_q < 1 || p.h_q % p.h_kv != 0) {
-    MessageStream os;
-    os << "must be a positive multiple of h_kv = " << p.h_kv << " (each kv head serves h_q / h_kv query heads)";
-    return invalid_field("h_q", p.h_q, os.str());
-  }
-  if (p.h_q > 65536) return invalid_field("h_q", p.h_q, "must be at most 65536");
-  if (!((p.d_qk == 192 || p.d_qk == 128) && p.d_v == 128)) {
-    MessageStream os;
-    os << "argument 'problem.d_qk' / 'problem.d_v' is " << p.d_qk << " / " << p.d_v
-       << "; the dense MHA prefill backward supports (d_qk, d_v) = (192, 128) or (128, 128)";
-    return Status::unsupported(os.str());
-  }
-  if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16)
-    return invalid_field("dtype", dtype_name(p.dtype), "must be bfloat16 or float16");
+  OPENMLA_RETURN_IF_ERROR(check_heads_and_shape(
+      p.h_q, p.h_kv, p.d_qk, p.d_v, p.dtype,
+      "the dense MHA prefill backward supports (d_qk, d_v) = (192, 128) or (128, 128)"));
   if (p.num_sms < 0) return invalid_field("num_sms", p.num_sms, "must be >= 0 (0: the current device's SM count)");
   // Indices of the accumulator and of the auxiliary kernels' threads stay far below 2^63 / 2^31 blocks.
   const int64_t pad_blocks = kernels::mha_prefill_bwd::dq_padded_blocks(p.total_q, p.batch);
@@ -56,6 +44,13 @@ Status check_bwd_problem(const MhaPrefillBwdProblem& p) {
 }
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+// Persistent CTAs of the main kernel: at most one per SM and per tile (a sequence has at most s_k / 128 + 1 key
+// blocks per kv head).
+int bwd_grid(int64_t h_kv, int64_t total_k, int64_t batch, int sms) {
+  const int64_t max_tiles = h_kv * (total_k / kernels::mha_prefill_bwd::kBlockN + batch);
+  return static_cast<int>(max_tiles < sms ? max_tiles : sms);
+}
 
 MhaPrefillBwdArgs canonical_bwd_args(const MhaPrefillBwdArgs& args) {
   MhaPrefillBwdArgs c = args;
@@ -214,10 +209,7 @@ Status validate_mha_prefill_bwd(const MhaPrefillBwdProblem& pr, const MhaPrefill
     p.dq_order = reinterpret_cast<int*>(ws + layout.dq_order);
     p.dsum = reinterpret_cast<float*>(ws + layout.dsum);
     p.dq_accum = reinterpret_cast<float*>(ws + layout.dq_accum);
-    // Tiles: each sequence has at most ceil(s_k / 128) <= s_k / 128 + 1 key blocks per kv head.
-    const int64_t max_tiles = pr.h_kv * (total_k / 128 + pr.batch);
-    const int sms = pr.num_sms > 0 ? pr.num_sms : 1;
-    p.grid = static_cast<int>(max_tiles < sms ? max_tiles : sms);
+    p.grid = bwd_grid(pr.h_kv, total_k, pr.batch, pr.num_sms > 0 ? pr.num_sms : 1);
     // GQA: a tile runs h_q / h_kv query heads, so a kv head's first key blocks are long; taking them first across
     // the kv heads keeps the longest tiles off the end of the call (docs/mha-prefill-bwd.md, decision bwd-7). Not in
     // the deterministic mode, whose causal order takes a kv head's key blocks last first (the longest would come
@@ -248,8 +240,7 @@ Status mha_prefill_bwd(const MhaPrefillBwdProblem& problem, const MhaPrefillBwdA
     int num_sms = 0;
     OPENMLA_RETURN_IF_ERROR(
         detail::device_sm_count(args.q.device_id, &num_sms, "dense MHA prefill backward: SM count"));
-    const int64_t max_tiles = problem.h_kv * (params.seqs.total_k / 128 + problem.batch);
-    params.grid = static_cast<int>(max_tiles < num_sms ? max_tiles : num_sms);
+    params.grid = detail::bwd_grid(problem.h_kv, params.seqs.total_k, problem.batch, num_sms);
   }
   const detail::MhaPrefillBwdWorkspaceLayout layout = detail::mha_prefill_bwd_workspace_layout(problem);
   uint8_t* ws = static_cast<uint8_t*>(args.workspace.data);

@@ -11,6 +11,9 @@ namespace openmla::detail {
 // (when not null) with the kernel parameters; params->grid is planned for problem.num_sms SMs (1 when num_sms == 0:
 // the public entry plans again with the device's count) and is 0 when there is nothing to launch (no query row).
 // Shared by the forward and the backward (api/mha_prefill.cpp):
+// h_kv >= 1, h_q a multiple of it (<= 65536), (d_qk, d_v) in {(192, 128), (128, 128)} (else unsupported, the message
+// ending in `supported`), dtype bf16 or fp16.
+Status check_heads_and_shape(int64_t h_q, int64_t h_kv, int64_t d_qk, int64_t d_v, DType dtype, const char* supported);
 // The stride of dimension `dim`, or the packed value when the dimension has size 1.
 int64_t used_stride(const TensorRef& t, int dim);
 // A (rows, heads, cols) operand moved by TMA or 16-byte stores: `dtype` (else the message quotes `dtype_rule`), last

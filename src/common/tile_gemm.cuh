@@ -1,7 +1,8 @@
 // The GEMM steps of the attention kernels on wgmma m64nNk16 for bf16 or fp16 operands, any N the kernels use (64,
-// 128, 256): the element glue (packing, the wgmma shapes), P as register A fragments, tiles of a fragment stored
+// 128, 192, 256): the element glue (packing, the wgmma shapes), P as register A fragments, tiles of a fragment stored
 // into a 128B-swizzled shared tile (for the other warpgroup's shared-A wgmma, or as a TMA store box), and the issue
-// loops of S = Q K^T and O += P V over k16 slices (the layer: docs/architecture.md, "Device layer").
+// loops of S = Q K^T and O += P V over k16 slices (the layer: docs/architecture.md, "Device layer"). For the FP8
+// prefill, the e4m3 glue of m64nNk32 (ElementE4M3, to_a_fragments_e4m3, e4m3_pv_key).
 //
 // Operands in shared memory follow common/mma_tile.cuh: 128-byte rows (64 16-bit columns), 128B-swizzled, K-major
 // (Q, K, P) or viewed MN-major (V, from the K / V tiles). A tile may have 64 rows (the decode kernels, sparse
@@ -81,6 +82,82 @@ struct Element16 {
     if constexpr (!kIsFp16) ptx::wgmma_m64n64k16_ss_ta_bf16<kTransB>(d, a, b, scale_d);
   }
 };
+
+// e4m3 operands (the FP8 prefill, docs/fp8-prefill-design.md): Q, K, V^T and P as float8_e4m3fn, accumulation fp32,
+// wgmma m64nNk32. 8-bit wgmma takes no transpose: A and B are both K-major (V must be transposed into V^T in shared
+// memory before P V). A k32 slice is 32 bytes of a K-major row, as a k16 slice of 16-bit elements is, so the Desc
+// policies' byte offsets (32 per slice) and the 128B-swizzled tile convention carry over unchanged.
+struct ElementE4M3 {
+  static constexpr int kSliceK = 32;      // K elements per wgmma
+  static constexpr int kSliceBytes = 32;  // bytes of a K-major row per wgmma
+  // x0..x3 as e4m3 in bytes 0..3 (x0 lowest): round to nearest even, saturating to +-448 (satfinite; NaN stays NaN).
+  // cvt.rn.satfinite.e4m3x2.f32 d, a, b puts a in the high byte of d and b in the low one.
+  __device__ static uint32_t pack4(float x0, float x1, float x2, float x3) {
+    uint32_t r;
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi};\n}"
+        : "=r"(r)
+        : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+    return r;
+  }
+  // Byte `b` (0..3) of a packed word, as fp32 (exact: every e4m3 value is an fp16 value).
+  __device__ static float unpack(uint32_t v, int b) {
+    const unsigned short pair = static_cast<unsigned short>((v >> (b & 2 ? 16 : 0)) & 0xffffu);
+    uint32_t h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(pair));
+    const unsigned short h = static_cast<unsigned short>((b & 1) ? (h2 >> 16) : (h2 & 0xffffu));
+    return __half2float(__ushort_as_half(h));
+  }
+  // d (+)= A B over one k32 slice, A and B from shared memory (K-major descriptors); scale_d = 0 overwrites d.
+  template <int kN>
+  __device__ static void mma_ss(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d) {
+    static_assert(kN == 64 || kN == 128 || kN == 192 || kN == 256,
+                  "e4m3 wgmma shapes of the library: m64n64k32, m64n128k32, m64n192k32, m64n256k32");
+    if constexpr (kN == 64) ptx::wgmma_m64n64k32_ss_e4m3(d, a, b, scale_d);
+    if constexpr (kN == 128) ptx::wgmma_m64n128k32_ss_e4m3(d, a, b, scale_d);
+    if constexpr (kN == 192) ptx::wgmma_m64n192k32_ss_e4m3(d, a, b, scale_d);
+    if constexpr (kN == 256) ptx::wgmma_m64n256k32_ss_e4m3(d, a, b, scale_d);
+  }
+  // d (+)= A B over one k32 slice, A from registers (to_a_fragments_e4m3), B from shared memory (K-major).
+  template <int kN>
+  __device__ static void mma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+    static_assert(kN == 64 || kN == 128 || kN == 192 || kN == 256,
+                  "e4m3 wgmma shapes of the library: m64n64k32, m64n128k32, m64n192k32, m64n256k32");
+    if constexpr (kN == 64) ptx::wgmma_m64n64k32_rs_e4m3(d, a, b, scale_d);
+    if constexpr (kN == 128) ptx::wgmma_m64n128k32_rs_e4m3(d, a, b, scale_d);
+    if constexpr (kN == 192) ptx::wgmma_m64n192k32_rs_e4m3(d, a, b, scale_d);
+    if constexpr (kN == 256) ptx::wgmma_m64n256k32_rs_e4m3(d, a, b, scale_d);
+  }
+};
+
+// The key order of an e4m3 P V step. The A fragment of m64nNk32 wants, per thread, row r's columns 4q..4q+3 and
+// 16+4q..19+4q of each 32-column slice (q = lane % 4; registers 1 and 3: row r + 8), while the m64nN accumulator S
+// gives the thread row r's columns 8j + 2q + {0, 1}. to_a_fragments_e4m3 packs the thread's own values without a
+// shuffle, so A column c of a slice holds S column (key) e4m3_pv_key(c): within every 16 keys the order is
+// 0 1 8 9 2 3 10 11 4 5 12 13 6 7 14 15. B (V^T) must hold the same key in its column c. The in-shared-memory
+// transpose of V (ldmatrix.trans of 8 x 8 b16 blocks, one byte permute per output word, stmatrix: design note,
+// "V^T") yields exactly this order, so neither side needs a shuffle. Host and device (the tests use it).
+__host__ __device__ constexpr int e4m3_pv_key(int c) {
+  return (c & ~15) | (((c >> 2) & 3) << 1) | (c & 1) | (((c >> 1) & 1) << 3);
+}
+
+// A 64 x N fp32 fragment (P) as e4m3 A fragments of m64nNk32, one k32 slice per 32 columns, in the key order of
+// e4m3_pv_key (no shuffle). Register k of slice kk: row f.row[k & 1], 4 keys of chunk pair (4 kk + 2 (k >> 1)).
+template <int kElems>
+__device__ __forceinline__ void to_a_fragments_e4m3(const float (&s)[kElems], uint32_t (&a)[kElems / 16][4]) {
+  static_assert(kElems % 16 == 0, "whole k32 slices (32 columns = 16 accumulator values per thread)");
+  using E = ElementE4M3;
+#pragma unroll
+  for (int kk = 0; kk < kElems / 16; ++kk) {
+    const int b = 16 * kk;
+    a[kk][0] = E::pack4(s[b + 0], s[b + 1], s[b + 4], s[b + 5]);
+    a[kk][1] = E::pack4(s[b + 2], s[b + 3], s[b + 6], s[b + 7]);
+    a[kk][2] = E::pack4(s[b + 8], s[b + 9], s[b + 12], s[b + 13]);
+    a[kk][3] = E::pack4(s[b + 10], s[b + 11], s[b + 14], s[b + 15]);
+  }
+}
 
 // A 64 x N fp32 fragment (P) in the register A-operand layout of m64nNk16: one k16 slice per 16 columns.
 template <bool kIsFp16, int kElems>
@@ -186,14 +263,16 @@ struct DescUniform64 {
   __device__ __forceinline__ static uint64_t at(uint32_t lo, uint32_t off) { return desc_from_lo(lo) + (off >> 4); }
 };
 
-// S (+)= Q K^T over the four k16 slices of one 64-column tile `t` of Q and K (K-major, tiles kTileBytes apart): q / k
-// are the Desc bases (base<kLboKMajor>) of the buffers' first tiles. `overwrite`: the first slice overwrites S.
-template <bool kIsFp16, class Desc, int kN, int kTileBytes, class Base>
+// S (+)= Q K^T over the four k16 slices of one 64-column tile `t` of Q and K (K-major, tiles kTileBytes apart; K's
+// kKTileBytes apart when its tiles have another row count, as in the dense MHA backward's S^T = K Q^T): q / k are the
+// Desc bases (base<kLboKMajor>) of the buffers' first tiles. `overwrite`: the first slice overwrites S.
+template <bool kIsFp16, class Desc, int kN, int kTileBytes, class Base, int kKTileBytes = kTileBytes>
 __device__ __forceinline__ void issue_qk_tile(float (&s)[kN / 2], Base q, Base k, int t, bool overwrite) {
 #pragma unroll
   for (int kk = 0; kk < kRowBytes / 32; ++kk) {
     const uint32_t off = static_cast<uint32_t>(t * kTileBytes + kk * 32);
-    Element16<kIsFp16>::template mma_ss<kN, 0>(s, Desc::at(q, off), Desc::at(k, off), (overwrite && kk == 0) ? 0 : 1);
+    const uint32_t k_off = static_cast<uint32_t>(t * kKTileBytes + kk * 32);
+    Element16<kIsFp16>::template mma_ss<kN, 0>(s, Desc::at(q, off), Desc::at(k, k_off), (overwrite && kk == 0) ? 0 : 1);
   }
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "device_buffer.h"
+#include "sanitize_random.h"
 #include "openmla/prefill.h"
 #include "openmla_ref/attention.h"
 #include "openmla_ref/numeric.h"
@@ -37,11 +38,8 @@ struct Case {
   int num_sms;
 };
 
-uint32_t next(uint32_t& state) {
-  state = state * 1664525u + 1013904223u;
-  return state >> 8;
-}
-float uniform(uint32_t& state) { return static_cast<float>(next(state)) / 16777216.0f - 0.5f; }
+using openmla_sanitize::next;
+using openmla_sanitize::uniform;
 
 bool close(float got, double want, double abs_tol, double rel_tol) {
   if (std::isinf(want) || std::isnan(want)) return std::isinf(got) == std::isinf(want) && (got > 0) == (want > 0);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "device_buffer.h"
+#include "sanitize_random.h"
 #include "openmla/prefill.h"
 #include "openmla_ref/attention.h"
 #include "openmla_ref/numeric.h"
@@ -36,11 +37,8 @@ struct Case {
   int num_sms;
 };
 
-uint32_t next(uint32_t& state) {
-  state = state * 1664525u + 1013904223u;
-  return state >> 8;
-}
-float uniform(uint32_t& state) { return static_cast<float>(next(state)) / 16777216.0f - 0.5f; }
+using openmla_sanitize::next;
+using openmla_sanitize::uniform;
 
 bool run_case(const Case& c) {
   const int d_v = 128, batch = static_cast<int>(c.s_q.size());

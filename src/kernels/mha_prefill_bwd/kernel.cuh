@@ -42,8 +42,6 @@ using Ring = pipeline::BarrierRing<kStages>;
 using Desc = tile::DescUniform64;
 using Walk = varlen::TileWalk<Tiles, varlen::Walk::kKeyBlocks>;
 
-inline constexpr float kLog2e = 1.4426950408889634f;
-
 // ---------------------------------------------------------------------------------------------------
 // Rows of a packed query tensor -> sequences (preprocess and conversion): the sequence whose clamped rows hold
 // `row`, or -1 (a row past the last sequence, or in no sequence of malformed lengths).
@@ -115,7 +113,7 @@ __global__ void __launch_bounds__(256) mha_bwd_preprocess_kernel(const __grid_co
   if (lane == 0) {
     const int64_t at = static_cast<int64_t>(head) * p.pad_blocks * kBlockM + padded_row(s, row);
     p.dsum[at] = sum;
-    p.lse2[at] = p.lse[row * p.lse_stride_t + head * p.lse_stride_h] * kLog2e;
+    p.lse2[at] = p.lse[row * p.lse_stride_t + head * p.lse_stride_h] * epilogue::kLog2e;
   }
 }
 
@@ -272,10 +270,7 @@ __device__ __forceinline__ void issue_transposed_scores(float (&acc)[32], const 
   const uint32_t a = Desc::base<tile::kLboKMajor>(a_rows), bb = Desc::base<tile::kLboKMajor>(b);
 #pragma unroll
   for (int g = 0; g < kTiles; ++g)
-#pragma unroll
-    for (int kk = 0; kk < tile::kRowBytes / 32; ++kk)
-      tile::Element16<kFp16>::template mma_ss<64, 0>(acc, Desc::at(a, g * kATileBytes + kk * 32),
-                                                     Desc::at(bb, g * kBTileBytes + kk * 32), (g == 0 && kk == 0) ? 0 : 1);
+    tile::issue_qk_tile<kFp16, Desc, 64, kATileBytes, uint32_t, kBTileBytes>(acc, a, bb, g, g == 0);
 }
 
 // dQ sub-block = dS K over the tile's 128 keys: dS^T (128 keys x 64 rows, K-major as stored) read as the transposed
