@@ -460,34 +460,26 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         tile::stmatrix_tile_packed(dsa, ds_rows, t);
         ptx::fence_proxy_async_shared();
         ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kDsReady), kConsumerThreads);
-        // ---- dQ = dS K: 64-column sub-blocks, g = kWg + step (mod 2): one each (d_qk 128), or two and one (192),
-        // one at a time (32 accumulator registers beside dK and dV). The first is issued behind dK += dS^T Q, which
-        // may still run (its group completes first: wait<1>), so the tensor core does not drain between them.
+        ptx::wgmma_wait<0>();
+        ptx::fence_registers(dk);
+        ptx::fence_registers(dsa);
+        release(&smem.step_free[s]);  // Q, dO, lse and D of the step are read
+        // ---- dQ = dS K: 64-column sub-blocks, g = kWg + step (mod 2): one each (d_qk 128), or two and one (192)
         const int g0 = __shfl_sync(0xffffffffu, static_cast<int>((kWg + step_iter) & 1u), 0);
         const bool two = T::kQKTiles == 3 && g0 == 0;
-        {
+        // One sub-block at a time (32 accumulator registers beside dK and dV).
+        auto dq_sub_block = [&](int g) {
           float dq[32];
           ptx::wgmma_fence();
-          issue_dq<kFp16, T::kKTileBytes>(dq, smem.ds, smem.k[g0]);
+          issue_dq<kFp16, T::kKTileBytes>(dq, smem.ds, smem.k[g]);
           ptx::wgmma_commit();
-          ptx::wgmma_wait<1>();
-          ptx::fence_registers(dk);
-          ptx::fence_registers(dsa);
-          release(&smem.step_free[s]);  // Q, dO, lse and D of the step are read
           ptx::wgmma_wait<0>();
           ptx::fence_registers(dq);
-          stage_dq(dq, smem.dq_stage[g0], t);
-        }
+          stage_dq(dq, smem.dq_stage[g], t);
+        };
+        dq_sub_block(g0);
         if constexpr (T::kQKTiles == 3) {
-          if (two) {
-            float dq[32];
-            ptx::wgmma_fence();
-            issue_dq<kFp16, T::kKTileBytes>(dq, smem.ds, smem.k[2]);
-            ptx::wgmma_commit();
-            ptx::wgmma_wait<0>();
-            ptx::fence_registers(dq);
-            stage_dq(dq, smem.dq_stage[2], t);
-          }
+          if (two) dq_sub_block(2);
         }
         ptx::fence_proxy_async_shared();
         ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kStage0) + kWg, T::kWarpgroupThreads);
