@@ -9,7 +9,8 @@
 //     SS: D = A B^T over 4 k32 slices (A 64 x 128, B N x 128, K-major, 128B-swizzled, e4m3 values);
 //     RS: P (64 x 128 fp32, in accumulator layout) packed by to_a_fragments_e4m3, times V^T whose column c holds key
 //         e4m3_pv_key(c): D must equal round_e4m3(P) V. A wrong fragment layout or key order gives errors of the
-//         size of the values; a right one, fp32 rounding (~1e-6 relative).
+//         size of the values; a right one, the tensor pipe's own rounding: e4m3 wgmma adds its products with fewer
+//         bits than fp32 (measured on an H100: 2-4e-4 of the largest value for 128-deep products, about 2^-12).
 // Build: nvcc -O3 -arch=sm_90a -std=c++17 -I src -o /tmp/fp8_wgmma_probe tools/diag/micro/fp8_wgmma_probe.cu
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -184,7 +185,7 @@ int main() {
     return 0;
   }
   std::mt19937 rng(1234);
-  const double tol = 1e-5;  // fp32 accumulation of 128 exact products
+  const double tol = 2e-3;  // the e4m3 tensor path's reduced-precision sums (~2^-12); a layout error is ~1
   const double e[8] = {run_ss<64>(rng), run_ss<128>(rng), run_ss<192>(rng), run_ss<256>(rng),
                        run_rs<64>(rng), run_rs<128>(rng), run_rs<192>(rng), run_rs<256>(rng)};
   const char* names[8] = {"ss n64", "ss n128", "ss n192", "ss n256", "rs n64", "rs n128", "rs n192", "rs n256"};
