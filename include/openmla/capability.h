@@ -16,6 +16,7 @@ enum class Feature : int {
   kMergeStates = 5,      // merge_attn_states: combining partial attention states (decode context parallelism)
   kDecodeBatchInvariant = 6,  // batch-invariant decode schedules (DenseDecodeProblem / SparseDecodeProblem::
                               // batch_invariant): served wherever the decode kernels are
+  kSparsePrefillFp8 = 7,  // sparse MLA prefill straight from the paged FP8 cache (sparse_prefill_fp8, bf16 compute)
 };
 
 const char* feature_name(Feature feature);

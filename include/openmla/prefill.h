@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include "openmla/kv_cache.h"
 #include "openmla/status.h"
 #include "openmla/types.h"
 
@@ -40,6 +41,33 @@ struct SparsePrefillArgs {
 // Any h_q >= 1 (64-head tiles: 64 and 128 are the fast paths; h_q = 8, 16, 32 cost what 64 does, without the
 // copy into padded heads), any s_q >= 1 (up to 2^31 / ceil(h_q / 64) tokens), any s_kv >= 1, any topk >= 1.
 Status sparse_prefill(const SparsePrefillArgs& args, cudaStream_t stream);
+
+// Sparse prefill straight from the paged FP8 KV cache (bf16 compute; docs/sparse-prefill.md, "Sparse prefill from
+// the FP8 cache"): the result of sparse_prefill() on the dequantised cache (dequantize_kv_cache, viewed as
+// (num_blocks * page_size, 1, d_qk) rows), without any bf16 copy of the cache: the kernel gathers each selected
+// token's FP8 bytes and dequantises them in shared memory. Indices are cache slots, slot = page * page_size + row
+// (as sparse decode takes them); a slot outside [0, num_blocks * page_size) is invalid and never read, and the other
+// rules (topk_length, attn_sink, the outputs, empty rows) are sparse_prefill()'s.
+struct SparsePrefillFp8Args {
+  TensorRef q;            // (s_q, h_q, d_qk) bf16, d_qk = the format's (576 V3.2, 512 MODEL1); layout as SparsePrefillArgs
+  TensorRef kv_cache;     // (num_blocks, page_size, 1, bytes_per_token) uint8 / int8 / float8_e4m3: the FP8 cache
+                          // (656 B V3.2, 584 B MODEL1; docs/kv-cache-formats.md): stride(1) == bytes_per_token,
+                          // stride(3) == 1, page stride a multiple of 16 and >= page_size * bytes_per_token, 16 B
+                          // aligned; any page_size >= 1; num_blocks * page_size <= 2^31 - 1
+  KVCacheFormat cache_format = KVCacheFormat::kFp8V32;  // kFp8V32 or kFp8Model1
+  TensorRef indices;      // (s_q, 1, topk) int32, topk >= 1, last dim contiguous: cache slots
+  TensorRef topk_length;  // optional (s_q,) int32, contiguous: per query token
+  TensorRef attn_sink;    // optional (h_q,) float32, contiguous; natural-log units, +-inf allowed
+  float softmax_scale = 0.f;  // > 0 (finite); 0: d_qk ** -0.5
+  int64_t d_v = 512;          // must be 512
+  TensorRef out;          // (s_q, h_q, d_v) bf16; last dim contiguous, strides % 8 == 0, 16 B aligned
+  TensorRef max_logits;   // (s_q, h_q) float32, any strides
+  TensorRef lse;          // (s_q, h_q) float32, any strides
+  int num_sms = 0;        // SMs to run on (persistent CTAs); 0: the current device's count
+};
+
+// The shapes sparse_prefill() serves (any h_q >= 1, any s_q, any topk >= 1). Never synchronises, never allocates.
+Status sparse_prefill_fp8(const SparsePrefillFp8Args& args, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Dense MHA prefill, forward (flash_attn_varlen_func). Verified on an H100 (docs/mha-prefill.md, "Status").

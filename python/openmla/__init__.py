@@ -43,7 +43,7 @@ except ModuleNotFoundError as _err:  # only "not built"; a broken extension (und
 DENSE_PAGE_SIZES = (16, 32, 64, 128, 256)
 
 FEATURES = ("kv_cache_quantize", "dense_decode", "sparse_decode", "sparse_prefill", "dense_prefill",
-            "merge_attn_states", "decode_batch_invariant")
+            "merge_attn_states", "decode_batch_invariant", "sparse_prefill_fp8")
 
 __version__ = _openmla.version()
 
@@ -115,7 +115,7 @@ def _device_index(device) -> int:
 _EXPORTS = {
     "kv_cache": ("quantize_kv_cache", "dequantize_kv_cache", "append_kv_cache"),
     "decode": ("get_mla_metadata", "flash_mla_with_kvcache", "FlashMLASchedMeta"),
-    "prefill": ("flash_mla_sparse_fwd",),
+    "prefill": ("flash_mla_sparse_fwd", "flash_mla_sparse_fwd_fp8"),
     "mha": ("flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"),
     "merge": ("merge_attn_states",),
 }

@@ -12,3 +12,13 @@ namespace openmla::detail {
 Status validate_sparse_prefill(const SparsePrefillArgs& args, kernels::SparsePrefillParams* params);
 
 }  // namespace openmla::detail
+
+#include "kernels/sparse_prefill/fp8_params.h"
+
+namespace openmla::detail {
+
+// Every argument check of sparse_prefill_fp8() (api/sparse_prefill_fp8.cpp) without a CUDA call; fills *params
+// likewise (params->base.grid = min(tiles, num_sms), 1 when num_sms == 0).
+Status validate_sparse_prefill_fp8(const SparsePrefillFp8Args& args, kernels::SparsePrefillFp8Params* params);
+
+}  // namespace openmla::detail

@@ -22,6 +22,7 @@ extern int run_kv_cache_sanitize_cases() __attribute__((weak));
 extern int run_dense_decode_sanitize_cases() __attribute__((weak));
 extern int run_sparse_decode_sanitize_cases() __attribute__((weak));
 extern int run_sparse_prefill_sanitize_cases() __attribute__((weak));
+extern int run_sparse_prefill_fp8_sanitize_cases() __attribute__((weak));
 extern int run_faults_sanitize_cases() __attribute__((weak));
 extern int run_mha_prefill_sanitize_cases() __attribute__((weak));
 extern int run_mha_prefill_bwd_sanitize_cases() __attribute__((weak));
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
       {"dense_decode", run_dense_decode_sanitize_cases},
       {"sparse_decode", run_sparse_decode_sanitize_cases},
       {"sparse_prefill", run_sparse_prefill_sanitize_cases},
+      {"sparse_prefill_fp8", run_sparse_prefill_fp8_sanitize_cases},
       {"faults", run_faults_sanitize_cases},  // garbage inputs of every decode and codec call (checked mode too)
       {"mha_prefill", run_mha_prefill_sanitize_cases},
       {"mha_prefill_bwd", run_mha_prefill_bwd_sanitize_cases},

@@ -61,6 +61,7 @@ FAMILIES_BY_FILE = {
     "test_sparse_decode.py": ("sparse_decode",),
     "test_kv_cache.py": ("kv_cache_quantize",),
     "test_sparse_prefill.py": ("sparse_prefill",),
+    "test_sparse_prefill_fp8.py": ("sparse_prefill_fp8", "kv_cache_quantize"),
     "test_mha_prefill.py": ("dense_prefill",),
     "test_mha_prefill_api.py": ("dense_prefill",),
     "test_mha_prefill_bwd.py": ("dense_prefill",),

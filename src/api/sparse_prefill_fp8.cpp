@@ -1,0 +1,240 @@
+// Public API of sparse prefill from the paged FP8 cache (include/openmla/prefill.h, sparse_prefill_fp8):
+// validate -> build params -> launch. Every check runs before the first CUDA call (args.num_sms > 0: no CUDA call at
+// all before the launch), so the checks are tested without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "api/families.h"
+#include "api/sparse_prefill_internal.h"
+#include "api/validate.h"
+#include "common/cuda_check.h"
+#include "kernels/sparse_prefill/fp8_params.h"
+#include "openmla/kv_cache.h"
+#include "openmla/prefill.h"
+
+namespace openmla {
+
+namespace detail {
+
+namespace {
+
+constexpr int64_t kHeadDimV = 512;
+constexpr int64_t kHeadTile = 64;
+
+// A bf16 operand moved in 16-byte units: last dim contiguous, other strides whole 16-byte units and positive (the
+// stride of a size-1 dimension is never used), base 16-byte aligned.
+Status check_bf16_rows(const TensorRef& t, const char* name) {
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(t, name));
+  OPENMLA_RETURN_IF_ERROR(check_strides_multiple(t, name, 8, "rows are moved in 16-byte units"));
+  for (int i = 0; i + 1 < t.ndim; ++i) {
+    if (t.shape[i] > 1 && t.stride[i] <= 0) {
+      MessageStream os;
+      os << "argument '" << name << "' has stride " << t.stride[i] << " in dimension " << i
+         << "; strides must be positive; strides " << stride_string(t);
+      return invalid(os.str());
+    }
+  }
+  return check_pointer_aligned(t, name, 16);
+}
+
+Status check_row_stats(const TensorRef& t, const char* name, int64_t s_q, int64_t h_q) {
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(t, name, {DType::kFloat32}, 2));
+  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 0, s_q, "s_q"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 1, h_q, "h_q"));
+  return check_pointer_aligned(t, name, 4);
+}
+
+// The FP8 cache: (num_blocks, page_size, 1, bytes_per_token) bytes, each page contiguous, pages 16-byte aligned
+// apart and not overlapping (the page stride of a one-page cache is never used).
+Status check_cache(const TensorRef& k, int64_t bytes_per_token, const char* format_name) {
+  constexpr const char* name = "kv_cache";
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(k, name, {DType::kUInt8, DType::kInt8, DType::kFloat8E4M3}, 4));
+  if (k.shape[0] < 1 || k.shape[1] < 1) {
+    return invalid(std::string("argument 'kv_cache' must have num_blocks >= 1 and page_size >= 1, got shape ") +
+                   shape_string(k));
+  }
+  OPENMLA_RETURN_IF_ERROR(check_dim(k, name, 2, 1, "h_kv (MLA caches have one latent head)"));
+  const std::string what = std::string("bytes per token of ") + format_name;
+  OPENMLA_RETURN_IF_ERROR(check_dim(k, name, 3, bytes_per_token, what.c_str()));
+  const int64_t page_size = k.shape[1];
+  if (k.stride[3] != 1 || (page_size > 1 && k.stride[1] != bytes_per_token)) {
+    MessageStream os;
+    os << "argument 'kv_cache' has strides " << stride_string(k) << "; each page must be contiguous (stride(1) == "
+       << bytes_per_token << ", stride(3) == 1); only the page stride stride(0) is free";
+    return invalid(os.str());
+  }
+  if (k.shape[0] > 1 && (k.stride[0] % 16 != 0 || k.stride[0] < page_size * bytes_per_token)) {
+    MessageStream os;
+    os << "argument 'kv_cache' has page stride " << k.stride[0] << " bytes; expected a multiple of 16 that is at "
+       << "least page_size * " << bytes_per_token << " = " << page_size * bytes_per_token;
+    return invalid(os.str());
+  }
+  if (k.shape[0] > kInt32Max / page_size) {
+    MessageStream os;
+    os << "argument 'kv_cache' has " << k.shape[0] << " pages of " << page_size
+       << " tokens; at most 2^31 - 1 cache slots are addressable (indices are int32)";
+    return invalid(os.str());
+  }
+  return check_pointer_aligned(k, name, 16);
+}
+
+SparsePrefillFp8Args canonical_fp8_args(const SparsePrefillFp8Args& args) {
+  SparsePrefillFp8Args a = args;
+  for (TensorRef* t : {&a.q, &a.kv_cache, &a.indices, &a.topk_length, &a.attn_sink, &a.out, &a.max_logits, &a.lse})
+    *t = canonical(*t);
+  return a;
+}
+
+}  // namespace
+
+Status validate_sparse_prefill_fp8(const SparsePrefillFp8Args& args, kernels::SparsePrefillFp8Params* params) {
+  const SparsePrefillFp8Args a = canonical_fp8_args(args);
+  // ---- the format, q, the cache, indices
+  if (a.cache_format != KVCacheFormat::kFp8V32 && a.cache_format != KVCacheFormat::kFp8Model1) {
+    return invalid(std::string("argument 'cache_format' is ") + kv_cache_format_name(a.cache_format) +
+                   "; sparse prefill from an FP8 cache reads kFp8V32 (d_qk 576, 656 B/token) or kFp8Model1 (d_qk 512, "
+                   "584 B/token)");
+  }
+  const int64_t d_qk = kv_cache_fp8_head_dim(a.cache_format);
+  const int64_t bytes_per_token = kv_cache_bytes_per_token(a.cache_format, d_qk);
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.q, "q", {DType::kBFloat16}, 3));
+  const int64_t s_q = a.q.shape[0], h_q = a.q.shape[1];
+  if (a.q.shape[2] != d_qk) {
+    MessageStream os;
+    os << "argument 'q' has head dimension " << a.q.shape[2] << " (shape " << shape_string(a.q) << "); the "
+       << kv_cache_format_name(a.cache_format) << " cache holds d_qk = " << d_qk;
+    return invalid(os.str());
+  }
+  if (s_q < 1 || h_q < 1) return invalid("argument 'q' must have s_q >= 1 and h_q >= 1, got shape " + shape_string(a.q));
+  OPENMLA_RETURN_IF_ERROR(check_bf16_rows(a.q, "q"));
+
+  OPENMLA_RETURN_IF_ERROR(check_cache(a.kv_cache, bytes_per_token, kv_cache_format_name(a.cache_format)));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.kv_cache, "kv_cache"));
+  const int64_t num_slots = a.kv_cache.shape[0] * a.kv_cache.shape[1];
+
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.indices, "indices", {DType::kInt32}, 3));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.indices, "indices"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.indices, "indices", 0, s_q, "s_q"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.indices, "indices", 1, 1, "h_kv"));
+  const int64_t topk = a.indices.shape[2];
+  if (topk < 1) return invalid("argument 'indices' must have topk >= 1 slots, got shape " + shape_string(a.indices));
+  if (topk > kInt32Max - kHeadTile) return invalid("argument 'indices' has too many slots (topk must fit in int32)");
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(a.indices, "indices"));
+  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.indices, "indices", 4));
+  const int64_t idx_stride_s = s_q > 1 ? a.indices.stride[0] : topk;
+
+  // ---- optional inputs
+  if (a.topk_length.defined()) {
+    OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.topk_length, "topk_length", {DType::kInt32}, 1));
+    OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.topk_length, "topk_length"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.topk_length, "topk_length", 0, s_q, "s_q: one length per query token"));
+    OPENMLA_RETURN_IF_ERROR(check_contiguous(a.topk_length, "topk_length"));
+    OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.topk_length, "topk_length", 4));
+  }
+  if (a.attn_sink.defined()) {
+    OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.attn_sink, "attn_sink", {DType::kFloat32}, 1));
+    OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.attn_sink, "attn_sink"));
+    OPENMLA_RETURN_IF_ERROR(check_dim(a.attn_sink, "attn_sink", 0, h_q, "h_q"));
+    OPENMLA_RETURN_IF_ERROR(check_contiguous(a.attn_sink, "attn_sink"));
+    OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.attn_sink, "attn_sink", 4));
+  }
+
+  // ---- scalars
+  if (a.d_v != kHeadDimV) {
+    MessageStream os;
+    os << "argument 'd_v' is " << a.d_v << "; sparse prefill requires d_v = 512";
+    return invalid(os.str());
+  }
+  const double scale = a.softmax_scale == 0.f ? 1.0 / std::sqrt(static_cast<double>(d_qk)) : a.softmax_scale;
+  if (!(scale > 0.0) || !std::isfinite(scale)) {
+    MessageStream os;
+    os << "argument 'softmax_scale' is " << a.softmax_scale << "; it must be a positive finite number (0: d_qk ** -0.5)";
+    return invalid(os.str());
+  }
+  const int64_t head_tiles = (h_q + kHeadTile - 1) / kHeadTile;
+  if (s_q * head_tiles > kInt32Max / 2) {
+    MessageStream os;
+    os << "argument 'q' has " << s_q << " tokens x " << head_tiles
+       << " head tiles of 64; at most 2^30 tiles per call are supported (split the call)";
+    return invalid(os.str());
+  }
+
+  // ---- outputs
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.out, "out", {DType::kBFloat16}, 3));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.out, "out"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 0, s_q, "s_q"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 1, h_q, "h_q"));
+  OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 2, kHeadDimV, "d_v"));
+  OPENMLA_RETURN_IF_ERROR(check_bf16_rows(a.out, "out"));
+  OPENMLA_RETURN_IF_ERROR(check_row_stats(a.max_logits, "max_logits", s_q, h_q));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.max_logits, "max_logits"));
+  OPENMLA_RETURN_IF_ERROR(check_row_stats(a.lse, "lse", s_q, h_q));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.lse, "lse"));
+  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.out, "out"));
+  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.max_logits, "max_logits"));
+  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.lse, "lse"));
+  OPENMLA_RETURN_IF_ERROR(check_disjoint({{&a.out, "out"}, {&a.max_logits, "max_logits"}, {&a.lse, "lse"}},
+                                         {{&a.q, "q"},
+                                          {&a.kv_cache, "kv_cache"},
+                                          {&a.indices, "indices"},
+                                          {&a.topk_length, "topk_length"},
+                                          {&a.attn_sink, "attn_sink"}}));
+  if (a.num_sms < 0) return invalid("argument 'num_sms' must be >= 0 (0: the current device's SM count)");
+
+  if (params != nullptr) {
+    kernels::SparsePrefillFp8Params& pf = *params;
+    pf = kernels::SparsePrefillFp8Params{};
+    kernels::SparsePrefillParams& p = pf.base;
+    p.s_q = static_cast<int>(s_q);
+    p.s_kv = static_cast<int>(num_slots);
+    p.h_q = static_cast<int>(h_q);
+    p.d_qk = static_cast<int>(d_qk);
+    p.topk = static_cast<int>(topk);
+    p.num_head_tiles = static_cast<int>(head_tiles);
+    p.num_tiles = s_q * head_tiles;
+    p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+    p.q = a.q.data;
+    p.q_stride_s = a.q.stride[0];
+    p.q_stride_h = a.q.stride[1];
+    p.kv = nullptr;
+    p.kv_stride_s = 0;
+    p.indices = static_cast<const int32_t*>(a.indices.data);
+    p.indices_stride_s = idx_stride_s;
+    p.topk_length = a.topk_length.defined() ? static_cast<const int32_t*>(a.topk_length.data) : nullptr;
+    p.attn_sink = a.attn_sink.defined() ? static_cast<const float*>(a.attn_sink.data) : nullptr;
+    p.output = kernels::OutputView::for_tokens(a.out.data, a.out.stride[0], a.out.stride[1],
+                                               static_cast<float*>(a.lse.data), a.lse.stride[0], a.lse.stride[1]);
+    p.max_logits = static_cast<float*>(a.max_logits.data);
+    p.max_logits_stride_s = a.max_logits.stride[0];
+    p.max_logits_stride_h = a.max_logits.stride[1];
+    p.grid = static_cast<int>(std::min<int64_t>(p.num_tiles, a.num_sms > 0 ? a.num_sms : 1));
+    pf.cache = static_cast<const uint8_t*>(a.kv_cache.data);
+    pf.page_size = static_cast<int>(a.kv_cache.shape[1]);
+    pf.page_stride = a.kv_cache.shape[0] > 1 ? a.kv_cache.stride[0] : a.kv_cache.shape[1] * bytes_per_token;
+  }
+  return Status::ok();
+}
+
+}  // namespace detail
+
+Status sparse_prefill_fp8(const SparsePrefillFp8Args& args, cudaStream_t stream) {
+  kernels::SparsePrefillFp8Params params;
+  OPENMLA_RETURN_IF_ERROR(detail::validate_sparse_prefill_fp8(args, &params));
+#if !defined(OPENMLA_HAS_SPARSE_PREFILL)
+  (void)stream;
+  return detail::family_not_built(detail::KernelFamily::kSparsePrefill, "sparse_prefill_fp8");
+#else
+  const int device = args.q.device_id;
+  OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(device, "q", stream, "sparse_prefill_fp8"));
+  int num_sms = args.num_sms;
+  if (num_sms == 0)
+    OPENMLA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device),
+                                 "sparse prefill (FP8 cache): querying the SM count");
+  params.base.grid = static_cast<int>(std::min<int64_t>(params.base.num_tiles, num_sms));
+  return kernels::launch_sparse_prefill_fp8(params, stream);
+#endif
+}
+
+}  // namespace openmla
