@@ -22,6 +22,7 @@
 #include "kernels/combine/params.h"
 #include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/dense_decode/config.h"
+#include "kernels/dense_decode/gather.cuh"
 #include "kernels/dense_decode/params.h"
 
 namespace openmla::kernels::dense_decode {
@@ -77,14 +78,19 @@ static_assert(T::kTileBytes == tile::kTileBytes && T::kRowBytes == tile::kRowByt
 __device__ __forceinline__ constexpr int tile_group(int t) { return t / T::kVTilesPerHalf; }  // 0, 1 or 2
 
 // S = Q K^T over the 9 tiles of one KV buffer, waiting tile by tile so the GEMM starts on the first
-// arrival. `kFirstTile` rotates the order (WG1 starts with the tiles refilled first).
-template <bool kIsFp16, int kFirstTile>
+// arrival. `kFirstTile` rotates the order (WG1 starts with the tiles refilled first). kGather (page sizes 1-8): the
+// tiles were written by cp.async (generic proxy) and released through the barrier; the acquire-side proxy fence orders
+// them before the wgmma reads (no instruction on sm_90a).
+template <bool kIsFp16, int kFirstTile, bool kGather = false>
 __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int buf, uint32_t phase) {
   ptx::wgmma_fence();
 #pragma unroll
   for (int i = 0; i < T::kNumTiles; ++i) {
     const int t = (i + kFirstTile) % T::kNumTiles;
-    if (t % T::kVTilesPerHalf == 0) ptx::mbarrier_wait_parity(&smem.k_bar[buf][tile_group(t)], phase);
+    if (t % T::kVTilesPerHalf == 0) {
+      ptx::mbarrier_wait_parity(&smem.k_bar[buf][tile_group(t)], phase);
+      if constexpr (kGather) ptx::fence_proxy_async_acquire_shared();
+    }
 #pragma unroll
     for (int kk = 0; kk < T::kTileCols / 16; ++kk) {
       Element<kIsFp16>::template mma_ss<64, 0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
@@ -214,7 +220,9 @@ __device__ __forceinline__ int page_of_any(const DenseDecodeParams& p, const Den
 // docs/decode-schedule.md, "Batch invariance") is the same: the chunk walk is `if constexpr (kChunked)` code, and the
 // default kernels (kChunked = false) compile to the machine code they had without it (checked with
 // tools/sass_guard.sh against the previous build).
-template <bool kIsFp16, bool kAnyPage, bool kChunked>
+// kGather (page sizes 1-8, with kAnyPage; docs/dense-decode.md, "Small pages: the gather kernel") is a third kernel on
+// the body in the same way: the K tiles are gathered row by row by cp.async (gather.cuh) instead of TMA boxes.
+template <bool kIsFp16, bool kAnyPage, bool kChunked, bool kGather = false>
 __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& params, const CUtensorMap& k_map,
                                                   const CUtensorMap& k_map_rope, const CUtensorMap& q_map,
                                                   const DensePageGeometry& pg) {
@@ -230,11 +238,16 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
   const Fragment frag = make_fragment(wg_tid);
   const int lane = tid % 32;
 
+  static_assert(!kGather || (kAnyPage && !kChunked), "the gather kernel: small pages, default schedules");
   if (tid == 0) {
-    ptx::prefetch_tensormap(&k_map);
-    ptx::prefetch_tensormap(&k_map_rope);
+    if constexpr (!kGather) {  // (the gather kernel has no cache tensor map)
+      ptx::prefetch_tensormap(&k_map);
+      ptx::prefetch_tensormap(&k_map_rope);
+    }
+    // A tile group completes on one arrival with the TMA's byte count, or (kGather) on the 128 .noinc arrivals of the
+    // refilling warpgroup's gathers.
     for (int b = 0; b < 2; ++b)
-      for (int g = 0; g < T::kNumTileGroups; ++g) ptx::mbarrier_init(&smem.k_bar[b][g], 1);
+      for (int g = 0; g < T::kNumTileGroups; ++g) ptx::mbarrier_init(&smem.k_bar[b][g], kGather ? T::kWarpgroupThreads : 1);
     for (int h = 0; h < kHandoffs; ++h)
       ptx::mbarrier_init(&smem.handoff[h], T::kWarpgroupThreads);
     ptx::mbarrier_init(&smem.merge_bar, 1);
@@ -262,12 +275,18 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
   const bool is_issuer = wg_tid == 0;
   // Any page size: the threads that issue a block's copies (lane 0 of warps 0 .. pages_per_block - 1 of the refilling
   // warpgroup; one warp for P >= 64) and the page each of them loads (`slot`: its warp in the warpgroup).
+  // kGather: every thread of the refilling warpgroup gathers its row (gather.cuh), with the page id of that row.
   const int slot = wg_tid / 32;
-  const bool is_page_issuer = kAnyPage && lane == 0 && slot < pg.pages_per_block;
+  const bool is_page_issuer = kGather || (kAnyPage && lane == 0 && slot < pg.pages_per_block);
   auto refill_any_page = [&](int page, int blk, int buf, int t_begin, int t_end) {
-    load_kv_tiles_any_page(smem, &k_map, &k_map_rope, pg, page, blk, slot, wg_tid == 0, kv_head, buf, t_begin, t_end,
-                           policy);
+    if constexpr (kGather)
+      gather::gather_kv_tiles(smem, params, page, pg.page_size, wg_tid, kv_head, buf, t_begin, t_end, policy);
+    else
+      load_kv_tiles_any_page(smem, &k_map, &k_map_rope, pg, page, blk, slot, wg_tid == 0, kv_head, buf, t_begin, t_end,
+                             policy);
   };
+  // kGather: log2 of the page size (block-table entry of token t: t >> log2_page).
+  const int log2_page = kGather ? 31 - __clz(pg.page_size) : 0;
   // Parity of each K buffer's tile-group barriers: they complete once per fill of the buffer (one per pair for K0;
   // K1 is not filled in a pair without it).
   pipeline::PhaseBit k_phase[2];
@@ -357,7 +376,24 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     const bool has_work = blk_begin < blk_end;
 
     if (has_work) {
-      if constexpr (kAnyPage) {
+      if constexpr (kGather) {
+        // The Q tile first, as one committed cp.async group: the prologue then waits for it alone (the gathers below
+        // are never committed; they complete on the K barriers). Each tile group is gathered by the warpgroup that
+        // refills it in the pair loop (the barrier counts its 128 threads).
+        if (!q_issued) issue_q(req, tid, T::kThreads);
+        const int page0 = gather::page_of_row(params, req, blk_begin, gather::row_of(wg_tid), seqlen, log2_page);
+        const bool two = blk_begin + 1 < blk_end;
+        const int page1 = two ? gather::page_of_row(params, req, blk_begin + 1, gather::row_of(wg_tid), seqlen, log2_page)
+                              : -1;
+        if (wg == 0) {
+          refill_any_page(page0, blk_begin, 0, 0, T::kVTilesPerHalf);
+          if (two) refill_any_page(page1, blk_begin + 1, 1, 0, T::kVTilesPerHalf);
+          if (two) refill_any_page(page1, blk_begin + 1, 1, T::kRopeTile, T::kNumTiles);
+        } else {
+          refill_any_page(page0, blk_begin, 0, T::kVTilesPerHalf, T::kNumTiles);
+          if (two) refill_any_page(page1, blk_begin + 1, 1, T::kVTilesPerHalf, 2 * T::kVTilesPerHalf);
+        }
+      } else if constexpr (kAnyPage) {
         if (tid < T::kWarpgroupThreads && is_page_issuer) {
           load_kv_tiles_any_page(smem, &k_map, &k_map_rope, pg, page_of_any(params, pg, req, blk_begin, slot, seqlen),
                                  blk_begin, slot, tid == 0, kv_head, 0, 0, T::kNumTiles, policy);
@@ -371,7 +407,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         if (blk_begin + 1 < blk_end)
           load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin + 1), kv_head, 1, 0, T::kNumTiles, policy);
       }
-      if (!q_issued) issue_q(req, tid, T::kThreads);
+      if (!kGather && !q_issued) issue_q(req, tid, T::kThreads);
     }
     // A Q issued during the previous request's epilogue (or above) must land before use, and before another
     // is issued into the same buffer, so it is waited for even by a request without work.
@@ -379,7 +415,8 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       if (params.q_tma && q_issued) {
         ptx::mbarrier_wait_parity(&smem.q_bar, pipeline::BarrierRing<1>::parity(static_cast<uint32_t>(smem.q_waits)));
       } else {
-        ptx::cp_async_wait_all();
+        if constexpr (kGather) gather::cp_async_wait_committed();
+        else ptx::cp_async_wait_all();
         ptx::fence_proxy_async_shared();
       }
     }
@@ -431,7 +468,11 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       const bool k1_partial = tok1 + T::kBlockN > seqlen;
       // Pages of the next pair, loaded now so the refills below never wait on global memory.
       int next_page0, next_page1;
-      if constexpr (kAnyPage) {  // this warp's page of each next block
+      if constexpr (kGather) {  // this thread's row of each next block
+        next_page0 = has_next ? gather::page_of_row(params, req, blk0 + 2, gather::row_of(wg_tid), seqlen, log2_page) : -1;
+        next_page1 =
+            next_has_k1 ? gather::page_of_row(params, req, blk0 + 3, gather::row_of(wg_tid), seqlen, log2_page) : -1;
+      } else if constexpr (kAnyPage) {  // this warp's page of each next block
         next_page0 = has_next ? page_of_any(params, pg, req, blk0 + 2, slot, seqlen) : 0;
         next_page1 = next_has_k1 ? page_of_any(params, pg, req, blk0 + 3, slot, seqlen) : 0;
       } else {
@@ -452,7 +493,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
           }
         }
         // Step 1: S0 = Q K0^T.
-        gemm_qk<kIsFp16, 0>(s, smem, 0, k_phase[0].bit);
+        gemm_qk<kIsFp16, 0, kGather>(s, smem, 0, k_phase[0].bit);
         if (tid == 0 && blk0 == blk_begin) OPENMLA_DENSE_STAMP(req - rec.begin_req, kFirstTiles);
         mask_logits(s, frag, tok0, border);
         // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
@@ -461,7 +502,8 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         handoff.arrive(Handoff::kMax0Ready);
         scale_rows(o, a0[0], a0[1]);
         to_a_fragments<kIsFp16>(s, pa);
-        if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
+        // (kGather: rows past the length were zero-filled by the gathers.)
+        if (!kGather && k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
         gemm_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
         if constexpr (kAnyPage) {
           if (has_next && is_page_issuer) refill_any_page(next_page0, blk0 + 2, 0, 0, T::kVTilesPerHalf);
@@ -483,8 +525,9 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         // Step 6: O_L = a1 O_L + P1 V1_L.
         scale_rows(o, a1[0], a1[1]);
         if (has_k1) {
-          if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
+          if (!kGather && k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
           ptx::mbarrier_wait_parity(&smem.k_bar[1][0], k_phase[1].bit);  // V1_L = group 0
+          if constexpr (kGather) ptx::fence_proxy_async_acquire_shared();
           gemm_pv_ss<kIsFp16>(o, smem.k[1][T::kRopeTile], smem.k[1][0]);
           if constexpr (kAnyPage) {
             if (next_has_k1 && is_page_issuer) {
@@ -500,7 +543,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         // Step 1: S1 = Q K1^T, starting with the tiles WG1 itself refilled first.
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
-          gemm_qk<kIsFp16, T::kVTilesPerHalf>(s, smem, 1, k_phase[1].bit);
+          gemm_qk<kIsFp16, T::kVTilesPerHalf, kGather>(s, smem, 1, k_phase[1].bit);
           mask_logits(s, frag, tok1, border);
           row_max(s, mx);
         }
@@ -517,7 +560,8 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         scale_rows(o, a01[0], a01[1]);
         if (has_k1) {
           to_a_fragments<kIsFp16>(s, pa);
-          if (k1_partial) zero_tail_rows(smem.k[1][T::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
+          if (!kGather && k1_partial)
+            zero_tail_rows(smem.k[1][T::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
           gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][T::kVTilesPerHalf]);
           if constexpr (kAnyPage) {
             if (next_has_k1 && is_page_issuer)
@@ -530,8 +574,10 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
 
         // Step 5: O_R += P0 V0_R.
         handoff.wait(Handoff::kP0Ready);
-        if (k0_partial) zero_tail_rows(smem.k[0][T::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
+        if (!kGather && k0_partial)
+          zero_tail_rows(smem.k[0][T::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
         ptx::mbarrier_wait_parity(&smem.k_bar[0][1], k_phase[0].bit);  // V0_R = group 1
+        if constexpr (kGather) ptx::fence_proxy_async_acquire_shared();
         gemm_pv_ss<kIsFp16>(o, smem.k[0][T::kRopeTile], smem.k[0][T::kVTilesPerHalf]);
         if constexpr (kAnyPage) {
           if (has_next && is_page_issuer) refill_any_page(next_page0, blk0 + 2, 0, T::kVTilesPerHalf, T::kNumTiles);
@@ -572,7 +618,13 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     const int next_entry = kAnyPage ? (next_begin * pg.pages_per_block) >> pg.blocks_per_page_log2 : next_begin;
     if (has_next) {
       q_issued = true;  // by threads kBlockM.. while threads 0..kBlockM-1 store the rows (below)
-      if (tid == 0) {
+      if constexpr (kGather) {
+        // Threads 0-127: the page of row tid % 64 of the next request's block tid / 64 (-1: past its length).
+        if (tid < 2 * T::kBlockN) {
+          next_len = min(max(params.cache_seqlens[req + 1], 0), params.max_blocks_per_seq * pg.page_size);
+          next_page[0] = gather::page_of_row(params, req + 1, tid / T::kBlockN, tid % T::kBlockN, next_len, log2_page);
+        }
+      } else if (tid == 0) {
         if constexpr (kChunked) {
           next_len = params.cache_seqlens[next_req];
           // (An entry past the table's row is never read; one past the length is never prefetched, below.)
@@ -791,7 +843,10 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     }
     if (!is_split || merge) store_rows(false, false);
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStored);
-    if (tid == 0 && has_next) {  // only pages inside the next sequence are touched
+    if constexpr (kGather) {  // one token row per thread 0-127: the next request's first two blocks
+      if (has_next && tid < 2 * T::kBlockN && next_page[0] >= 0)
+        gather::prefetch_row_l2(params, next_page[0], (tid % T::kBlockN) & (pg.page_size - 1), kv_head);
+    } else if (tid == 0 && has_next) {  // only pages inside the next sequence are touched
       // (Any page size: entries 0 and 1 are the next sequence's first two pages, prefetched from their first row.)
       const int page_tokens = kAnyPage ? pg.page_size : T::kBlockN;
       const int len = min(max(next_len, 0), params.max_blocks_per_seq * page_tokens);
@@ -826,6 +881,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                  const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
                                  const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
   dense_decode_body<kIsFp16, true, false>(params, k_map, k_map_rope, q_map, pages);
+}
+
+// Page sizes 1, 2, 4 and 8 (docs/dense-decode.md, "Small pages: the gather kernel"): the same pair loop, each block's 64
+// rows gathered by cp.async (gather.cuh) from the pages the block table names row by row. The cache tensor maps are not
+// read (the launcher passes empty ones); q_map serves the TMA Q path as in the other kernels.
+template <bool kIsFp16>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    dense_decode_gather_kernel(const __grid_constant__ DenseDecodeParams params,
+                               const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
+                               const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
+  dense_decode_body<kIsFp16, true, false, true>(params, k_map, k_map_rope, q_map, pages);
 }
 
 // Batch-invariant schedules (docs/decode-schedule.md, "Batch invariance"): the page-64 and any-page kernels walking
