@@ -486,7 +486,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         // Small pages (P < 64): this warp's pages of the pair after next, read now and pulled into L2 after P0 V0
         // (docs/dense-decode.md, "Page sizes", decision dense-v20).
         int ahead_page[2] = {-1, -1};
-        if constexpr (kAnyPage) {
+        if constexpr (kAnyPage && !kGather) {
           if (pg.pages_per_block > 1 && is_page_issuer) {
             if (blk0 + 4 < blk_end) ahead_page[0] = page_of_any(params, pg, req, blk0 + 4, slot, seqlen);
             if (blk0 + 5 < blk_end) ahead_page[1] = page_of_any(params, pg, req, blk0 + 5, slot, seqlen);
