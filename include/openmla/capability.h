@@ -16,6 +16,7 @@ enum class Feature : int {
   kMergeStates = 5,      // merge_attn_states: combining partial attention states (decode context parallelism)
   kDecodeBatchInvariant = 6,  // batch-invariant decode schedules (DenseDecodeProblem / SparseDecodeProblem::
                               // batch_invariant): served wherever the decode kernels are
+  kDenseDecodeFp8 = 7,  // dense MLA decode over an FP8 e4m3 cache with per-tensor scales (openmla/dense_decode_fp8.h)
 };
 
 const char* feature_name(Feature feature);

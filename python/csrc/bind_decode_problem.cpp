@@ -42,8 +42,9 @@ KVCacheFormat cache_format_from_name(const std::string& name) {
   if (name == "fp16" || name == "float16") return KVCacheFormat::kFloat16;
   if (name == "fp8_v32") return KVCacheFormat::kFp8V32;
   if (name == "fp8_model1") return KVCacheFormat::kFp8Model1;
+  if (name == "fp8_e4m3") return KVCacheFormat::kFp8E4M3;
   throw nb::value_error(("argument 'cache_format': unknown format '" + name +
-                         "'; expected one of 'bf16', 'fp16', 'fp8_v32', 'fp8_model1'")
+                         "'; expected one of 'bf16', 'fp16', 'fp8_v32', 'fp8_model1', 'fp8_e4m3'")
                             .c_str());
 }
 

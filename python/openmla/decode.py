@@ -48,6 +48,7 @@ import threading
 from typing import Any, Optional
 
 from . import _openmla as _C
+from . import decode_fp8 as _fp8
 from ._runtime import as_byte_view, is_torch_tensor, require_torch, torch_tensors_read_in_place
 
 try:  # torch is optional: importing OpenMLA needs neither torch nor a GPU
@@ -202,7 +203,8 @@ def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                            num_splits=None, softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None,
                            attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
-                           extra_topk_length=None, *, batch_invariant=False, out=None, lse=None):
+                           extra_topk_length=None, *, batch_invariant=False, out=None, lse=None, descale_q=None,
+                           descale_k=None):
     """MLA decode attention over a paged KV cache (flash_mla-compatible): dense, or sparse when ``indices`` is given.
 
     Dense mode (``indices`` None):
@@ -216,7 +218,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         [P j, P j + P) of request i (P = page_block_size). Entries past ceil(cache_seqlens[i] / P) are never read.
       cache_seqlens: (b,) int32, contiguous; 0 allowed (out = 0, lse = +inf for that request).
       causal: bottom-right aligned mask (query i of s_q sees keys j <= L - s_q + i); ignored when s_q = 1.
-      is_fp8_kvcache must be False and the sparse-mode arguments None.
+      the sparse-mode arguments None; is_fp8_kvcache True (or a float8_e4m3fn k_cache): the FP8 cache below.
 
     Sparse mode (``indices`` given; DeepSeek-V3.2 sparse attention over an FP8 cache):
       q: (b, s_q, h_q, d_qk) bfloat16 CUDA tensor; any h_q >= 1 (64 and 128 are the fast paths), any s_q >= 1.
@@ -244,6 +246,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
       softmax_scale: scale of q.k; None means q.shape[-1] ** -0.5.
       out: optional (b, s_q, h_q, head_dim_v) tensor of q's dtype to write into (last dim contiguous).
       lse: optional (b, h_q, s_q) float32 tensor to write into (any strides).
+      descale_q, descale_k: keyword-only, dense mode over an FP8 e4m3 cache (k_cache float8_e4m3fn (num_blocks,
+        page_block_size, 1, 576), any page size; q bf16 or float8_e4m3fn): the per-tensor scales, float32 CUDA tensors
+        of one element or floats (None: 1). Output bf16. See openmla.decode_fp8 and docs/integration.md.
       batch_invariant: OpenMLA, keyword-only: tensor-style metadata planned by get_mla_metadata(...,
         batch_invariant=True) (the call's split buffers are sized for it). A FlashMLASchedMeta keeps its own mode:
         True here with an object planned without it raises ValueError.
@@ -261,6 +266,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
       NotImplementedError: an unsupported combination (e.g. an FP8 cache in dense mode).
       RuntimeError: a CUDA error.
     """
+    if _fp8.wants_fp8_path(k_cache, is_fp8_kvcache, indices, descale_q, descale_k, tile_scheduler_metadata):
+        return _fp8.call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                         softmax_scale, causal, is_fp8_kvcache, attn_sink, extra_k_cache, extra_indices_in_kvcache,
+                         topk_length, extra_topk_length, descale_q, descale_k, batch_invariant, out, lse)
     if _is_compiling():
         return _traced_call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                             softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
@@ -591,10 +600,8 @@ def _metadata_problem(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_h
                                     or num_heads_q < 1):
         raise ValueError(f"argument 'num_heads_q' must be None or a positive int, got {num_heads_q!r}")
     rows, h_kv = num_q_tokens_per_head_k, num_heads_k
+    # is_fp8_kvcache without topk: dense decode over an FP8 e4m3 cache, whose schedule is dense decode's.
     sparse = topk is not None
-    if is_fp8_kvcache and not sparse:
-        raise NotImplementedError("get_mla_metadata(..., is_fp8_kvcache=True) without 'topk': dense decode over an "
-                                  "FP8 cache is not supported (FP8 caches are read by sparse decode only: pass topk)")
     if sparse:
         if not is_fp8_kvcache:
             raise ValueError("argument 'topk' was given but 'is_fp8_kvcache' is False: sparse decode reads an FP8 "

@@ -68,7 +68,8 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
                          "of 1, 2, 4 or 8 tokens run with the default schedule only");
   if (problem.cache_format != KVCacheFormat::kBFloat16 && problem.cache_format != KVCacheFormat::kFloat16)
     return invalid(std::string("argument 'problem.cache_format' is ") + kv_cache_format_name(problem.cache_format) +
-                   "; dense decode needs a bf16 or fp16 cache (FP8 caches are sparse-decode only)");
+                   "; dense decode needs a bf16 or fp16 cache (an e4m3 cache with a per-tensor scale: dense_decode_fp8, "
+                   "openmla/dense_decode_fp8.h; the FP8 V3.2 / MODEL1 layouts: sparse_decode)");
   const DecodeGeometry g = geometry_of(problem);
   const int64_t b = problem.batch, s_q = problem.s_q, h_q = problem.h_q, h_kv = problem.h_kv;
 

@@ -375,7 +375,6 @@ class _Lengths:
     ((_Lengths(4), 128.0, 1), {}, ValueError, r"argument 'num_q_tokens_per_head_k'"),
     ((_Lengths(4), 128, 1, True), {}, ValueError, r"argument 'num_heads_q' must be None or a positive int"),
     ((_Lengths(4), 100, 1, 64), {}, ValueError, r"not a multiple of num_heads_q"),
-    ((_Lengths(4), 128, 1), {"is_fp8_kvcache": True}, NotImplementedError, r"without 'topk'"),
     ((_Lengths(4), 128, 1, 64), {"topk": 2048}, ValueError, r"'is_fp8_kvcache' is False"),
     ((_Lengths(4), 128, 1), {"is_fp8_kvcache": True, "topk": 2048}, ValueError, r"'num_heads_q' is required"),
     ((_Lengths(4), 128, 2, 128), {"is_fp8_kvcache": True, "topk": 2048}, ValueError, r"'num_heads_k' is 2"),
@@ -392,6 +391,8 @@ def test_tensor_style_problem():
     assert dec._metadata_problem(_Lengths(4), 2 * 128, 1, 128, False, None) == (4, 2, 128, 1, False, None)
     assert dec._metadata_problem(_Lengths(3), 2 * 16, 8, 128, False, None) == (3, 2, 128, 8, False, None)
     assert dec._metadata_problem(_Lengths(1), 7 * 64, 1, 64, True, 2048) == (1, 7, 64, 1, True, 2048)
+    # is_fp8_kvcache without topk: the FP8 dense cache, on the dense schedule.
+    assert dec._metadata_problem(_Lengths(4), 2 * 128, 1, 128, True, None) == (4, 2, 128, 1, False, None)
 
 
 def test_signature_matches_flash_mla():
@@ -402,13 +403,14 @@ def test_signature_matches_flash_mla():
     assert names == ["q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata",
                      "num_splits", "softmax_scale", "causal", "is_fp8_kvcache", "indices", "attn_sink",
                      "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length",
-                     "batch_invariant", "out", "lse"]
+                     "batch_invariant", "out", "lse", "descale_q", "descale_k"]
     defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
     assert defaults == {"num_splits": None, "softmax_scale": None, "causal": False, "is_fp8_kvcache": False,
                         "indices": None, "attn_sink": None, "extra_k_cache": None, "extra_indices_in_kvcache": None,
                         "topk_length": None, "extra_topk_length": None, "batch_invariant": False, "out": None,
-                        "lse": None}
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params if p.name in ("out", "lse", "batch_invariant"))
+                        "lse": None, "descale_q": None, "descale_k": None}
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY
+               for p in params if p.name in ("out", "lse", "batch_invariant", "descale_q", "descale_k"))
 
 
 def _call(**kwargs):
@@ -427,9 +429,13 @@ def test_sparse_only_arguments_need_indices(name):
         _call(**{name: object()})
 
 
-def test_fp8_cache_without_indices_is_not_implemented():
-    with pytest.raises(NotImplementedError, match=r"is_fp8_kvcache=True without 'indices'"):
+def test_fp8_flag_without_indices_takes_the_fp8_dense_path():
+    # Dense decode over an FP8 e4m3 cache (openmla.decode_fp8): its checks name the argument (q is no tensor here;
+    # without torch the path says it needs torch).
+    with pytest.raises((TypeError, ImportError), match=r"argument 'q' must be a torch.Tensor|needs PyTorch"):
         _call(is_fp8_kvcache=True)
+    with pytest.raises((TypeError, ImportError), match=r"argument 'q' must be a torch.Tensor|needs PyTorch"):
+        _call(descale_k=0.5)
 
 
 def test_indices_select_sparse_mode():
