@@ -16,6 +16,8 @@ enum class Feature : int {
   kMergeStates = 5,      // merge_attn_states: combining partial attention states (decode context parallelism)
   kDecodeBatchInvariant = 6,  // batch-invariant decode schedules (DenseDecodeProblem / SparseDecodeProblem::
                               // batch_invariant): served wherever the decode kernels are
+  kDensePrefillFp8 = 7,  // dense MHA prefill forward with float8_e4m3fn q, k, v (MhaPrefillProblem::dtype
+                         // kFloat8E4M3): served wherever the dense prefill kernels are
 };
 
 const char* feature_name(Feature feature);
