@@ -17,6 +17,8 @@ enum class Feature : int {
   kDecodeBatchInvariant = 6,  // batch-invariant decode schedules (DenseDecodeProblem / SparseDecodeProblem::
                               // batch_invariant): served wherever the decode kernels are
   kDenseDecodeFp8 = 7,  // dense MLA decode over an FP8 e4m3 cache with per-tensor scales (openmla/dense_decode_fp8.h)
+  kDensePrefillFp8 = 8,  // dense MHA prefill forward with float8_e4m3fn q, k, v (MhaPrefillProblem::dtype
+                         // kFloat8E4M3): served wherever the dense prefill kernels are
 };
 
 const char* feature_name(Feature feature);

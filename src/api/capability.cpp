@@ -18,6 +18,7 @@ const char* feature_name(Feature feature) {
     case Feature::kMergeStates: return "merge_attn_states";
     case Feature::kDecodeBatchInvariant: return "decode_batch_invariant";
     case Feature::kDenseDecodeFp8: return "dense_decode_fp8";
+    case Feature::kDensePrefillFp8: return "dense_prefill_fp8";
   }
   return "unknown";
 }

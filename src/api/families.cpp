@@ -63,6 +63,7 @@ KernelFamily family_of(Feature feature) {
     case Feature::kDenseDecodeFp8: return KernelFamily::kDecode;  // one option builds both decode kernels
     case Feature::kSparsePrefill: return KernelFamily::kSparsePrefill;
     case Feature::kDensePrefill: return KernelFamily::kMhaPrefill;  // the forward and the backward
+    case Feature::kDensePrefillFp8: return KernelFamily::kMhaPrefill;  // the FP8 forward
     case Feature::kMergeStates: return KernelFamily::kMergeStates;
   }
   return KernelFamily::kDecode;

@@ -191,7 +191,8 @@ TEST(BuildOptions, CapabilityNamesTheOptionOfAnAbsentFamily) {
                   {Feature::kDensePrefill, kMhaPrefill},
                   {Feature::kMergeStates, kMergeStates},
                   {Feature::kDecodeBatchInvariant, kDecode},
-                  {Feature::kDenseDecodeFp8, kDecode}};
+                  {Feature::kDenseDecodeFp8, kDecode},
+                  {Feature::kDensePrefillFp8, kMhaPrefill}};
   for (const auto& f : features) {
     const Capability cap = query_capability(f.feature);
     if (f.family.built) {

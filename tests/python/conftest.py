@@ -64,6 +64,7 @@ FAMILIES_BY_FILE = {
     "test_sparse_prefill.py": ("sparse_prefill",),
     "test_mha_prefill.py": ("dense_prefill",),
     "test_mha_prefill_api.py": ("dense_prefill",),
+    "test_mha_prefill_fp8.py": ("dense_prefill", "dense_prefill_fp8"),
     "test_mha_prefill_bwd.py": ("dense_prefill",),
     "test_mha_train.py": ("dense_prefill",),
     "test_faults.py": ("dense_decode", "sparse_decode", "kv_cache_quantize", "sparse_prefill"),
