@@ -16,6 +16,8 @@ enum class Feature : int {
   kMergeStates = 5,      // merge_attn_states: combining partial attention states (decode context parallelism)
   kDecodeBatchInvariant = 6,  // batch-invariant decode schedules (DenseDecodeProblem / SparseDecodeProblem::
                               // batch_invariant): served wherever the decode kernels are
+  kDenseDecodeAnyPageSize = 7,  // dense decode at every page size 1, 2, 4, ..., 256 (k_cache.shape[1]; page 1 = a
+                                // per-token slot list): served wherever dense decode is
 };
 
 const char* feature_name(Feature feature);

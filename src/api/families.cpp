@@ -59,7 +59,8 @@ KernelFamily family_of(Feature feature) {
     case Feature::kKVCacheQuantize: return KernelFamily::kKVCache;
     case Feature::kDenseDecode:
     case Feature::kSparseDecode:
-    case Feature::kDecodeBatchInvariant: return KernelFamily::kDecode;  // one option builds both decode kernels
+    case Feature::kDecodeBatchInvariant:
+    case Feature::kDenseDecodeAnyPageSize: return KernelFamily::kDecode;  // one option builds both decode kernels
     case Feature::kSparsePrefill: return KernelFamily::kSparsePrefill;
     case Feature::kDensePrefill: return KernelFamily::kMhaPrefill;  // the forward and the backward
     case Feature::kMergeStates: return KernelFamily::kMergeStates;
