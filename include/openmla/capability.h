@@ -19,6 +19,8 @@ enum class Feature : int {
   kDenseDecodeFp8 = 7,  // dense MLA decode over an FP8 e4m3 cache with per-tensor scales (openmla/dense_decode_fp8.h)
   kDensePrefillFp8 = 8,  // dense MHA prefill forward with float8_e4m3fn q, k, v (MhaPrefillProblem::dtype
                          // kFloat8E4M3): served wherever the dense prefill kernels are
+  kDenseDecodeAnyPageSize = 9,  // dense decode at every page size 1, 2, 4, ..., 256 (k_cache.shape[1]; page 1 = a
+                                // per-token slot list): served wherever dense decode is
 };
 
 const char* feature_name(Feature feature);

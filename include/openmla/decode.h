@@ -42,7 +42,7 @@ struct DenseDecodeProblem {
   int64_t h_kv = 1;              // KV heads
   int64_t d_qk = 576;            // must be 576 (512 NoPE + 64 RoPE)
   int64_t d_v = 512;             // must be 512
-  int64_t page_block_size = 64;  // tokens per cache page (k_cache.shape[1]): 16, 32, 64, 128 or 256
+  int64_t page_block_size = 64;  // tokens per cache page (k_cache.shape[1]): 1, 2, 4, ..., 256
   KVCacheFormat cache_format = KVCacheFormat::kBFloat16;  // kBFloat16 or kFloat16 (the dtype of q and the cache)
   bool causal = false;           // bottom-right aligned; ignored when s_q == 1
   int num_sms = 0;               // SMs to schedule over; 0: the current device's count
@@ -187,11 +187,11 @@ Status plan_decode(const DecodeProblem& problem, const TensorRef& cache_seqlens,
 struct DenseDecodeArgs {
   TensorRef q;              // (b, s_q, h_q, d_qk) bf16/fp16; last dim contiguous, byte strides % 16 == 0
   TensorRef k_cache;        // (num_blocks, page_block_size, h_kv, d_qk), q's dtype; last dim contiguous, strides % 8
-                            // == 0; page_block_size 16, 32, 64, 128 or 256
+                            // == 0; page_block_size 1, 2, 4, ..., 256 (16 and up with batch_invariant)
   TensorRef block_table;    // (b, max_blocks_per_seq) int32, entry [i, j] = the page of tokens [j P, j P + P) of
                             // request i (P = page_block_size); last dim contiguous; max_blocks_per_seq <=
                             // dense_max_blocks_per_seq(P). Entries past ceil(L/P) are never read; an entry outside
-                            // [0, num_blocks) reads zeros (TMA bounds), never another address; a length above
+                            // [0, num_blocks) reads zeros (TMA bounds; pages 1-8: zero-filled gathers), never another address; a length above
                             // max_blocks_per_seq * P is clamped to it
   TensorRef cache_seqlens;  // (b,) int32, contiguous; 0 allowed
   float softmax_scale = 0.f;  // 0: d_qk ** -0.5

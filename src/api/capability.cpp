@@ -19,6 +19,7 @@ const char* feature_name(Feature feature) {
     case Feature::kDecodeBatchInvariant: return "decode_batch_invariant";
     case Feature::kDenseDecodeFp8: return "dense_decode_fp8";
     case Feature::kDensePrefillFp8: return "dense_prefill_fp8";
+    case Feature::kDenseDecodeAnyPageSize: return "dense_decode_any_page_size";
   }
   return "unknown";
 }

@@ -192,7 +192,8 @@ TEST(BuildOptions, CapabilityNamesTheOptionOfAnAbsentFamily) {
                   {Feature::kMergeStates, kMergeStates},
                   {Feature::kDecodeBatchInvariant, kDecode},
                   {Feature::kDenseDecodeFp8, kDecode},
-                  {Feature::kDensePrefillFp8, kMhaPrefill}};
+                  {Feature::kDensePrefillFp8, kMhaPrefill},
+                  {Feature::kDenseDecodeAnyPageSize, kDecode}};
   for (const auto& f : features) {
     const Capability cap = query_capability(f.feature);
     if (f.family.built) {

@@ -57,7 +57,7 @@ def pytest_configure(config):
 FAMILIES_BY_FILE = {
     "test_dense_decode.py": ("dense_decode",),
     "test_dense_decode_page_sizes.py": ("dense_decode",),
-    "test_dense_decode_small_pages.py": ("dense_decode",),
+    "test_dense_decode_small_pages.py": ("dense_decode", "dense_decode_any_page_size"),
     "test_decode_api.py": ("dense_decode", "sparse_decode"),
     "test_sparse_decode.py": ("sparse_decode",),
     "test_kv_cache.py": ("kv_cache_quantize",),

@@ -437,10 +437,11 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     if (params.batch < 0) {
       asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
       // The any-page kernel's own loop lands at 0x40 modulo 128 with five lines since its small-page L2 prefetch
-      // (decision dense-v20; its speed at other offsets is not measured: docs/dense-decode.md, "Page sizes").
+      // (decision dense-v20), the gather kernel's with two (its speed at other offsets is not measured either:
+      // docs/dense-decode.md, "Page sizes").
       if constexpr (kAnyPage) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
+        for (int i = 0; i < (kGather ? 1 : 4); ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
       }
       // The batch-invariant kernels' loops (their speed at any offset is not measured): no count tried puts either at
       // 0x40 modulo 128 (any-page, more lines: 0 0x30, 1 0x50, 2 0x60, 3 0x70; page 64: 0 0x70, 3 0x20, 4 0x30,

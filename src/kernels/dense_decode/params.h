@@ -69,7 +69,7 @@ struct DenseDecodeParams {
 };
 
 // Page sizes other than 64 (docs/dense-decode.md, "Page sizes"): how the kernel's 64-token blocks map onto pages of P
-// tokens, P a power of two in [16, 256]. Passed to the any-page kernel as its own argument (not a DenseDecodeParams
+// tokens, P a power of two in [1, 256]. Passed to the any-page and gather kernels as its own argument (not a DenseDecodeParams
 // field: that would move the page-64 kernel's tensor-map arguments and change its SASS).
 struct DensePageGeometry {
   int page_size = 64;             // P, tokens per page (k_cache.shape[1])
