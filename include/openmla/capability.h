@@ -16,6 +16,8 @@ enum class Feature : int {
   kMergeStates = 5,      // merge_attn_states: combining partial attention states (decode context parallelism)
   kDecodeBatchInvariant = 6,  // batch-invariant decode schedules (DenseDecodeProblem / SparseDecodeProblem::
                               // batch_invariant): served wherever the decode kernels are
+  kDecodeVarlenQ = 7,  // per-request query lengths in dense and sparse decode (DenseDecodeProblem / SparseDecodeProblem::
+                       // varlen_q, seqused_q): served wherever the decode kernels are
 };
 
 const char* feature_name(Feature feature);

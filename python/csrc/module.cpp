@@ -23,11 +23,11 @@ openmla::Feature feature_from_name(const std::string& name) {
   using openmla::Feature;
   for (Feature f : {Feature::kKVCacheQuantize, Feature::kDenseDecode, Feature::kSparseDecode,
                     Feature::kSparsePrefill, Feature::kDensePrefill, Feature::kMergeStates,
-                    Feature::kDecodeBatchInvariant})
+                    Feature::kDecodeBatchInvariant, Feature::kDecodeVarlenQ})
     if (name == openmla::feature_name(f)) return f;
   throw nb::value_error(("argument 'feature': unknown feature '" + name +
                          "'; expected one of kv_cache_quantize, dense_decode, sparse_decode, sparse_prefill, "
-                         "dense_prefill, merge_attn_states, decode_batch_invariant")
+                         "dense_prefill, merge_attn_states, decode_batch_invariant, decode_varlen_q")
                             .c_str());
 }
 

@@ -43,7 +43,7 @@ except ModuleNotFoundError as _err:  # only "not built"; a broken extension (und
 DENSE_PAGE_SIZES = (16, 32, 64, 128, 256)
 
 FEATURES = ("kv_cache_quantize", "dense_decode", "sparse_decode", "sparse_prefill", "dense_prefill",
-            "merge_attn_states", "decode_batch_invariant")
+            "merge_attn_states", "decode_batch_invariant", "decode_varlen_q")
 
 __version__ = _openmla.version()
 

@@ -17,6 +17,7 @@ const char* feature_name(Feature feature) {
     case Feature::kDensePrefill: return "dense_prefill";
     case Feature::kMergeStates: return "merge_attn_states";
     case Feature::kDecodeBatchInvariant: return "decode_batch_invariant";
+    case Feature::kDecodeVarlenQ: return "decode_varlen_q";
   }
   return "unknown";
 }

@@ -190,7 +190,8 @@ TEST(BuildOptions, CapabilityNamesTheOptionOfAnAbsentFamily) {
                   {Feature::kSparsePrefill, kSparsePrefill},
                   {Feature::kDensePrefill, kMhaPrefill},
                   {Feature::kMergeStates, kMergeStates},
-                  {Feature::kDecodeBatchInvariant, kDecode}};
+                  {Feature::kDecodeBatchInvariant, kDecode},
+                  {Feature::kDecodeVarlenQ, kDecode}};
   for (const auto& f : features) {
     const Capability cap = query_capability(f.feature);
     if (f.family.built) {

@@ -9,7 +9,7 @@ import conftest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 FEATURES = ("kv_cache_quantize", "dense_decode", "sparse_decode", "sparse_prefill", "dense_prefill",
-            "merge_attn_states", "decode_batch_invariant")
+            "merge_attn_states", "decode_batch_invariant", "decode_varlen_q")
 
 
 def test_every_gpu_test_file_names_its_families():
