@@ -176,8 +176,12 @@ def test_dense_matches_reference(case):
 
 @gpu
 @pytest.mark.parametrize("h_q,page", [(128, 64), (16, 64), (64, 32)])
-def test_dense_full_lengths_equal_uniform_call_bitwise(h_q, page):
-    """Every request at s_q rows: the varlen kernel computes exactly what the uniform one does."""
+def test_dense_full_lengths_equal_uniform_call(h_q, page):
+    """Every request at s_q rows: the uniform call's results. Bitwise where both calls have the same partitions (all
+    positions in one m-block: h_q 16); otherwise the varlen schedule has more partitions (a one-position problem's), so
+    its split points, and the fp32 summation order, differ: within the decode tolerances."""
+    import dense_decode_ref
+
     torch = _torch()
     om = _openmla()
     b, s_q = 6, 3
@@ -187,7 +191,10 @@ def test_dense_full_lengths_equal_uniform_call_bitwise(h_q, page):
     meta, _ = om.get_mla_metadata()
     ref = om.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, D_V, meta, causal=True)
     torch.cuda.synchronize()
-    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+    if h_q * s_q <= 64:
+        assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+    else:
+        dense_decode_ref.check_dense_decode(out, lse, ref[0], ref[1], what=" [full lengths vs uniform]")
 
 
 @gpu

@@ -35,6 +35,11 @@ def test_workspace_sizes():
     u = C.get_decode_workspace_sizes(**dense_problem(varlen_q=False))
     assert d["varlen_ints"] == 4 and u["varlen_ints"] == 0
     assert {k: v for k, v in d.items() if k != "varlen_ints"} == {k: v for k, v in u.items() if k != "varlen_ints"}
+    # Dense: the partitions of a one-position problem (h_q 128, s_q 3: 6 m-blocks, 22 partitions; varlen 66).
+    d = C.get_decode_workspace_sizes(**dense_problem(h_q=128))
+    u = C.get_decode_workspace_sizes(**dense_problem(h_q=128, varlen_q=False))
+    assert (u["num_sm_parts"], d["num_sm_parts"]) == (22, 66)
+    assert d["partial_rows"] == (4 + 66) * 3 * 128 and d["metadata_ints"] == 66 * 8
     # Sparse: the sizes of b * s_q one-token requests, and one length per token (two with an extra cache).
     s = C.get_decode_workspace_sizes(**sparse_problem())
     flat = C.get_decode_workspace_sizes(**sparse_problem(varlen_q=False, batch=12, s_q=1))
