@@ -21,6 +21,8 @@ enum class Feature : int {
                          // kFloat8E4M3): served wherever the dense prefill kernels are
   kDenseDecodeAnyPageSize = 9,  // dense decode at every page size 1, 2, 4, ..., 256 (k_cache.shape[1]; page 1 = a
                                 // per-token slot list): served wherever dense decode is
+  kDecodeVarlenQ = 10,  // per-request query lengths in dense and sparse decode (DenseDecodeProblem / SparseDecodeProblem::
+                       // varlen_q, seqused_q): served wherever the decode kernels are
 };
 
 const char* feature_name(Feature feature);

@@ -25,12 +25,12 @@ openmla::Feature feature_from_name(const std::string& name) {
   for (Feature f : {Feature::kKVCacheQuantize, Feature::kDenseDecode, Feature::kSparseDecode,
                     Feature::kSparsePrefill, Feature::kDensePrefill, Feature::kMergeStates,
                     Feature::kDecodeBatchInvariant, Feature::kDenseDecodeFp8, Feature::kDensePrefillFp8,
-                    Feature::kDenseDecodeAnyPageSize})
+                    Feature::kDenseDecodeAnyPageSize, Feature::kDecodeVarlenQ})
     if (name == openmla::feature_name(f)) return f;
   throw nb::value_error(("argument 'feature': unknown feature '" + name +
                          "'; expected one of kv_cache_quantize, dense_decode, sparse_decode, sparse_prefill, "
                          "dense_prefill, merge_attn_states, decode_batch_invariant, dense_decode_fp8, dense_prefill_fp8, "
-                         "dense_decode_any_page_size")
+                         "dense_decode_any_page_size, decode_varlen_q")
                             .c_str());
 }
 

@@ -44,7 +44,7 @@ DENSE_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 FEATURES = ("kv_cache_quantize", "dense_decode", "sparse_decode", "sparse_prefill", "dense_prefill",
             "merge_attn_states", "decode_batch_invariant", "dense_decode_fp8", "dense_prefill_fp8",
-            "dense_decode_any_page_size")
+            "dense_decode_any_page_size", "decode_varlen_q")
 
 __version__ = _openmla.version()
 

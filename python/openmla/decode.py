@@ -142,6 +142,8 @@ class FlashMLASchedMeta:
     # (metadata, num_splits) tensors of a plan traced by torch.compile.
     _step = None
     _traced = None
+    # The planned state of a step whose calls pass seqused_q (decode_varlen.py); None otherwise.
+    _varlen = None
 
     def __init__(self, batch_invariant: bool = False):
         #: OpenMLA: plan the batch-invariant schedule (get_mla_metadata(batch_invariant=True); docs/decode-schedule.md).
@@ -203,8 +205,8 @@ def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                            num_splits=None, softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None,
                            attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
-                           extra_topk_length=None, *, batch_invariant=False, out=None, lse=None, descale_q=None,
-                           descale_k=None):
+                           extra_topk_length=None, *, batch_invariant=False, seqused_q=None, out=None, lse=None,
+                           descale_q=None, descale_k=None):
     """MLA decode attention over a paged KV cache (flash_mla-compatible): dense, or sparse when ``indices`` is given.
 
     Dense mode (``indices`` None):
@@ -252,6 +254,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
       batch_invariant: OpenMLA, keyword-only: tensor-style metadata planned by get_mla_metadata(...,
         batch_invariant=True) (the call's split buffers are sized for it). A FlashMLASchedMeta keeps its own mode:
         True here with an object planned without it raises ValueError.
+      seqused_q: OpenMLA, keyword-only: per-request query lengths, a (b,) int32 CUDA tensor (speculative decoding
+        with a different number of draft tokens per request). q stays (b, s_q, h_q, d_qk) with s_q the largest
+        length; rows past seqused_q[i] get out 0 and lse +inf; causal is bottom-right per request. Object style only,
+        not with batch_invariant; graph-capturable, no host synchronisation (openmla/decode_varlen.py).
 
     Returns:
       (out, lse): out (b, s_q, h_q, head_dim_v) in q's dtype; lse (b, h_q, s_q) float32, the natural log
@@ -266,6 +272,15 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
       NotImplementedError: an unsupported combination (e.g. an FP8 cache in dense mode).
       RuntimeError: a CUDA error.
     """
+    if seqused_q is not None:  # per-request query lengths (decode_varlen.py)
+        if _fp8.wants_fp8_path(k_cache, is_fp8_kvcache, indices, descale_q, descale_k, tile_scheduler_metadata):
+            raise ValueError("argument 'seqused_q': per-request query lengths are not served with the dense FP8 cache "
+                             "(descale_q / descale_k); use the uniform s_q")
+        from .decode_varlen import varlen_call
+        return varlen_call(tile_scheduler_metadata, num_splits, q, k_cache, block_table, cache_seqlens, head_dim_v,
+                           softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
+                           extra_indices_in_kvcache, topk_length, extra_topk_length, seqused_q, batch_invariant, out,
+                           lse)
     if _fp8.wants_fp8_path(k_cache, is_fp8_kvcache, indices, descale_q, descale_k, tile_scheduler_metadata):
         return _fp8.call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                          softmax_scale, causal, is_fp8_kvcache, attn_sink, extra_k_cache, extra_indices_in_kvcache,
@@ -460,6 +475,9 @@ def _object_style(sched, q, k_cache, block_table, cache_seqlens, head_dim_v, sof
     which plans it (under a lock, so threads that share the object plan it once), and every call where torch has no
     DLPack exchange API (outputs and stream from torch). Each then goes through DecodeStep.decode."""
     _schedule_style(sched, None)
+    if sched._varlen is not None:
+        raise ValueError("argument 'seqused_q' is None but this FlashMLASchedMeta was planned by a call with "
+                         "per-request query lengths: every call of its step must pass seqused_q")
     with _plain_torch():
         cache_format, config = _check_call(q, k_cache, block_table, cache_seqlens, head_dim_v, causal, is_fp8_kvcache,
                                            indices, attn_sink, extra_k_cache, extra_indices, topk_length,

@@ -20,6 +20,7 @@ const char* feature_name(Feature feature) {
     case Feature::kDenseDecodeFp8: return "dense_decode_fp8";
     case Feature::kDensePrefillFp8: return "dense_prefill_fp8";
     case Feature::kDenseDecodeAnyPageSize: return "dense_decode_any_page_size";
+    case Feature::kDecodeVarlenQ: return "decode_varlen_q";
   }
   return "unknown";
 }

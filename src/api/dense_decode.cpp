@@ -6,6 +6,7 @@
 #include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
+#include "api/decode_varlen_q.h"
 #include "api/families.h"
 #include "api/validate.h"
 #include "heuristics/decode_launch.h"
@@ -123,6 +124,8 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
   OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(bt, "block_table"));
   OPENMLA_RETURN_IF_ERROR(check_fits_int32(bt, "block_table"));
   OPENMLA_RETURN_IF_ERROR(check_lengths(args.cache_seqlens, "cache_seqlens", b));
+  // Per-request query lengths (problem.varlen_q): seqused_q, read by the kernel, on q's device (below).
+  OPENMLA_RETURN_IF_ERROR(check_seqused_q(problem.varlen_q, args.seqused_q, b));
 
   // ---- out, lse, schedule and split buffers (shapes not depending on num_sm_parts) ----------------------
   OPENMLA_RETURN_IF_ERROR(check_decode_outputs(g, args.out, args.lse, q.dtype));
@@ -140,7 +143,8 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
                                                  {&args.schedule.metadata, "schedule.metadata"},
                                                  {&args.schedule.num_splits, "schedule.num_splits"},
                                                  {&args.split.partial_o, "split.partial_o"},
-                                                 {&args.split.partial_lse, "split.partial_lse"}}));
+                                                 {&args.split.partial_lse, "split.partial_lse"},
+                                                 {&args.seqused_q, "seqused_q"}}));
 
   OPENMLA_RETURN_IF_ERROR(check_softmax_scale(args.softmax_scale));
 
@@ -154,6 +158,7 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
                                           {&k, "k_cache"},
                                           {&bt, "block_table"},
                                           {&args.cache_seqlens, "cache_seqlens"},
+                                          {&args.seqused_q, "seqused_q"},
                                           {&args.schedule.metadata, "schedule.metadata"},
                                           {&args.schedule.num_splits, "schedule.num_splits"}}));
 
@@ -243,7 +248,12 @@ Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs
   if (checked_mode_enabled())
     OPENMLA_RETURN_IF_ERROR(run_input_checks(kernels::CheckedEntry::kDenseDecode,
                                              dense_decode_checks(problem, canonical_args(args), num_sm_parts), stream));
-  OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(call.params, call.pages, stream));
+  if (problem.varlen_q) {  // per-request query lengths: the varlen kernels (docs/dense-decode.md)
+    const kernels::DenseVarlenQ varlen{.seqused_q = static_cast<const int32_t*>(canonical(args.seqused_q).data)};
+    OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode_varlen_q(call.params, call.pages, varlen, stream));
+  } else {
+    OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(call.params, call.pages, stream));
+  }
   return kernels::launch_combine(call.combine, call.combine_slices, stream);
 #endif
 }

@@ -148,6 +148,9 @@ Status validate_dense_decode_fp8(const DenseDecodeProblem& problem, const DenseD
   if (problem.batch_invariant)
     return invalid_field("batch_invariant", problem.batch_invariant,
                          "FP8 dense decode has no batch-invariant schedule yet; plan the default one");
+  if (problem.varlen_q)
+    return Status::unsupported("argument 'problem.varlen_q': FP8 dense decode takes a uniform s_q (per-request query "
+                               "lengths are served for the bf16 / fp16 cache)");
   OPENMLA_RETURN_IF_ERROR(check_decode_outputs(g, args.out, args.lse, DType::kBFloat16));
   OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(args.schedule, b));
   OPENMLA_RETURN_IF_ERROR(check_merge_counters(args.schedule, heuristics::decode_merge_counter_count(problem)));

@@ -61,7 +61,8 @@ KernelFamily family_of(Feature feature) {
     case Feature::kSparseDecode:
     case Feature::kDecodeBatchInvariant:
     case Feature::kDenseDecodeFp8:
-    case Feature::kDenseDecodeAnyPageSize: return KernelFamily::kDecode;  // one option builds both decode kernels
+    case Feature::kDenseDecodeAnyPageSize:
+    case Feature::kDecodeVarlenQ: return KernelFamily::kDecode;  // one option builds both decode kernels
     case Feature::kSparsePrefill: return KernelFamily::kSparsePrefill;
     case Feature::kDensePrefill: return KernelFamily::kMhaPrefill;  // the forward and the backward
     case Feature::kDensePrefillFp8: return KernelFamily::kMhaPrefill;  // the FP8 forward

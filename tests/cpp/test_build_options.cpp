@@ -193,7 +193,8 @@ TEST(BuildOptions, CapabilityNamesTheOptionOfAnAbsentFamily) {
                   {Feature::kDecodeBatchInvariant, kDecode},
                   {Feature::kDenseDecodeFp8, kDecode},
                   {Feature::kDensePrefillFp8, kMhaPrefill},
-                  {Feature::kDenseDecodeAnyPageSize, kDecode}};
+                  {Feature::kDenseDecodeAnyPageSize, kDecode},
+                  {Feature::kDecodeVarlenQ, kDecode}};
   for (const auto& f : features) {
     const Capability cap = query_capability(f.feature);
     if (f.family.built) {

@@ -76,6 +76,7 @@ FAMILIES_BY_FILE = {
     "test_dcp.py": ("merge_attn_states", "dense_decode", "sparse_decode", "kv_cache_quantize"),
     "test_batch_invariant.py": ("dense_decode", "sparse_decode", "decode_batch_invariant", "kv_cache_quantize"),
     "test_dense_decode_fp8.py": ("dense_decode_fp8",),
+    "test_decode_varlen_q.py": ("dense_decode", "sparse_decode", "decode_varlen_q", "kv_cache_quantize"),
 }
 
 

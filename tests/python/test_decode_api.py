@@ -279,10 +279,12 @@ def test_sparse_binding_signature():
     signature = C.sparse_decode.__doc__.splitlines()[0]  # nanobind's generated signature line
     assert re.findall(r"(\w+): ", signature) == [
         "q", "k_cache", "indices", "tile_scheduler_metadata", "num_splits", "partial_o", "partial_lse", "out", "lse",
-        "topk_length", "attn_sink", "extra_k_cache", "extra_indices", "extra_topk_length", "softmax_scale", "stream"]
+        "topk_length", "attn_sink", "extra_k_cache", "extra_indices", "extra_topk_length", "softmax_scale", "stream",
+        "seqused_q", "varlen_lengths"]
     for name in ("topk_length", "attn_sink", "extra_k_cache", "extra_indices", "extra_topk_length"):
         assert f"{name}: ndarray[] | None = None" in signature, signature
-    assert "softmax_scale: float = 0.0, stream: int = 0, **problem" in signature, signature
+    assert ("softmax_scale: float = 0.0, stream: int = 0, seqused_q: ndarray[] | None = None, "
+            "varlen_lengths: ndarray[] | None = None, **problem") in signature, signature
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -298,7 +300,8 @@ def test_sparse_binding_signature():
 def test_workspace_sizes(b, s_q, h_q, h_kv, parts):
     sizes = C.get_decode_workspace_sizes(**problem(batch=b, s_q=s_q, h_q=h_q, h_kv=h_kv))
     assert set(sizes) == {"num_sm_parts", "metadata_ints", "num_splits_ints", "partial_rows", "partial_o_bytes",
-                          "partial_lse_bytes", "merge_counter_ints"}
+                          "partial_lse_bytes", "merge_counter_ints", "varlen_ints"}
+    assert sizes["varlen_ints"] == 0  # per-request query lengths only (test_decode_varlen_q_api.py)
     assert sizes["num_sm_parts"] == parts
     assert 1 <= parts <= C.MAX_DECODE_SM_PARTS
     assert sizes["metadata_ints"] == parts * C.DECODE_SCHEDULE_RECORD_INTS == parts * 8
@@ -403,14 +406,14 @@ def test_signature_matches_flash_mla():
     assert names == ["q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata",
                      "num_splits", "softmax_scale", "causal", "is_fp8_kvcache", "indices", "attn_sink",
                      "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length",
-                     "batch_invariant", "out", "lse", "descale_q", "descale_k"]
+                     "batch_invariant", "seqused_q", "out", "lse", "descale_q", "descale_k"]
     defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
     assert defaults == {"num_splits": None, "softmax_scale": None, "causal": False, "is_fp8_kvcache": False,
                         "indices": None, "attn_sink": None, "extra_k_cache": None, "extra_indices_in_kvcache": None,
-                        "topk_length": None, "extra_topk_length": None, "batch_invariant": False, "out": None,
-                        "lse": None, "descale_q": None, "descale_k": None}
+                        "topk_length": None, "extra_topk_length": None, "batch_invariant": False, "seqused_q": None,
+                        "out": None, "lse": None, "descale_q": None, "descale_k": None}
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY
-               for p in params if p.name in ("out", "lse", "batch_invariant", "descale_q", "descale_k"))
+               for p in params if p.name in ("out", "lse", "batch_invariant", "seqused_q", "descale_q", "descale_k"))
 
 
 def _call(**kwargs):

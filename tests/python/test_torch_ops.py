@@ -74,7 +74,8 @@ def test_decode_op_arguments_follow_flash_mla_with_kvcache():
     import inspect
 
     names = [a.name for a in _op("flash_mla_with_kvcache")._schema.arguments]
-    python = list(inspect.signature(openmla.flash_mla_with_kvcache).parameters)
+    # seqused_q (per-request query lengths) is not traced by torch.compile: the ops do not take it.
+    python = [p for p in inspect.signature(openmla.flash_mla_with_kvcache).parameters if p != "seqused_q"]
     # The function's order, without the keyword-only out / lse (its keyword-only batch_invariant is the op's last
     # argument).
     assert names == python[:len(names)]

@@ -201,6 +201,11 @@ __device__ __forceinline__ int page_of_any(const DenseDecodeParams& p, const Den
   return p.block_table[static_cast<int64_t>(req) * p.block_table_stride + entry];
 }
 
+// Per-request query lengths: request `req`'s query rows, clamped to [0, s_q] (warp-uniform, as the lengths).
+__device__ __forceinline__ int varlen_q_len(const DenseVarlenQ& vq, int req, int s_q) {
+  return min(max(__shfl_sync(0xffffffff, vq.seqused_q[req], 0), 0), s_q);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
@@ -212,10 +217,16 @@ __device__ __forceinline__ int page_of_any(const DenseDecodeParams& p, const Den
 // tools/sass_guard.sh against the previous build).
 // kGather (page sizes 1-8, with kAnyPage; docs/dense-decode.md, "Small pages: the gather kernel") is a third kernel on
 // the body in the same way: the K tiles are gathered row by row by cp.async (gather.cuh) instead of TMA boxes.
-template <bool kIsFp16, bool kAnyPage, bool kChunked, bool kGather = false>
+//
+// kVarlenQ (per-request query lengths, docs/dense-decode.md, "Per-request query lengths") is the same again: request
+// `req` has q_len = clamp(vq.seqused_q[req], 0, s_q) query rows; the causal border of its row s_idx is
+// seqlen - (q_len - 1 - s_idx), rows at or past q_len see no key (out 0, lse +inf), and a request without rows
+// walks no block (the plan gave it none).
+template <bool kIsFp16, bool kAnyPage, bool kChunked, bool kGather = false, bool kVarlenQ = false>
 __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& params, const CUtensorMap& k_map,
                                                   const CUtensorMap& k_map_rope, const CUtensorMap& q_map,
-                                                  const DensePageGeometry& pg) {
+                                                  const DensePageGeometry& pg,
+                                                  const DenseVarlenQ& vq = DenseVarlenQ{}) {
   SharedStorage& smem = cta::shared_storage<SharedStorage>();
 
   const int tid = threadIdx.x;
@@ -356,12 +367,27 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     for (int i = 0; i < 2; ++i) {
       const int r = row_base + frag.row[i];
       border[i] = (params.causal && r < R) ? seqlen - (params.s_q - 1 - r / params.q_per_kv) : seqlen;
+      if constexpr (kVarlenQ) {  // bottom-right per request; rows past q_len see nothing
+        const int q_len = varlen_q_len(vq, req, params.s_q), s_idx = r / params.q_per_kv;
+        border[i] = r < R && s_idx < q_len ? (params.causal ? seqlen - (q_len - 1 - s_idx) : seqlen) : 0;
+      }
     }
     // Blocks past the last valid row's border are fully masked for the whole tile: skip them.
     {
       const int last_row = min(row_base + T::kBlockM, R) - 1;
       const int max_border = params.causal ? seqlen - (params.s_q - 1 - last_row / params.q_per_kv) : seqlen;
       blk_end = min(blk_end, max(0, (max_border + T::kBlockN - 1) / T::kBlockN));
+    }
+    // kVarlenQ: the same from the request's own q_len instead (so not clamped by the line above: recomputed from the
+    // range). A request without rows (q_len 0: planned as empty) and an m-block of rows past q_len walk no block and
+    // only write their empty rows.
+    if constexpr (kVarlenQ) {
+      const int q_len = varlen_q_len(vq, req, params.s_q);
+      const int last_row = min(min(row_base + T::kBlockM, R), q_len * params.q_per_kv) - 1;
+      const int max_border =
+          last_row < row_base ? 0 : (params.causal ? seqlen - (q_len - 1 - last_row / params.q_per_kv) : seqlen);
+      const int range_end = req == rec.end_req ? rec.end_block : num_seq_blocks;
+      blk_end = min(range_end, max(0, (max_border + T::kBlockN - 1) / T::kBlockN));
     }
     const bool has_work = blk_begin < blk_end;
 
@@ -434,6 +460,13 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       // 6: 0x60), five leave it at 0x50 until tools/placement_sweep.sh says better.
       if constexpr (kChunked) {
         constexpr int kLines = kAnyPage ? 3 : 5;
+#pragma unroll
+        for (int i = 0; i < kLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
+      }
+      // The per-request query length kernels' loops (their speed at any offset is not measured): these counts aim at
+      // 0x40 modulo 128 (docs/dense-decode.md, "Per-request query lengths").
+      if constexpr (kVarlenQ) {
+        constexpr int kLines = kAnyPage ? 1 : 6;
 #pragma unroll
         for (int i = 0; i < kLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
       }
@@ -879,6 +912,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                   const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
                                   const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
   dense_decode_body<kIsFp16, kAnyPage, true>(params, k_map, k_map_rope, q_map, pages);
+}
+
+// Per-request query lengths (docs/dense-decode.md, "Per-request query lengths"): the page-64 and any-page kernels with
+// the varlen rows of dense_decode_body, in units of their own (instantiations/*_varlen_q.cu) so the default kernels
+// keep their machine code. The lengths are an argument after the page geometry (DenseDecodeParams is unchanged).
+template <bool kIsFp16, bool kAnyPage>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    dense_decode_varlen_q_kernel(const __grid_constant__ DenseDecodeParams params,
+                                 const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
+                                 const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages,
+                                 const DenseVarlenQ varlen) {
+  dense_decode_body<kIsFp16, kAnyPage, false, false, true>(params, k_map, k_map_rope, q_map, pages, varlen);
 }
 
 }  // namespace openmla::kernels::dense_decode

@@ -19,6 +19,10 @@ namespace openmla::kernels {
 // params.chunk_blocks > 0 (a batch-invariant schedule) the chunk-walking twins of the first two.
 Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
 
+// Per-request query lengths (docs/dense-decode.md, "Per-request query lengths"): the varlen kernels, page 64 or any
+// page size, in launch_varlen_q.cu. Not combined with batch-invariant schedules (params.chunk_blocks must be 0).
+Status launch_dense_decode_varlen_q(const DenseDecodeParams& params, const DensePageGeometry& pages,
+                                    const DenseVarlenQ& varlen, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
 // Trace builds only (CMake -DOPENMLA_TRACE=ON; api/trace.h): copies the trace of the last launch (config.h, struct
@@ -41,6 +45,10 @@ Status launch_gather_variant(const DenseDecodeParams& params, const DensePageGeo
 // The batch-invariant kernels' variants (params.chunk_blocks > 0): instantiations/<dtype>[_any_page]_invariant.cu.
 template <bool kIsFp16, bool kAnyPage>
 Status launch_invariant_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
+// The varlen kernels' variants: instantiations/<dtype>[_any_page]_varlen_q.cu.
+template <bool kIsFp16, bool kAnyPage>
+Status launch_varlen_q_variant(const DenseDecodeParams& params, const DensePageGeometry& pages,
+                               const DenseVarlenQ& varlen, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
 // The variant's unit's trace array (kernel.cuh).

@@ -149,6 +149,24 @@ Status launch_invariant_variant(const DenseDecodeParams& p, const DensePageGeome
                                           });
 }
 
+template <bool kIsFp16, bool kAnyPage>
+Status launch_varlen_q_variant(const DenseDecodeParams& p, const DensePageGeometry& pages, const DenseVarlenQ& varlen,
+                               cudaStream_t stream) {
+  CUtensorMap k_map, k_map_rope, q_map{};
+  OPENMLA_RETURN_IF_ERROR(encode_maps<kIsFp16>(p, pages.page_size, &k_map, &k_map_rope, &q_map));
+  auto kernel = dense_decode_varlen_q_kernel<kIsFp16, kAnyPage>;
+  constexpr int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
+  static detail::DynamicSmemLimit smem_limit;
+  const dim3 grid(p.num_m_blocks, p.h_kv, p.num_sm_parts);
+  return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
+                                          "dense decode (per-request query lengths): setting the shared-memory size",
+                                          "dense decode kernel (per-request query lengths) launch", [&] {
+                                            kernel<<<grid, Traits::kThreads, smem_bytes, stream>>>(
+                                                p, k_map, k_map_rope, q_map, pages, varlen);
+                                            return cudaPeekAtLastError();
+                                          });
+}
+
 #if defined(OPENMLA_HAS_TRACE)
 template <bool kIsFp16>
 Status trace_buffer(detail::TraceBuffer* out) {

@@ -77,6 +77,12 @@ struct DensePageGeometry {
   int blocks_per_page_log2 = 0;   // log2(P / 64) for P > 64, else 0
 };
 
+// Per-request query lengths (docs/dense-decode.md, "Per-request query lengths"): the varlen kernels' own argument
+// after the page geometry (a DenseDecodeParams field would move the default kernels' parameters).
+struct DenseVarlenQ {
+  const int32_t* seqused_q = nullptr;  // (b,) query rows of each request, clamped to [0, s_q] by the kernel
+};
+
 // The page sizes the kernels take (docs/dense-decode.md, "Page sizes"): 64; powers of two in [16, 256] through the
 // any-page kernel (TMA boxes of P rows); 1, 2, 4 and 8 through the gather kernel (cp.async row gathers: below 16 a
 // 64-token block holds more pages than a warpgroup has warps, and a box of fewer than 8 rows breaks the swizzle atom).
