@@ -3,7 +3,7 @@
 Not in the default run: `python3 benchmarks/run.py --suite decode_page_size`.
 
 Rows: the compute-bound rows of the dense suite (b = 128, h_q = 128, s_q = 1, s_k 4K and 32K, varlen) and the
-memory-bound rows (h_q = 16), each at page sizes 16, 32, 64, 128 and 256. Every case of one row uses the same lengths
+memory-bound rows (h_q = 16), each at page sizes 1 and 8 (the gather kernel), 16, 32, 64, 128 and 256. Every case of one row uses the same lengths
 (the dense suite's seed) and a fresh random page order; the timing is the dense suite's (harness.time_decode_call:
 CUPTI span of the whole eager call, 8 GB flush before each call). `ratio_to_page64` = the page-64 time of the same row
 in the same run / this case's time (> 1: faster than page 64); the page-64 case of each row runs first, and a case
@@ -16,7 +16,7 @@ DEFAULT = False
 
 D_QK, D_V = 576, 512
 SEED = 0
-PAGE_SIZES = (64, 16, 32, 128, 256)  # 64 first: the others' ratio_to_page64 reads its time
+PAGE_SIZES = (64, 1, 8, 16, 32, 128, 256)  # 64 first: the others' ratio_to_page64 reads its time
 ROWS = [
     # (b, s_q, h_q, s_k): compute-bound, then memory-bound
     (128, 1, 128, 4096),

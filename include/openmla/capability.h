@@ -16,7 +16,14 @@ enum class Feature : int {
   kMergeStates = 5,      // merge_attn_states: combining partial attention states (decode context parallelism)
   kDecodeBatchInvariant = 6,  // batch-invariant decode schedules (DenseDecodeProblem / SparseDecodeProblem::
                               // batch_invariant): served wherever the decode kernels are
-  kSparsePrefillFp8 = 7,  // sparse MLA prefill straight from the paged FP8 cache (sparse_prefill_fp8, bf16 compute)
+  kDenseDecodeFp8 = 7,  // dense MLA decode over an FP8 e4m3 cache with per-tensor scales (openmla/dense_decode_fp8.h)
+  kDensePrefillFp8 = 8,  // dense MHA prefill forward with float8_e4m3fn q, k, v (MhaPrefillProblem::dtype
+                         // kFloat8E4M3): served wherever the dense prefill kernels are
+  kDenseDecodeAnyPageSize = 9,  // dense decode at every page size 1, 2, 4, ..., 256 (k_cache.shape[1]; page 1 = a
+                                // per-token slot list): served wherever dense decode is
+  kDecodeVarlenQ = 10,  // per-request query lengths in dense and sparse decode (DenseDecodeProblem / SparseDecodeProblem::
+                       // varlen_q, seqused_q): served wherever the decode kernels are
+  kSparsePrefillFp8 = 11,  // sparse MLA prefill straight from the paged FP8 cache (sparse_prefill_fp8, bf16 compute)
 };
 
 const char* feature_name(Feature feature);

@@ -42,7 +42,7 @@ struct DenseDecodeProblem {
   int64_t h_kv = 1;              // KV heads
   int64_t d_qk = 576;            // must be 576 (512 NoPE + 64 RoPE)
   int64_t d_v = 512;             // must be 512
-  int64_t page_block_size = 64;  // tokens per cache page (k_cache.shape[1]): 16, 32, 64, 128 or 256
+  int64_t page_block_size = 64;  // tokens per cache page (k_cache.shape[1]): 1, 2, 4, ..., 256
   KVCacheFormat cache_format = KVCacheFormat::kBFloat16;  // kBFloat16 or kFloat16 (the dtype of q and the cache)
   bool causal = false;           // bottom-right aligned; ignored when s_q == 1
   int num_sms = 0;               // SMs to schedule over; 0: the current device's count
@@ -57,6 +57,12 @@ struct DenseDecodeProblem {
   // its own length, merged in an order fixed by its own chunks. Plan and call must agree on it (the call's split
   // buffers are sized for it, from the block table's width: get_decode_workspace_sizes needs max_blocks_per_seq).
   bool batch_invariant = false;
+  // Per-request query lengths (docs/dense-decode.md, "Per-request query lengths"): s_q is then the LARGEST query
+  // length, q / out stay (b, s_q, ...), and request i has seqused_q[i] rows (a (b,) int32 device tensor given to
+  // plan_decode and to the call, clamped to [0, s_q] on the device). The causal mask is bottom-right per request: row
+  // j of request i sees keys < cache_seqlens[i] - seqused_q[i] + 1 + j. Rows j >= seqused_q[i] get out = 0 and
+  // lse = +inf (the empty-row convention). Needs DecodeSchedule::varlen_lengths; not with batch_invariant.
+  bool varlen_q = false;
 };
 
 // The largest block table a dense call takes: max_blocks_per_seq * 64 tokens must fit in int32.
@@ -82,6 +88,11 @@ struct SparseDecodeProblem {
   int64_t extra_page_block_size = 0;  // tokens per page of the extra cache (>= 1 when extra_topk > 0)
   int num_sms = 0;               // SMs to schedule over; 0: the current device's count
   bool batch_invariant = false;  // as DenseDecodeProblem::batch_invariant (a request's chunks: topk slots, then extra)
+  // Per-request query lengths, as DenseDecodeProblem::varlen_q (s_q = the largest length; rows past seqused_q[i] get
+  // out = 0, lse = +inf; the indices of those rows are never read). The call decodes the b * s_q query tokens as
+  // b * s_q requests of one token each (docs/sparse-decode.md, "Per-request query lengths"): q, indices, out and lse
+  // must allow that view (stride of dimension 0 = s_q * stride of dimension 1). Not with batch_invariant.
+  bool varlen_q = false;
 };
 
 // Chunk size of batch-invariant schedules, in tokens (dense) or top-k slots (sparse): a multiple of the 64-token
@@ -136,6 +147,10 @@ struct DecodeWorkspaceSizes {
   int64_t merge_counter_ints = 0;  // DecodeSchedule::merge_counters: one int32 per (request, query tile) of the
                                    // main kernel (dense: batch * h_kv * ceil(s_q * h_q / h_kv / 64); sparse:
                                    // batch * s_q * ceil(h_q / 64))
+  int64_t varlen_ints = 0;         // DecodeSchedule::varlen_lengths (problem.varlen_q; 0 otherwise): dense batch;
+                                   // sparse batch * s_q, twice that with an extra cache. A sparse varlen problem's
+                                   // other sizes are those of its b * s_q one-token requests (num_splits_ints
+                                   // batch * s_q + 1, num_sm_parts of s_q = 1)
 };
 
 inline constexpr int kMaxDecodeSmParts = 160;
@@ -158,6 +173,10 @@ struct DecodeSchedule {
   // end of the call; without it (undefined) the combine kernel merges every split request, as before. Calls that
   // share a schedule must run one after another (they already share the split buffers).
   TensorRef merge_counters;
+  // Required with problem.varlen_q (>= varlen_ints,) int32, contiguous, written by plan_decode: the lengths the
+  // schedule was planned from (dense: each request's cache length, 0 for a request without query rows; sparse: each
+  // query token's top-k lengths, which the sparse call reads).
+  TensorRef varlen_lengths;
 };
 
 // Split-KV scratch: caller-owned device memory, sized by get_decode_workspace_sizes().
@@ -180,6 +199,12 @@ Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seq
                    cudaStream_t stream);
 Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_length, const TensorRef& extra_topk_length,
                    const DecodeSchedule& schedule, cudaStream_t stream);
+// Per-request query lengths (problem.varlen_q): the same, from the lengths and `seqused_q` (b,) int32 (the values
+// the calls pass). Writes schedule.varlen_lengths first (one small kernel), then plans from it.
+Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens, const TensorRef& seqused_q,
+                   const DecodeSchedule& schedule, cudaStream_t stream);
+Status plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_length, const TensorRef& extra_topk_length,
+                   const TensorRef& seqused_q, const DecodeSchedule& schedule, cudaStream_t stream);
 // Compatibility form: dense problems read cache_seqlens and ignore the top-k lengths; sparse problems the reverse.
 Status plan_decode(const DecodeProblem& problem, const TensorRef& cache_seqlens, const TensorRef& topk_length,
                    const TensorRef& extra_topk_length, const DecodeSchedule& schedule, cudaStream_t stream);
@@ -187,11 +212,11 @@ Status plan_decode(const DecodeProblem& problem, const TensorRef& cache_seqlens,
 struct DenseDecodeArgs {
   TensorRef q;              // (b, s_q, h_q, d_qk) bf16/fp16; last dim contiguous, byte strides % 16 == 0
   TensorRef k_cache;        // (num_blocks, page_block_size, h_kv, d_qk), q's dtype; last dim contiguous, strides % 8
-                            // == 0; page_block_size 16, 32, 64, 128 or 256
+                            // == 0; page_block_size 1, 2, 4, ..., 256 (16 and up with batch_invariant)
   TensorRef block_table;    // (b, max_blocks_per_seq) int32, entry [i, j] = the page of tokens [j P, j P + P) of
                             // request i (P = page_block_size); last dim contiguous; max_blocks_per_seq <=
                             // dense_max_blocks_per_seq(P). Entries past ceil(L/P) are never read; an entry outside
-                            // [0, num_blocks) reads zeros (TMA bounds), never another address; a length above
+                            // [0, num_blocks) reads zeros (TMA bounds; pages 1-8: zero-filled gathers), never another address; a length above
                             // max_blocks_per_seq * P is clamped to it
   TensorRef cache_seqlens;  // (b,) int32, contiguous; 0 allowed
   float softmax_scale = 0.f;  // 0: d_qk ** -0.5
@@ -199,6 +224,7 @@ struct DenseDecodeArgs {
   DecodeSplitBuffers split;   // workspace
   TensorRef out;            // (b, s_q, h_q, d_v), q's dtype; last dim contiguous, strides % 8 == 0
   TensorRef lse;            // (b, h_q, s_q) float32, any strides
+  TensorRef seqused_q;      // problem.varlen_q only: (b,) int32, contiguous, the values the plan was given
 };
 
 Status dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs& args, cudaStream_t stream);
@@ -230,6 +256,7 @@ struct SparseDecodeArgs {
   DecodeSplitBuffers split;     // workspace
   TensorRef out;                // (b, s_q, h_q, d_v) bf16; last dim contiguous, strides % 8 == 0
   TensorRef lse;                // (b, h_q, s_q) float32, any strides
+  TensorRef seqused_q;          // problem.varlen_q only: (b,) int32, contiguous, the values the plan was given
 };
 
 Status sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args, cudaStream_t stream);

@@ -23,6 +23,7 @@ enum class KVCacheFormat : int {
   kFloat16 = 1,     // plain fp16 rows of d_qk values (dense decode)
   kFp8V32 = 2,      // DeepSeek-V3.2 layout, d_qk = 576, 656 B/token
   kFp8Model1 = 3,   // MODEL1 layout, d_qk = 512, 584 B/token
+  kFp8E4M3 = 4,     // plain e4m3 rows of d_qk values with one per-tensor scale (dense decode: dense_decode_fp8.h)
 };
 
 const char* kv_cache_format_name(KVCacheFormat format);

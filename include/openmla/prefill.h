@@ -97,7 +97,7 @@ struct MhaPrefillProblem {
   int64_t h_kv = 0;           // key/value heads (h_q == h_kv: MHA; h_q > h_kv: GQA)
   int64_t d_qk = 192;         // 192 or 128
   int64_t d_v = 128;          // 128
-  DType dtype = DType::kBFloat16;  // kBFloat16 or kFloat16: q, k, v and out
+  DType dtype = DType::kBFloat16;  // kBFloat16 or kFloat16: q, k, v and out; kFloat8E4M3: FP8 q, k, v (below)
   bool causal = false;        // bottom-right aligned
   int64_t max_seqlen_qo = 0;  // optional bound on every s_q,i (0: unknown); only sizes the grid, never trusted
   int num_sms = 0;            // SMs to run on (persistent CTAs); 0: the current device's count
@@ -124,8 +124,22 @@ struct MhaPrefillArgs {
   TensorRef out;           // (total_q, h_q, d_v), problem.dtype; last dim contiguous, strides multiples of 8, 16-byte
                            // aligned
   TensorRef lse;           // (total_q, h_q) float32, any strides (flash_mla returns a transposed view)
+  // FP8 only (problem.dtype = kFloat8E4M3; FlashAttention-3's FP8 API): the descales of q, k, v, whose true values are
+  // q8 * q_descale[b, g] etc. for sequence b and kv head g (a query head's descale is that of its kv head). Each
+  // optional (absent: 1): float32 on q's device, shape (batch, h_kv) with any strides, or one value (0-d or (1,)).
+  TensorRef q_descale;
+  TensorRef k_descale;
+  TensorRef v_descale;
 };
 
+// FP8 inputs (problem.dtype = kFloat8E4M3, forward only): q, k, v float8_e4m3fn with the layout rules above in
+// bytes (strides multiples of 16 elements, 16-byte aligned); out bfloat16 or float16 (its dtype says which); lse as
+// above. Both GEMMs run on the e4m3 values in FP8 tensor-core instructions; P (the softmax's probabilities) is
+// quantised to e4m3 for P V with an offset of 2^8 (docs/fp8-prefill-design.md, "Numerics": the error against an fp32
+// reference on the dequantised inputs). problem.epilogue is accepted and has no effect (the FP8 kernel stores O from
+// the registers). The descales are device data: zero, negative or non-finite values are the caller's error (the
+// results are then those of the formula, NaN included).
+//
 // total_q and total_k (the tensors' rows) at most 2^30. Never synchronises, never allocates; graph-capturable (the
 // workspace is reset by a memset node on `stream`).
 Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args, cudaStream_t stream);

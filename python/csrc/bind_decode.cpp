@@ -35,17 +35,20 @@ nb::dict workspace_sizes(const nb::kwargs& kwargs) {
   d["partial_o_bytes"] = sizes.partial_o_bytes;
   d["partial_lse_bytes"] = sizes.partial_lse_bytes;
   d["merge_counter_ints"] = sizes.merge_counter_ints;
+  d["varlen_ints"] = sizes.varlen_ints;
   return d;
 }
 
 void plan(const OptArray& cache_seqlens, const Array& metadata, const Array& num_splits, const OptArray& topk_length,
           const OptArray& extra_topk_length, const OptArray& merge_counters, uintptr_t stream,
-          const nb::kwargs& kwargs) {
+          const OptArray& seqused_q, const OptArray& varlen_lengths, const nb::kwargs& kwargs) {
   const FamilyDecodeProblem p = decode_problem_from_kwargs(kwargs, DecodeFamily::kByKeyword, "plan_decode");
   DecodeSchedule schedule;
   schedule.metadata = to_tensor_ref(metadata, "tile_scheduler_metadata");
   schedule.num_splits = to_tensor_ref(num_splits, "num_splits");
   schedule.merge_counters = to_tensor_ref(merge_counters, "merge_counters");
+  schedule.varlen_lengths = to_tensor_ref(varlen_lengths, "varlen_lengths");
+  const TensorRef used = to_tensor_ref(seqused_q, "seqused_q");
   const TensorRef seqlens = to_tensor_ref(cache_seqlens, "cache_seqlens");
   const TensorRef topk = to_tensor_ref(topk_length, "topk_length");
   const TensorRef extra_topk = to_tensor_ref(extra_topk_length, "extra_topk_length");
@@ -54,8 +57,9 @@ void plan(const OptArray& cache_seqlens, const Array& metadata, const Array& num
     // Launching needs no Python state; let other Python threads run meanwhile.
     nb::gil_scoped_release release;
     // Each family reads its own lengths: dense cache_seqlens, sparse the top-k lengths (the other ones are ignored).
-    status = p.sparse ? plan_decode(p.sparse_problem, topk, extra_topk, schedule, to_stream(stream))
-                      : plan_decode(p.dense, seqlens, schedule, to_stream(stream));
+    // Per-request query lengths (varlen_q): the overloads that take seqused_q (they plan like the others without it).
+    status = p.sparse ? plan_decode(p.sparse_problem, topk, extra_topk, used, schedule, to_stream(stream))
+                      : plan_decode(p.dense, seqlens, used, schedule, to_stream(stream));
   }
   throw_if_error(status);
 }
@@ -63,7 +67,7 @@ void plan(const OptArray& cache_seqlens, const Array& metadata, const Array& num
 void dense(const Array& q, const Array& k_cache, const Array& block_table, const Array& cache_seqlens,
            const Array& metadata, const Array& num_splits, const Array& partial_o, const Array& partial_lse,
            const Array& out, const Array& lse, const OptArray& merge_counters, float softmax_scale, uintptr_t stream,
-           const nb::kwargs& kwargs) {
+           const OptArray& seqused_q, const OptArray& varlen_lengths, const nb::kwargs& kwargs) {
   const DenseDecodeProblem problem =
       decode_problem_from_kwargs(kwargs, DecodeFamily::kDense, "dense_decode").dense;
   DenseDecodeArgs args;
@@ -79,6 +83,8 @@ void dense(const Array& q, const Array& k_cache, const Array& block_table, const
   args.split.partial_lse = to_tensor_ref(partial_lse, "partial_lse");
   args.out = to_tensor_ref(out, "out");
   args.lse = to_tensor_ref(lse, "lse");
+  args.seqused_q = to_tensor_ref(seqused_q, "seqused_q");
+  args.schedule.varlen_lengths = to_tensor_ref(varlen_lengths, "varlen_lengths");
   Status status;
   {
     nb::gil_scoped_release release;
@@ -92,7 +98,7 @@ void sparse(const Array& q, const Array& k_cache, const Array& indices, const Ar
             const Array& partial_o, const Array& partial_lse, const Array& out, const Array& lse,
             const OptArray& topk_length, const OptArray& attn_sink, const OptArray& extra_k_cache,
             const OptArray& extra_indices, const OptArray& extra_topk_length, float softmax_scale, uintptr_t stream,
-            const nb::kwargs& kwargs) {
+            const OptArray& seqused_q, const OptArray& varlen_lengths, const nb::kwargs& kwargs) {
   const SparseDecodeProblem problem =
       decode_problem_from_kwargs(kwargs, DecodeFamily::kSparse, "sparse_decode").sparse_problem;
   SparseDecodeArgs args;
@@ -111,6 +117,8 @@ void sparse(const Array& q, const Array& k_cache, const Array& indices, const Ar
   args.split.partial_lse = to_tensor_ref(partial_lse, "partial_lse");
   args.out = to_tensor_ref(out, "out");
   args.lse = to_tensor_ref(lse, "lse");
+  args.seqused_q = to_tensor_ref(seqused_q, "seqused_q");
+  args.schedule.varlen_lengths = to_tensor_ref(varlen_lengths, "varlen_lengths");
   Status status;
   {
     nb::gil_scoped_release release;
@@ -136,7 +144,8 @@ void bind_decode(nb::module_& m) {
 
   m.def("plan_decode", &plan, nb::arg("cache_seqlens").none(), nb::arg("tile_scheduler_metadata"),
         nb::arg("num_splits"), nb::arg("topk_length") = nb::none(), nb::arg("extra_topk_length") = nb::none(),
-        nb::arg("merge_counters") = nb::none(), nb::arg("stream") = 0, nb::arg("problem"),
+        nb::arg("merge_counters") = nb::none(), nb::arg("stream") = 0, nb::arg("seqused_q") = nb::none(),
+        nb::arg("varlen_lengths") = nb::none(), nb::arg("problem"),
         "plan_decode(cache_seqlens, tile_scheduler_metadata, num_splits, topk_length=None, "
         "extra_topk_length=None, merge_counters=None, stream=0, **problem)\n\n"
         "Computes the decode schedule on the GPU, on `stream` (a cudaStream_t as int), without host "
@@ -144,12 +153,15 @@ void bind_decode(nb::module_& m) {
         "cache_seqlens: (b,) int32 CUDA (dense; ignored, may be None, when sparse). tile_scheduler_metadata: "
         "(num_sm_parts, 8) int32 CUDA, contiguous, written. num_splits: (b + 1,) int32 CUDA, contiguous, "
         "written. topk_length / extra_topk_length: (b,) int32 CUDA, sparse only. merge_counters: optional "
-        "(>= merge_counter_ints,) int32 CUDA, contiguous, zeroed (enables dense decode's in-kernel merge).");
+        "(>= merge_counter_ints,) int32 CUDA, contiguous, zeroed (enables dense decode's in-kernel merge).\n"
+        "Per-request query lengths (varlen_q=True in the problem): seqused_q (b,) int32 CUDA and varlen_lengths "
+        "(>= varlen_ints,) int32 CUDA, written (DecodeSchedule::varlen_lengths).");
 
   m.def("dense_decode", &dense, nb::arg("q"), nb::arg("k_cache"), nb::arg("block_table"), nb::arg("cache_seqlens"),
         nb::arg("tile_scheduler_metadata"), nb::arg("num_splits"), nb::arg("partial_o"), nb::arg("partial_lse"),
         nb::arg("out"), nb::arg("lse"), nb::arg("merge_counters") = nb::none(), nb::arg("softmax_scale") = 0.f,
-        nb::arg("stream") = 0, nb::arg("problem"),
+        nb::arg("stream") = 0, nb::arg("seqused_q") = nb::none(), nb::arg("varlen_lengths") = nb::none(),
+        nb::arg("problem"),
         "dense_decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, partial_o, "
         "partial_lse, out, lse, merge_counters=None, softmax_scale=0.0, stream=0, **problem)\n\n"
         "Dense MLA decode over a paged BF16/FP16 cache, main kernel plus combine, on `stream`.\n"
@@ -165,7 +177,7 @@ void bind_decode(nb::module_& m) {
         nb::arg("out"), nb::arg("lse"), nb::arg("topk_length") = nb::none(), nb::arg("attn_sink") = nb::none(),
         nb::arg("extra_k_cache") = nb::none(), nb::arg("extra_indices") = nb::none(),
         nb::arg("extra_topk_length") = nb::none(), nb::arg("softmax_scale") = 0.f, nb::arg("stream") = 0,
-        nb::arg("problem"),
+        nb::arg("seqused_q") = nb::none(), nb::arg("varlen_lengths") = nb::none(), nb::arg("problem"),
         "sparse_decode(q, k_cache, indices, tile_scheduler_metadata, num_splits, partial_o, partial_lse, out, lse, "
         "topk_length=None, attn_sink=None, extra_k_cache=None, extra_indices=None, extra_topk_length=None, "
         "softmax_scale=0.0, stream=0, **problem)\n\n"

@@ -9,7 +9,7 @@ namespace {
 // The keyword fields, in the order the header declares them (DecodeProblem's order, which the docs list).
 constexpr const char* kProblemFields =
     "batch, s_q, h_q, h_kv, d_qk, d_v, page_block_size, cache_format, causal, sparse, topk, extra_topk, "
-    "extra_page_block_size, num_sms, max_blocks_per_seq, batch_invariant";
+    "extra_page_block_size, num_sms, max_blocks_per_seq, batch_invariant, varlen_q";
 
 // Python ints only: a bool or float slipping into a size field is a caller bug worth reporting.
 int64_t int_field(nb::handle value, const std::string& key) {
@@ -42,8 +42,9 @@ KVCacheFormat cache_format_from_name(const std::string& name) {
   if (name == "fp16" || name == "float16") return KVCacheFormat::kFloat16;
   if (name == "fp8_v32") return KVCacheFormat::kFp8V32;
   if (name == "fp8_model1") return KVCacheFormat::kFp8Model1;
+  if (name == "fp8_e4m3") return KVCacheFormat::kFp8E4M3;
   throw nb::value_error(("argument 'cache_format': unknown format '" + name +
-                         "'; expected one of 'bf16', 'fp16', 'fp8_v32', 'fp8_model1'")
+                         "'; expected one of 'bf16', 'fp16', 'fp8_v32', 'fp8_model1', 'fp8_e4m3'")
                             .c_str());
 }
 
@@ -92,6 +93,8 @@ FamilyDecodeProblem decode_problem_from_kwargs(const nb::kwargs& kwargs, DecodeF
       d.causal = bool_field(v, key);
     } else if (key == "batch_invariant") {
       d.batch_invariant = s.batch_invariant = bool_field(v, key);
+    } else if (key == "varlen_q") {
+      d.varlen_q = s.varlen_q = bool_field(v, key);
     } else if (key == "sparse") {
       const bool named = bool_field(v, key);
       if (family == DecodeFamily::kByKeyword)

@@ -19,7 +19,8 @@ DType dtype_from_name(const std::string& name) {
                   DType::kInt8, DType::kFloat8E4M3})
     if (name == dtype_name(d)) return d;
   throw nb::value_error(
-      ("argument 'dtype': unknown dtype name '" + name + "'; expected 'bfloat16' or 'float16'").c_str());
+      ("argument 'dtype': unknown dtype name '" + name + "'; expected 'bfloat16', 'float16' or 'float8_e4m3fn'")
+          .c_str());
 }
 
 // problem.epilogue by its name.
@@ -57,13 +58,23 @@ size_t workspace_size(int64_t batch, int64_t h_q, int64_t h_kv, int64_t d_qk, in
 void forward(const Array& q, const Array& k, const Array& v, const Array& cu_seqlens_qo, const Array& cu_seqlens_kv,
              const Array& workspace, const Array& out, const Array& lse, int64_t batch, int64_t h_q, int64_t h_kv,
              int64_t d_qk, int64_t d_v, const std::string& dtype, bool causal, int64_t max_seqlen_qo,
-             float softmax_scale, int num_sms, const std::string& epilogue, uintptr_t stream) {
+             float softmax_scale, int num_sms, const std::string& epilogue, uintptr_t stream, const OptArray& q_descale,
+             const OptArray& k_descale, const OptArray& v_descale) {
   const MhaPrefillProblem problem =
       make_problem(batch, h_q, h_kv, d_qk, d_v, dtype, causal, max_seqlen_qo, num_sms, epilogue);
   MhaPrefillArgs args;
   args.q = to_tensor_ref(q, "q");
   args.k = to_tensor_ref(k, "k");
   args.v = to_tensor_ref(v, "v");
+  if (problem.dtype == DType::kFloat8E4M3) {
+    // FP8 inputs may come as uint8 views (DLPack exports without a float8 dtype; python/openmla/mha.py checked that
+    // the tensors are float8_e4m3fn before viewing them): their bytes are e4m3.
+    for (TensorRef* t : {&args.q, &args.k, &args.v})
+      if (t->dtype == DType::kUInt8) t->dtype = DType::kFloat8E4M3;
+  }
+  args.q_descale = to_tensor_ref(q_descale, "q_descale");
+  args.k_descale = to_tensor_ref(k_descale, "k_descale");
+  args.v_descale = to_tensor_ref(v_descale, "v_descale");
   args.cu_seqlens_qo = to_tensor_ref(cu_seqlens_qo, "cu_seqlens_qo");
   args.cu_seqlens_kv = to_tensor_ref(cu_seqlens_kv, "cu_seqlens_kv");
   args.softmax_scale = softmax_scale;
@@ -144,15 +155,19 @@ void bind_mha(nb::module_& m) {
       nb::arg("cu_seqlens_kv"), nb::arg("workspace"), nb::arg("out"), nb::arg("lse"), nb::kw_only(), nb::arg("batch"),
       nb::arg("h_q"), nb::arg("h_kv"), nb::arg("d_qk"), nb::arg("d_v"), nb::arg("dtype"), nb::arg("causal") = false,
       nb::arg("max_seqlen_qo") = 0, nb::arg("softmax_scale") = 0.f, nb::arg("num_sms") = 0,
-      nb::arg("epilogue") = "auto", nb::arg("stream") = 0,
+      nb::arg("epilogue") = "auto", nb::arg("stream") = 0, nb::arg("q_descale") = nb::none(),
+      nb::arg("k_descale") = nb::none(), nb::arg("v_descale") = nb::none(),
       "mha_prefill(q, k, v, cu_seqlens_qo, cu_seqlens_kv, workspace, out, lse, *, batch, h_q, h_kv, d_qk, d_v, dtype, "
-      "causal=False, max_seqlen_qo=0, softmax_scale=0.0, num_sms=0, epilogue='auto', stream=0)\n\n"
+      "causal=False, max_seqlen_qo=0, softmax_scale=0.0, num_sms=0, epilogue='auto', stream=0, q_descale=None, "
+      "k_descale=None, v_descale=None)\n\n"
       "Dense varlen MHA prefill forward on `stream` (a cudaStream_t as int). q: (total_q, h_q, d_qk); k: (total_k, "
       "h_kv, d_qk); v: (total_k, h_kv, d_v), dtype 'bfloat16' or 'float16', (d_qk, d_v) = (192, 128) or (128, 128); "
       "cu_seqlens_qo/k: (batch + 1,) int32; workspace: >= get_mha_prefill_workspace_size bytes; out: (total_q, h_q, "
       "d_v), written; lse: (total_q, h_q) float32, written (natural log; +inf for a row without keys). "
       "softmax_scale 0 means d_qk ** -0.5. epilogue: how O is stored, 'auto' (by the mean sequence length), "
-      "'registers' or 'staged' (shared memory and TMA stores); the same bits either way.");
+      "'registers' or 'staged' (shared memory and TMA stores); the same bits either way. dtype 'float8_e4m3fn': "
+      "FP8 q, k, v (float8_e4m3fn, or their uint8 views), out bfloat16 or float16, descales (batch, h_kv) float32 "
+      "or single values (None: 1); forward only.");
   m.def("get_mha_prefill_bwd_workspace_size", &bwd_workspace_size, nb::kw_only(), nb::arg("batch"),
         nb::arg("total_q"), nb::arg("h_q"), nb::arg("h_kv"), nb::arg("d_qk"), nb::arg("d_v"), nb::arg("dtype"),
         nb::arg("causal") = false, nb::arg("deterministic") = false, nb::arg("num_sms") = 0,

@@ -22,6 +22,9 @@ nb::object mha_prefill_call(nb::handle q, nb::handle k, nb::handle v, nb::handle
   args.q = reader.read(q, "q");
   if (!args.q.defined() || args.q.device != DeviceType::kCUDA || args.q.ndim != 3 || reader.api() == nullptr)
     return nb::none();
+  // FP8 inputs take the general path (python/openmla/mha.py: descales, the output dtype, no autograd).
+  if (args.q.dtype == DType::kFloat8E4M3 || args.q.dtype == DType::kUInt8 || args.q.dtype == DType::kInt8)
+    return nb::none();
   const int device_id = args.q.device_id;
   args.k = reader.read(k, "k");
   args.v = reader.read(v, "v");

@@ -15,6 +15,7 @@ void bind_kv_cache_call(nb::module_& m);
 void bind_reference(nb::module_& m);
 void bind_checked(nb::module_& m);
 void bind_diag(nb::module_& m);
+void bind_dense_decode_fp8(nb::module_& m);
 }  // namespace openmla::py
 
 namespace {
@@ -23,11 +24,13 @@ openmla::Feature feature_from_name(const std::string& name) {
   using openmla::Feature;
   for (Feature f : {Feature::kKVCacheQuantize, Feature::kDenseDecode, Feature::kSparseDecode,
                     Feature::kSparsePrefill, Feature::kDensePrefill, Feature::kMergeStates,
-                    Feature::kDecodeBatchInvariant, Feature::kSparsePrefillFp8})
+                    Feature::kDecodeBatchInvariant, Feature::kDenseDecodeFp8, Feature::kDensePrefillFp8,
+                    Feature::kDenseDecodeAnyPageSize, Feature::kDecodeVarlenQ, Feature::kSparsePrefillFp8})
     if (name == openmla::feature_name(f)) return f;
   throw nb::value_error(("argument 'feature': unknown feature '" + name +
                          "'; expected one of kv_cache_quantize, dense_decode, sparse_decode, sparse_prefill, "
-                         "dense_prefill, merge_attn_states, decode_batch_invariant, sparse_prefill_fp8")
+                         "dense_prefill, merge_attn_states, decode_batch_invariant, dense_decode_fp8, dense_prefill_fp8, "
+                         "dense_decode_any_page_size, decode_varlen_q, sparse_prefill_fp8")
                             .c_str());
 }
 
@@ -57,4 +60,5 @@ NB_MODULE(_openmla, m) {
   openmla::py::bind_reference(m);
   openmla::py::bind_checked(m);
   openmla::py::bind_diag(m);
+  openmla::py::bind_dense_decode_fp8(m);
 }

@@ -38,12 +38,13 @@ except ModuleNotFoundError as _err:  # only "not built"; a broken extension (und
 
 #: Feature names understood by query_capability().
 # The page sizes dense decode takes (k_cache.shape[1]); docs/dense-decode.md, "Page sizes". query_capability
-# ("dense_decode") answers for the device and build; a call with another page size raises ValueError naming
-# problem.page_block_size.
-DENSE_PAGE_SIZES = (16, 32, 64, 128, 256)
+# ("dense_decode_any_page_size") answers for the device and build; a call with another page size raises ValueError
+# naming problem.page_block_size.
+DENSE_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 FEATURES = ("kv_cache_quantize", "dense_decode", "sparse_decode", "sparse_prefill", "dense_prefill",
-            "merge_attn_states", "decode_batch_invariant", "sparse_prefill_fp8")
+            "merge_attn_states", "decode_batch_invariant", "dense_decode_fp8", "dense_prefill_fp8",
+            "dense_decode_any_page_size", "decode_varlen_q", "sparse_prefill_fp8")
 
 __version__ = _openmla.version()
 

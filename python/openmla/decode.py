@@ -48,6 +48,7 @@ import threading
 from typing import Any, Optional
 
 from . import _openmla as _C
+from . import decode_fp8 as _fp8
 from ._runtime import as_byte_view, is_torch_tensor, require_torch, torch_tensors_read_in_place
 
 try:  # torch is optional: importing OpenMLA needs neither torch nor a GPU
@@ -141,6 +142,8 @@ class FlashMLASchedMeta:
     # (metadata, num_splits) tensors of a plan traced by torch.compile.
     _step = None
     _traced = None
+    # The planned state of a step whose calls pass seqused_q (decode_varlen.py); None otherwise.
+    _varlen = None
 
     def __init__(self, batch_invariant: bool = False):
         #: OpenMLA: plan the batch-invariant schedule (get_mla_metadata(batch_invariant=True); docs/decode-schedule.md).
@@ -202,20 +205,22 @@ def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                            num_splits=None, softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None,
                            attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
-                           extra_topk_length=None, *, batch_invariant=False, out=None, lse=None):
+                           extra_topk_length=None, *, batch_invariant=False, seqused_q=None, out=None, lse=None,
+                           descale_q=None, descale_k=None):
     """MLA decode attention over a paged KV cache (flash_mla-compatible): dense, or sparse when ``indices`` is given.
 
     Dense mode (``indices`` None):
       q: (b, s_q, h_q, d_qk) bfloat16 or float16 CUDA tensor, d_qk = 576. Last dim contiguous; other
         strides free (multiples of 8 elements).
-      k_cache: (num_blocks, page_block_size, h_kv, d_qk), q's dtype, same device; page_block_size 16, 32, 64, 128
-        or 256 (DENSE_PAGE_SIZES; the page size is k_cache.shape[1], as in flash_mla);
+      k_cache: (num_blocks, page_block_size, h_kv, d_qk), q's dtype, same device; page_block_size 1, 2, 4, 8, 16,
+        32, 64, 128 or 256 (DENSE_PAGE_SIZES; the page size is k_cache.shape[1], as in flash_mla; at page 1 the block
+        table is the per-token slot list); batch_invariant=True takes 16 and up;
         h_q % h_kv == 0. V is the first head_dim_v dims of K (MLA's shared latent). Last dim contiguous.
       block_table: (b, max_blocks_per_seq) int32; entry [i, j] is the page holding tokens
         [P j, P j + P) of request i (P = page_block_size). Entries past ceil(cache_seqlens[i] / P) are never read.
       cache_seqlens: (b,) int32, contiguous; 0 allowed (out = 0, lse = +inf for that request).
       causal: bottom-right aligned mask (query i of s_q sees keys j <= L - s_q + i); ignored when s_q = 1.
-      is_fp8_kvcache must be False and the sparse-mode arguments None.
+      the sparse-mode arguments None; is_fp8_kvcache True (or a float8_e4m3fn k_cache): the FP8 cache below.
 
     Sparse mode (``indices`` given; DeepSeek-V3.2 sparse attention over an FP8 cache):
       q: (b, s_q, h_q, d_qk) bfloat16 CUDA tensor; any h_q >= 1 (64 and 128 are the fast paths), any s_q >= 1.
@@ -243,9 +248,16 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
       softmax_scale: scale of q.k; None means q.shape[-1] ** -0.5.
       out: optional (b, s_q, h_q, head_dim_v) tensor of q's dtype to write into (last dim contiguous).
       lse: optional (b, h_q, s_q) float32 tensor to write into (any strides).
+      descale_q, descale_k: keyword-only, dense mode over an FP8 e4m3 cache (k_cache float8_e4m3fn (num_blocks,
+        page_block_size, 1, 576), any page size; q bf16 or float8_e4m3fn): the per-tensor scales, float32 CUDA tensors
+        of one element or floats (None: 1). Output bf16. See openmla.decode_fp8 and docs/integration.md.
       batch_invariant: OpenMLA, keyword-only: tensor-style metadata planned by get_mla_metadata(...,
         batch_invariant=True) (the call's split buffers are sized for it). A FlashMLASchedMeta keeps its own mode:
         True here with an object planned without it raises ValueError.
+      seqused_q: OpenMLA, keyword-only: per-request query lengths, a (b,) int32 CUDA tensor (speculative decoding
+        with a different number of draft tokens per request). q stays (b, s_q, h_q, d_qk) with s_q the largest
+        length; rows past seqused_q[i] get out 0 and lse +inf; causal is bottom-right per request. Object style only,
+        not with batch_invariant; graph-capturable, no host synchronisation (openmla/decode_varlen.py).
 
     Returns:
       (out, lse): out (b, s_q, h_q, head_dim_v) in q's dtype; lse (b, h_q, s_q) float32, the natural log
@@ -260,6 +272,19 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
       NotImplementedError: an unsupported combination (e.g. an FP8 cache in dense mode).
       RuntimeError: a CUDA error.
     """
+    if seqused_q is not None:  # per-request query lengths (decode_varlen.py)
+        if _fp8.wants_fp8_path(k_cache, is_fp8_kvcache, indices, descale_q, descale_k, tile_scheduler_metadata):
+            raise ValueError("argument 'seqused_q': per-request query lengths are not served with the dense FP8 cache "
+                             "(descale_q / descale_k); use the uniform s_q")
+        from .decode_varlen import varlen_call
+        return varlen_call(tile_scheduler_metadata, num_splits, q, k_cache, block_table, cache_seqlens, head_dim_v,
+                           softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
+                           extra_indices_in_kvcache, topk_length, extra_topk_length, seqused_q, batch_invariant, out,
+                           lse)
+    if _fp8.wants_fp8_path(k_cache, is_fp8_kvcache, indices, descale_q, descale_k, tile_scheduler_metadata):
+        return _fp8.call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                         softmax_scale, causal, is_fp8_kvcache, attn_sink, extra_k_cache, extra_indices_in_kvcache,
+                         topk_length, extra_topk_length, descale_q, descale_k, batch_invariant, out, lse)
     if _is_compiling():
         return _traced_call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                             softmax_scale, causal, is_fp8_kvcache, indices, attn_sink, extra_k_cache,
@@ -450,6 +475,9 @@ def _object_style(sched, q, k_cache, block_table, cache_seqlens, head_dim_v, sof
     which plans it (under a lock, so threads that share the object plan it once), and every call where torch has no
     DLPack exchange API (outputs and stream from torch). Each then goes through DecodeStep.decode."""
     _schedule_style(sched, None)
+    if sched._varlen is not None:
+        raise ValueError("argument 'seqused_q' is None but this FlashMLASchedMeta was planned by a call with "
+                         "per-request query lengths: every call of its step must pass seqused_q")
     with _plain_torch():
         cache_format, config = _check_call(q, k_cache, block_table, cache_seqlens, head_dim_v, causal, is_fp8_kvcache,
                                            indices, attn_sink, extra_k_cache, extra_indices, topk_length,
@@ -590,10 +618,8 @@ def _metadata_problem(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_h
                                     or num_heads_q < 1):
         raise ValueError(f"argument 'num_heads_q' must be None or a positive int, got {num_heads_q!r}")
     rows, h_kv = num_q_tokens_per_head_k, num_heads_k
+    # is_fp8_kvcache without topk: dense decode over an FP8 e4m3 cache, whose schedule is dense decode's.
     sparse = topk is not None
-    if is_fp8_kvcache and not sparse:
-        raise NotImplementedError("get_mla_metadata(..., is_fp8_kvcache=True) without 'topk': dense decode over an "
-                                  "FP8 cache is not supported (FP8 caches are read by sparse decode only: pass topk)")
     if sparse:
         if not is_fp8_kvcache:
             raise ValueError("argument 'topk' was given but 'is_fp8_kvcache' is False: sparse decode reads an FP8 "

@@ -59,14 +59,22 @@ def _check_options(dropout_p, softmax_scale, max_seqlen_qo, name_max="max_seqlen
                          "sequence; it only sizes the grid)")
 
 
+def _is_fp8(t):
+    f8 = getattr(_torch, "float8_e4m3fn", None)
+    return f8 is not None and getattr(t, "dtype", None) == f8
+
+
 def _forward(what, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal, deterministic, out,
-             lse, packed=None):
+             lse, packed=None, fp8=None):
     """The three functions' one path. `packed`: (kind, d_qk, sources) when q, k, v are views of the caller's packed
-    tensors ("qkv": (qkv,), "kv": (q, kv)), so that the backward returns one gradient per packed tensor."""
+    tensors ("qkv": (qkv,), "kv": (q, kv)), so that the backward returns one gradient per packed tensor. `fp8`:
+    (q_descale, k_descale, v_descale, out_dtype) when any of them was given (None: none was; FP8 inputs are then
+    recognised by q's dtype)."""
     if _is_compiling():  # torch.compile: the registered ops (no graph break; their autograd formula is registered)
-        return _traced_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal,
-                               deterministic, out, lse)
-    if _IN_PLACE:  # the per-call entry; None when the checks below must name what is wrong
+        if fp8 is None and not _is_fp8(q):
+            return _traced_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal,
+                                   deterministic, out, lse)
+    elif _IN_PLACE and fp8 is None:  # the per-call entry (None for FP8 inputs); None when the checks must name an error
         if _torch.is_grad_enabled():
             with _plain_torch():
                 needs_grad = any(getattr(t, "requires_grad", False) for t in (q, k, v))
@@ -87,6 +95,19 @@ def _forward(what, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax
     _check_ranks(torch, q, k, v, cu_seqlens_qo, cu_seqlens_kv)
     _refuse_meta_tensors(what, q=q, k=k, v=v, cu_seqlens_qo=cu_seqlens_qo, cu_seqlens_kv=cu_seqlens_kv, out=out,
                          lse=lse)
+    if fp8 is not None and not _is_fp8(q) and all(d is None for d in fp8[:3]):
+        if fp8[3] != q.dtype:  # out_dtype alone, with 16-bit inputs
+            raise ValueError(f"argument 'out_dtype' is {fp8[3]}; only float8_e4m3fn inputs take an output dtype other "
+                             f"than q's ({q.dtype})")
+        fp8 = None
+    if fp8 is not None or _is_fp8(q):
+        # FP8 inputs (or descales given, which the C++ API refuses for 16-bit inputs): forward only.
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise NotImplementedError(f"openmla.{what}: float8_e4m3fn inputs are forward-only (there is no FP8 "
+                                      "backward): call it under torch.no_grad() or pass detached q, k, v")
+        q_descale, k_descale, v_descale, out_dtype = fp8 if fp8 is not None else (None, None, None, None)
+        return _run_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal, out, lse,
+                            descales=(q_descale, k_descale, v_descale), out_dtype=out_dtype)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         _refuse_outputs_under_autograd(what, out, lse)
         kind, d_qk, sources = packed if packed is not None else ("separate", 0, (q, k, v))
@@ -130,16 +151,53 @@ def _problem_dtype(torch, q):
     return "float16" if q.dtype == torch.float16 else "bfloat16"
 
 
-def _run_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal, out=None, lse=None):
+def _descale_tensor(torch, x, name, device):
+    """A descale as the binding takes it: None, a float32 tensor (any shape: the C++ API checks it), or a Python
+    number (one value for every sequence and kv head)."""
+    if x is None or isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        return torch.full((1,), float(x), dtype=torch.float32, device=device)
+    raise ValueError(f"argument '{name}' must be a float32 torch.Tensor of shape (batch, h_kv), a single-value "
+                     f"tensor or a number, got {type(x).__name__}")
+
+
+def _byte_view(t):
+    """An FP8 operand as its uint8 view (DLPack exports without a float8 dtype; the binding reads the bytes as e4m3)."""
+    return t.view(_torch.uint8) if _is_fp8(t) else t
+
+
+def _run_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale, causal, out=None, lse=None,
+                 descales=(None, None, None), out_dtype=None):
     """The forward through the DLPack binding (torch tensors of the right ranks); allocates what is not given."""
     torch = _torch
     total_q, h_q, d_qk = (int(x) for x in q.shape)
     h_kv, d_v = int(k.shape[1]), int(v.shape[2])
     batch = int(cu_seqlens_qo.shape[0]) - 1
-    problem = dict(batch=batch, h_q=h_q, h_kv=h_kv, d_qk=d_qk, d_v=d_v, dtype=_problem_dtype(torch, q),
-                   causal=bool(causal), max_seqlen_qo=int(max_seqlen_qo))
+    fp8 = _is_fp8(q)
+    if fp8:
+        if out_dtype is None:
+            out_dtype = out.dtype if out is not None else torch.bfloat16
+        if out_dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"argument 'out_dtype' is {out_dtype}; the output of float8_e4m3fn inputs is "
+                             "torch.bfloat16 or torch.float16")
+        dtype = "float8_e4m3fn"
+    else:
+        if out_dtype is not None and out_dtype != q.dtype:
+            raise ValueError(f"argument 'out_dtype' is {out_dtype}; only float8_e4m3fn inputs take an output dtype "
+                             f"other than q's ({q.dtype})")
+        out_dtype = q.dtype
+        dtype = _problem_dtype(torch, q)
+    problem = dict(batch=batch, h_q=h_q, h_kv=h_kv, d_qk=d_qk, d_v=d_v, dtype=dtype, causal=bool(causal),
+                   max_seqlen_qo=int(max_seqlen_qo))
+    extra = {}
+    if any(d is not None for d in descales):
+        extra = {name: _descale_tensor(torch, d, name, q.device)
+                 for name, d in zip(("q_descale", "k_descale", "v_descale"), descales)}
+    if fp8:
+        q, k, v = _byte_view(q), _byte_view(k), _byte_view(v)
     if out is None:
-        out = torch.empty((total_q, h_q, d_v), dtype=q.dtype, device=q.device)
+        out = torch.empty((total_q, h_q, d_v), dtype=out_dtype, device=q.device)
     if lse is None:
         # flash_mla's layout: the transpose of a (h_q, total_q) tensor, contiguous along the tokens.
         lse = torch.empty((h_q, total_q), dtype=torch.float32, device=q.device).t()
@@ -147,7 +205,8 @@ def _run_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_s
     # streams never share one.
     workspace = torch.empty(_C.get_mha_prefill_workspace_size(**problem), dtype=torch.uint8, device=q.device)
     _C.mha_prefill(q, k, v, cu_seqlens_qo, cu_seqlens_kv, workspace, out, lse,
-                   softmax_scale=0.0 if softmax_scale is None else float(softmax_scale), stream=stream_of(q), **problem)
+                   softmax_scale=0.0 if softmax_scale is None else float(softmax_scale), stream=stream_of(q), **problem,
+                   **extra)
     return out, lse
 
 
@@ -243,9 +302,16 @@ def _traced_forward(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softma
     return (res[0] if out is None else out), (res[1] if lse is None else lse)
 
 
+def _fp8_options(q_descale, k_descale, v_descale, out_dtype):
+    """_forward's `fp8`: None when no FP8 option was given (the fast path stays open)."""
+    if q_descale is None and k_descale is None and v_descale is None and out_dtype is None:
+        return None
+    return (q_descale, k_descale, v_descale, out_dtype)
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, dropout_p=0.0,
                            softmax_scale=None, causal=False, deterministic=False, is_varlen=True, *, out=None,
-                           lse=None):
+                           lse=None, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Dense varlen multi-head attention forward (flash_mla-compatible; Hopper).
 
     Args:
@@ -278,6 +344,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
     the gradients of sum(out * dout) for q, k and v (GQA: a kv head's gradient sums its query heads; a row that sees
     no key gets dq = 0, a key that no row sees dk = dv = 0). lse carries no gradient (non-differentiable).
 
+    FP8 (FlashAttention-3's FP8 API; forward only): q, k, v torch.float8_e4m3fn (strides multiples of 16 elements),
+    with q_descale, k_descale, v_descale: float32 tensors of shape (batch, h_kv) (the true values are q * q_descale
+    etc. per sequence and kv head), single-value tensors or numbers; None means 1. out is torch.bfloat16 unless
+    out_dtype (or the given out) says torch.float16; lse as above. Both GEMMs run in FP8 on the tensor cores and P is
+    quantised to e4m3 for P V (docs/fp8-prefill-design.md gives the error against an fp32 reference). Inputs that
+    require grad raise NotImplementedError; under torch.compile an FP8 call runs eagerly (a graph break).
+
     Raises:
       ValueError: a bad argument (the message names it). NotImplementedError: an unsupported shape or the family not
       built. RuntimeError: a CUDA error.
@@ -285,7 +358,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
     del max_seqlen_kv, is_varlen
     _check_options(dropout_p, softmax_scale, max_seqlen_qo)
     return _forward("flash_attn_varlen_func", q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax_scale,
-                    causal, deterministic, out, lse)
+                    causal, deterministic, out, lse, fp8=_fp8_options(q_descale, k_descale, v_descale, out_dtype))
 
 
 def _split_last(t, name, sizes, what):
@@ -311,29 +384,34 @@ def _head_dim(head_dim_qk):
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, head_dim_qk, dropout_p=0.0, softmax_scale=None,
-                                     causal=False, deterministic=False, is_varlen=True, *, out=None, lse=None):
+                                     causal=False, deterministic=False, is_varlen=True, *, out=None, lse=None,
+                                     q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """flash_attn_varlen_func on one packed tensor: qkv (total, h, 2 * head_dim_qk + d_v) is split along its last
     dimension into q | k | v (views, no copy); h_q = h_kv = h, and cu_seqlens serves queries and keys. Differentiable
-    through qkv (its gradient is assembled as one tensor)."""
+    through qkv (its gradient is assembled as one tensor). A float8_e4m3fn qkv takes the FP8 forward (descales and
+    out_dtype as flash_attn_varlen_func's; the row stride must be a multiple of 16 elements)."""
     del is_varlen
     d_qk = _head_dim(head_dim_qk)
     _check_options(dropout_p, softmax_scale, max_seqlen, "max_seqlen")
     width = int(qkv.shape[-1]) if hasattr(qkv, "shape") and len(qkv.shape) == 3 else 0
     q, k, v = _split_last(qkv, "qkv", (d_qk, d_qk, width - 2 * d_qk), "flash_attn_varlen_qkvpacked_func")
     return _forward("flash_attn_varlen_qkvpacked_func", q, k, v, cu_seqlens, cu_seqlens, max_seqlen, softmax_scale,
-                    causal, deterministic, out, lse, packed=("qkv", d_qk, (qkv,)))
+                    causal, deterministic, out, lse, packed=("qkv", d_qk, (qkv,)),
+                    fp8=_fp8_options(q_descale, k_descale, v_descale, out_dtype))
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, head_dim_qk,
                                     dropout_p=0.0, softmax_scale=None, causal=False, deterministic=False,
-                                    is_varlen=True, *, out=None, lse=None):
+                                    is_varlen=True, *, out=None, lse=None, q_descale=None, k_descale=None,
+                                    v_descale=None, out_dtype=None):
     """flash_attn_varlen_func with keys and values in one tensor: kv (total_k, h_kv, head_dim_qk + d_v) is split along
     its last dimension into k | v (views, no copy). Differentiable through q and kv (kv's gradient is assembled as one
-    tensor)."""
+    tensor). float8_e4m3fn q and kv take the FP8 forward (descales and out_dtype as flash_attn_varlen_func's)."""
     del max_seqlen_kv, is_varlen
     d_qk = _head_dim(head_dim_qk)
     _check_options(dropout_p, softmax_scale, max_seqlen_qo)
     width = int(kv.shape[-1]) if hasattr(kv, "shape") and len(kv.shape) == 3 else 0
     k, v = _split_last(kv, "kv", (d_qk, width - d_qk), "flash_attn_varlen_kvpacked_func")
     return _forward("flash_attn_varlen_kvpacked_func", q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
-                    softmax_scale, causal, deterministic, out, lse, packed=("kv", d_qk, (q, kv)))
+                    softmax_scale, causal, deterministic, out, lse, packed=("kv", d_qk, (q, kv)),
+                    fp8=_fp8_options(q_descale, k_descale, v_descale, out_dtype))

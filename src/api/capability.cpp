@@ -17,6 +17,10 @@ const char* feature_name(Feature feature) {
     case Feature::kDensePrefill: return "dense_prefill";
     case Feature::kMergeStates: return "merge_attn_states";
     case Feature::kDecodeBatchInvariant: return "decode_batch_invariant";
+    case Feature::kDenseDecodeFp8: return "dense_decode_fp8";
+    case Feature::kDensePrefillFp8: return "dense_prefill_fp8";
+    case Feature::kDenseDecodeAnyPageSize: return "dense_decode_any_page_size";
+    case Feature::kDecodeVarlenQ: return "decode_varlen_q";
     case Feature::kSparsePrefillFp8: return "sparse_prefill_fp8";
   }
   return "unknown";

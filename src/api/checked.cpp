@@ -88,6 +88,7 @@ const char* argument_name(CheckedArgument a) {
     case CheckedArgument::kExtraTopkLength: return "extra_topk_length";
     case CheckedArgument::kSlots: return "slots";
     case CheckedArgument::kSchedule: return "schedule";
+    case CheckedArgument::kSequsedQ: return "seqused_q";
     default: return "unknown argument";
   }
 }
@@ -118,6 +119,12 @@ InputCheckParams plan_decode_checks(const DenseDecodeProblem& problem, const Ten
   return p;
 }
 
+InputCheckParams seqused_q_checks(const TensorRef& seqused_q, int64_t s_q) {
+  InputCheckParams p{};
+  add(p, lengths_check(CheckedArgument::kSequsedQ, seqused_q, s_q));
+  return p;
+}
+
 InputCheckParams plan_decode_checks(const SparseDecodeProblem& problem, const TensorRef& topk_length,
                                     const TensorRef& extra_topk_length) {
   InputCheckParams p{};
@@ -142,8 +149,12 @@ InputCheckParams dense_decode_checks(const DenseDecodeProblem& problem, const De
                     .lengths = int_data(a.cache_seqlens),
                     .lengths_cap = capacity});
   add(p, lengths_check(CheckedArgument::kCacheSeqlens, a.cache_seqlens, capacity));
+  if (problem.varlen_q) add(p, lengths_check(CheckedArgument::kSequsedQ, a.seqused_q, problem.s_q));
+  // A varlen schedule was planned from schedule.varlen_lengths (0 for a request without query rows): checked against
+  // those when the call passes them, else not checked.
+  if (problem.varlen_q && !a.schedule.varlen_lengths.defined()) return p;
   InputCheck s = schedule_check(a.schedule, problem.batch, num_sm_parts);
-  s.lengths = int_data(a.cache_seqlens);
+  s.lengths = problem.varlen_q ? int_data(a.schedule.varlen_lengths) : int_data(a.cache_seqlens);
   s.max_seqlen = static_cast<int32_t>(problem.max_blocks_per_seq * problem.page_block_size);
   add(p, s);
   return p;
@@ -208,6 +219,8 @@ std::string describe_violation(const kernels::InputCheckRecord& r) {
       os << "[" << r.coords[0] << "] is " << r.value;
       if (r.value < 0) {
         os << ", negative (the kernels count it as 0)";
+      } else if (r.argument == CheckedArgument::kSequsedQ) {
+        os << ", past s_q = " << r.bound << ", the largest query length of the problem (the kernels clamp it to s_q)";
       } else if (r.argument == CheckedArgument::kCacheSeqlens) {
         os << ", past the block table's capacity max_blocks_per_seq * page_block_size = " << r.bound
            << " (the kernel clamps it to that)";

@@ -28,6 +28,8 @@ kernels::InputCheckParams plan_decode_checks(const DenseDecodeProblem& problem, 
 kernels::InputCheckParams plan_decode_checks(const SparseDecodeProblem& problem, const TensorRef& topk_length,
                                              const TensorRef& extra_topk_length);
 // `num_sm_parts`: the schedule's partitions.
+// Per-request query lengths (plan_decode with seqused_q): seqused_q in [0, s_q].
+kernels::InputCheckParams seqused_q_checks(const TensorRef& seqused_q, int64_t s_q);
 kernels::InputCheckParams dense_decode_checks(const DenseDecodeProblem& problem, const DenseDecodeArgs& args,
                                               int num_sm_parts);
 // `schedule_read`: false when the call never reads the device schedule (host records at small batch).

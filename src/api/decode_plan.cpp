@@ -6,6 +6,7 @@
 #include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
+#include "api/decode_varlen_q.h"
 #include "api/families.h"
 #include "api/validate.h"
 #include "heuristics/decode_schedule.h"
@@ -49,6 +50,7 @@ Status workspace_sizes(const Problem& problem, DecodeWorkspaceSizes* sizes) {
   s.partial_o_bytes = static_cast<size_t>(s.partial_rows) * static_cast<size_t>(problem.d_v) * sizeof(float);
   s.partial_lse_bytes = static_cast<size_t>(s.partial_rows) * sizeof(float);
   s.merge_counter_ints = heuristics::decode_merge_counter_count(problem);
+  s.varlen_ints = varlen_ints(problem);
   *sizes = s;
   return Status::ok();
 }
@@ -89,6 +91,7 @@ Status check_schedule_disjoint(const DecodeSchedule& schedule, NamedTensors read
 
 Status validate_schedule_problem(const DenseDecodeProblem& p) {
   OPENMLA_RETURN_IF_ERROR(check_decode_geometry(geometry_of(p)));
+  OPENMLA_RETURN_IF_ERROR(check_varlen_problem(p));
   if (p.max_blocks_per_seq < 0 || p.max_blocks_per_seq > kMaxBlocksPerSeq)
     return invalid_field("max_blocks_per_seq", p.max_blocks_per_seq,
                          "expected 0 (not given) or the block table's column count, at most 2^25 - 1 "
@@ -103,6 +106,7 @@ Status validate_schedule_problem(const DenseDecodeProblem& p) {
 
 Status validate_schedule_problem(const SparseDecodeProblem& p) {
   OPENMLA_RETURN_IF_ERROR(check_decode_geometry(geometry_of(p)));
+  OPENMLA_RETURN_IF_ERROR(check_varlen_problem(p));
   if (p.topk <= 0 || p.topk > kInt32Max)
     return invalid_field("topk", p.topk, "sparse decode needs 1 <= topk < 2^31 (any value)");
   if (p.extra_topk < 0 || p.extra_topk > kInt32Max)
@@ -117,6 +121,7 @@ Status validate_plan_decode(const DenseDecodeProblem& problem, const TensorRef& 
   const TensorRef cache_seqlens = canonical(cache_seqlens_in);
   const DecodeSchedule schedule = canonical(schedule_in);
   OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
+  if (problem.varlen_q) return invalid("problem.varlen_q is set: plan with the plan_decode overload that takes seqused_q");
   OPENMLA_RETURN_IF_ERROR(check_lengths(cache_seqlens, "cache_seqlens", problem.batch));
   OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(schedule, problem.batch));
   OPENMLA_RETURN_IF_ERROR(
@@ -134,6 +139,7 @@ Status validate_plan_decode(const SparseDecodeProblem& problem, const TensorRef&
   const TensorRef topk_length = canonical(topk_length_in), extra_topk_length = canonical(extra_topk_length_in);
   const DecodeSchedule schedule = canonical(schedule_in);
   OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
+  if (problem.varlen_q) return invalid("problem.varlen_q is set: plan with the plan_decode overload that takes seqused_q");
   if (topk_length.defined()) OPENMLA_RETURN_IF_ERROR(check_lengths(topk_length, "topk_length", problem.batch));
   if (extra_topk_length.defined()) {
     if (problem.extra_topk == 0)
@@ -160,7 +166,12 @@ Status get_decode_workspace_sizes(const DenseDecodeProblem& problem, DecodeWorks
 }
 
 Status get_decode_workspace_sizes(const SparseDecodeProblem& problem, DecodeWorkspaceSizes* sizes) {
-  return detail::workspace_sizes(problem, sizes);
+  if (!problem.varlen_q) return detail::workspace_sizes(problem, sizes);
+  // Per-request query lengths: the sizes of the b * s_q one-token requests the kernels run, and the lengths buffer.
+  OPENMLA_RETURN_IF_ERROR(detail::validate_schedule_problem(problem));
+  OPENMLA_RETURN_IF_ERROR(detail::workspace_sizes(detail::varlen_flat_problem(problem), sizes));
+  sizes->varlen_ints = detail::varlen_ints(problem);
+  return Status::ok();
 }
 
 Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens, const DecodeSchedule& schedule,

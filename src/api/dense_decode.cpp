@@ -6,6 +6,7 @@
 #include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
+#include "api/decode_varlen_q.h"
 #include "api/families.h"
 #include "api/validate.h"
 #include "heuristics/decode_launch.h"
@@ -60,10 +61,16 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
     return invalid_field("d_qk", problem.d_qk, "dense decode supports only d_qk = 576 (512 NoPE + 64 RoPE)");
   if (!kernels::dense_decode_page_size_supported(problem.page_block_size))
     return invalid_field("page_block_size", problem.page_block_size,
-                         "dense decode supports page sizes 16, 32, 64, 128 and 256 (powers of two in [16, 256])");
+                         "dense decode supports page sizes 1, 2, 4, 8, 16, 32, 64, 128 and 256 (powers of two in "
+                         "[1, 256])");
+  if (problem.batch_invariant && !kernels::dense_decode_invariant_page_size_supported(problem.page_block_size))
+    return invalid_field("page_block_size", problem.page_block_size,
+                         "batch-invariant dense decode (problem.batch_invariant) supports page sizes 16 to 256; pages "
+                         "of 1, 2, 4 or 8 tokens run with the default schedule only");
   if (problem.cache_format != KVCacheFormat::kBFloat16 && problem.cache_format != KVCacheFormat::kFloat16)
     return invalid(std::string("argument 'problem.cache_format' is ") + kv_cache_format_name(problem.cache_format) +
-                   "; dense decode needs a bf16 or fp16 cache (FP8 caches are sparse-decode only)");
+                   "; dense decode needs a bf16 or fp16 cache (an e4m3 cache with a per-tensor scale: dense_decode_fp8, "
+                   "openmla/dense_decode_fp8.h; the FP8 V3.2 / MODEL1 layouts: sparse_decode)");
   const DecodeGeometry g = geometry_of(problem);
   const int64_t b = problem.batch, s_q = problem.s_q, h_q = problem.h_q, h_kv = problem.h_kv;
 
@@ -117,6 +124,8 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
   OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(bt, "block_table"));
   OPENMLA_RETURN_IF_ERROR(check_fits_int32(bt, "block_table"));
   OPENMLA_RETURN_IF_ERROR(check_lengths(args.cache_seqlens, "cache_seqlens", b));
+  // Per-request query lengths (problem.varlen_q): seqused_q, read by the kernel, on q's device (below).
+  OPENMLA_RETURN_IF_ERROR(check_seqused_q(problem.varlen_q, args.seqused_q, b));
 
   // ---- out, lse, schedule and split buffers (shapes not depending on num_sm_parts) ----------------------
   OPENMLA_RETURN_IF_ERROR(check_decode_outputs(g, args.out, args.lse, q.dtype));
@@ -134,7 +143,8 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
                                                  {&args.schedule.metadata, "schedule.metadata"},
                                                  {&args.schedule.num_splits, "schedule.num_splits"},
                                                  {&args.split.partial_o, "split.partial_o"},
-                                                 {&args.split.partial_lse, "split.partial_lse"}}));
+                                                 {&args.split.partial_lse, "split.partial_lse"},
+                                                 {&args.seqused_q, "seqused_q"}}));
 
   OPENMLA_RETURN_IF_ERROR(check_softmax_scale(args.softmax_scale));
 
@@ -148,6 +158,7 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
                                           {&k, "k_cache"},
                                           {&bt, "block_table"},
                                           {&args.cache_seqlens, "cache_seqlens"},
+                                          {&args.seqused_q, "seqused_q"},
                                           {&args.schedule.metadata, "schedule.metadata"},
                                           {&args.schedule.num_splits, "schedule.num_splits"}}));
 
@@ -237,7 +248,12 @@ Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs
   if (checked_mode_enabled())
     OPENMLA_RETURN_IF_ERROR(run_input_checks(kernels::CheckedEntry::kDenseDecode,
                                              dense_decode_checks(problem, canonical_args(args), num_sm_parts), stream));
-  OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(call.params, call.pages, stream));
+  if (problem.varlen_q) {  // per-request query lengths: the varlen kernels (docs/dense-decode.md)
+    const kernels::DenseVarlenQ varlen{.seqused_q = static_cast<const int32_t*>(canonical(args.seqused_q).data)};
+    OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode_varlen_q(call.params, call.pages, varlen, stream));
+  } else {
+    OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(call.params, call.pages, stream));
+  }
   return kernels::launch_combine(call.combine, call.combine_slices, stream);
 #endif
 }

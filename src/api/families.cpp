@@ -59,10 +59,14 @@ KernelFamily family_of(Feature feature) {
     case Feature::kKVCacheQuantize: return KernelFamily::kKVCache;
     case Feature::kDenseDecode:
     case Feature::kSparseDecode:
-    case Feature::kDecodeBatchInvariant: return KernelFamily::kDecode;  // one option builds both decode kernels
+    case Feature::kDecodeBatchInvariant:
+    case Feature::kDenseDecodeFp8:
+    case Feature::kDenseDecodeAnyPageSize:
+    case Feature::kDecodeVarlenQ: return KernelFamily::kDecode;  // one option builds both decode kernels
     case Feature::kSparsePrefill:
     case Feature::kSparsePrefillFp8: return KernelFamily::kSparsePrefill;
     case Feature::kDensePrefill: return KernelFamily::kMhaPrefill;  // the forward and the backward
+    case Feature::kDensePrefillFp8: return KernelFamily::kMhaPrefill;  // the FP8 forward
     case Feature::kMergeStates: return KernelFamily::kMergeStates;
   }
   return KernelFamily::kDecode;

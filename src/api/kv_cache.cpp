@@ -22,6 +22,7 @@ const char* kv_cache_format_name(KVCacheFormat format) {
     case KVCacheFormat::kFloat16: return "float16";
     case KVCacheFormat::kFp8V32: return "fp8_v32";
     case KVCacheFormat::kFp8Model1: return "fp8_model1";
+    case KVCacheFormat::kFp8E4M3: return "fp8_e4m3";
   }
   return "unknown";
 }
@@ -32,6 +33,7 @@ int64_t kv_cache_bytes_per_token(KVCacheFormat format, int64_t head_dim) {
     case KVCacheFormat::kFloat16: return 2 * head_dim;
     case KVCacheFormat::kFp8V32: return fp8_cache::V32::kBytesPerToken;
     case KVCacheFormat::kFp8Model1: return fp8_cache::Model1::kBytesPerToken;
+    case KVCacheFormat::kFp8E4M3: return head_dim;
   }
   return 0;
 }

@@ -12,6 +12,7 @@
 #include "common/varlen.h"
 #include "heuristics/mha_prefill_launch.h"
 #include "kernels/mha_prefill/params.h"
+#include "kernels/mha_prefill/params_fp8.h"
 #include "openmla/prefill.h"
 
 namespace openmla {
@@ -56,7 +57,11 @@ namespace {
 Status check_problem(const MhaPrefillProblem& p) {
   if (p.batch < 1) return invalid_field("batch", p.batch, "must be >= 1 (the number of sequences)");
   if (p.batch > kInt32Max - 1) return invalid_field("batch", p.batch, "must be below 2^31 - 1");
-  OPENMLA_RETURN_IF_ERROR(check_heads_and_shape(p.h_q, p.h_kv, p.d_qk, p.d_v, p.dtype,
+  if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16 && p.dtype != DType::kFloat8E4M3)
+    return invalid_field("dtype", dtype_name(p.dtype), "must be bfloat16, float16 or float8_e4m3fn (FP8, forward only)");
+  // The FP8 forward serves the 16-bit kernels' shapes (the dtype rule is checked above).
+  const DType shape_dtype = p.dtype == DType::kFloat8E4M3 ? DType::kBFloat16 : p.dtype;
+  OPENMLA_RETURN_IF_ERROR(check_heads_and_shape(p.h_q, p.h_kv, p.d_qk, p.d_v, shape_dtype,
                                                 "dense MHA prefill supports (d_qk, d_v) = (192, 128) (MLA: 128 NoPE + "
                                                 "64 RoPE) or (128, 128)"));
   if (p.max_seqlen_qo < 0) return invalid_field("max_seqlen_qo", p.max_seqlen_qo, "must be >= 0 (0: unknown)");
@@ -73,6 +78,77 @@ MhaPrefillArgs canonical_args(const MhaPrefillArgs& args) {
   for (TensorRef* t : {&c.q, &c.k, &c.v, &c.cu_seqlens_qo, &c.cu_seqlens_kv, &c.workspace, &c.out, &c.lse})
     *t = canonical(*t);
   return c;
+}
+
+constexpr const char* kFp8OutRule = "the output of float8_e4m3fn q, k, v is bfloat16 or float16";
+
+// An FP8 (rows, heads, cols) operand loaded by TMA: float8_e4m3fn, last dim contiguous, the other strides positive
+// multiples of 16 elements (16 bytes) below kMaxRowStride, 16-byte aligned, at most 2^30 rows.
+Status check_rows_operand_e4m3(const TensorRef& given, const char* name, int64_t heads, const char* heads_what,
+                               int64_t cols, const char* cols_what) {
+  const bool empty = given.data == nullptr && given.ndim == 3 && given.shape[0] == 0;
+  TensorRef t = given;
+  if (empty) t.data = reinterpret_cast<void*>(uintptr_t{256});
+  OPENMLA_RETURN_IF_ERROR(check_on_cuda(t, name));
+  if (t.dtype != DType::kFloat8E4M3) {
+    MessageStream os;
+    os << "argument '" << name << "' has dtype " << dtype_name(t.dtype)
+       << ", expected float8_e4m3fn (problem.dtype: q, k and v share one dtype)";
+    return invalid(os.str());
+  }
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(t, name, {DType::kFloat8E4M3}, 3));
+  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 1, heads, heads_what));
+  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 2, cols, cols_what));
+  if (t.shape[0] > kMaxRows) {
+    MessageStream os;
+    os << "argument '" << name << "' has " << t.shape[0] << " rows; at most 2^30 are supported (shape "
+       << shape_string(t) << ")";
+    return invalid(os.str());
+  }
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(t, name));
+  for (int i = 0; i < 2; ++i) {
+    const int64_t s = used_stride(t, i);
+    if (s <= 0 || s % 16 != 0 || s >= kMaxRowStride) {
+      MessageStream os;
+      os << "argument '" << name << "' has stride " << t.stride[i] << " in dimension " << i
+         << ", which must be a positive multiple of 16 elements (16 bytes of float8_e4m3fn: rows are moved by TMA) "
+            "below 2^32; strides "
+         << stride_string(t);
+      return invalid(os.str());
+    }
+  }
+  return check_pointer_aligned(t, name, 16);
+}
+
+// A descale of the FP8 forward: absent, or float32 on q's device of shape (batch, h_kv) (any strides) or one value.
+// Fills the element strides the kernel reads it with (0, 0 for one value).
+Status check_descale(const TensorRef& t, const char* name, bool fp8, int64_t batch, int64_t h_kv, const TensorRef& q,
+                     int64_t* stride_b, int64_t* stride_h) {
+  *stride_b = *stride_h = 0;
+  if (!t.defined()) return Status::ok();
+  if (!fp8) {
+    MessageStream os;
+    os << "argument '" << name << "': only float8_e4m3fn q, k, v take descales (problem.dtype is " << dtype_name(q.dtype)
+       << ")";
+    return invalid(os.str());
+  }
+  OPENMLA_RETURN_IF_ERROR(check_on_cuda(t, name));
+  OPENMLA_RETURN_IF_ERROR(check_dtype(t, name, {DType::kFloat32}));
+  if (!t.valid_ndim()) return check_ndim(t, name, 2);
+  OPENMLA_RETURN_IF_ERROR(check_strides_sane(t, name));
+  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(t, name, 4));
+  OPENMLA_RETURN_IF_ERROR(check_same_device(q, "q", t, name));
+  const bool single = t.numel() == 1 && t.ndim <= 2;
+  if (t.ndim == 2 && t.shape[0] == batch && t.shape[1] == h_kv) {
+    *stride_b = t.shape[0] > 1 ? t.stride[0] : 0;
+    *stride_h = t.shape[1] > 1 ? t.stride[1] : 0;
+    return Status::ok();
+  }
+  if (single) return Status::ok();
+  MessageStream os;
+  os << "argument '" << name << "' has shape " << shape_string(t) << "; expected (batch, h_kv) = (" << batch << ", "
+     << h_kv << ") or a single value";
+  return invalid(os.str());
 }
 
 }  // namespace
@@ -124,13 +200,22 @@ Status check_rows_operand(const TensorRef& given, const char* name, DType dtype,
   return check_pointer_aligned(t, name, 16);
 }
 
-Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& args,
-                            kernels::MhaPrefillParams* params) {
+namespace {
+
+// validate_mha_prefill's body; `descale_strides` (when not null) receives the descales' element strides (b, h) x 3.
+Status validate_mha_prefill_impl(const MhaPrefillProblem& pr, const MhaPrefillArgs& args,
+                                 kernels::MhaPrefillParams* params, int64_t (*descale_strides)[2]) {
   OPENMLA_RETURN_IF_ERROR(check_problem(pr));
   const MhaPrefillArgs a = canonical_args(args);
+  const bool fp8 = pr.dtype == DType::kFloat8E4M3;
+  auto check_operand = [&](const TensorRef& t, const char* name, int64_t heads, const char* heads_what, int64_t cols,
+                           const char* cols_what) {
+    return fp8 ? check_rows_operand_e4m3(t, name, heads, heads_what, cols, cols_what)
+               : check_rows_operand(t, name, pr.dtype, heads, heads_what, cols, cols_what, kDtypeRule);
+  };
 
   // ---- q, k, v
-  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.q, "q", pr.dtype, pr.h_q, "h_q", pr.d_qk, "d_qk", kDtypeRule));
+  OPENMLA_RETURN_IF_ERROR(check_operand(a.q, "q", pr.h_q, "h_q", pr.d_qk, "d_qk"));
   const int64_t total_q = a.q.shape[0];
   const int64_t max_tiles = heuristics::mha_prefill_max_tiles(pr.batch, total_q, pr.h_q, 0);
   if (max_tiles > kMaxTiles) {
@@ -141,10 +226,10 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
           "(split the call)";
     return invalid(os.str());
   }
-  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.k, "k", pr.dtype, pr.h_kv, "h_kv", pr.d_qk, "d_qk", kDtypeRule));
+  OPENMLA_RETURN_IF_ERROR(check_operand(a.k, "k", pr.h_kv, "h_kv", pr.d_qk, "d_qk"));
   OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.k, "k"));
   const int64_t total_k = a.k.shape[0];
-  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.v, "v", pr.dtype, pr.h_kv, "h_kv", pr.d_v, "d_v", kDtypeRule));
+  OPENMLA_RETURN_IF_ERROR(check_operand(a.v, "v", pr.h_kv, "h_kv", pr.d_v, "d_v"));
   OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.v, "v"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.v, "v", 0, total_k, "total_k, as k"));
 
@@ -177,7 +262,9 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
        << heuristics::kMhaPrefillWorkspaceBytes;
     return invalid(os.str());
   }
-  OPENMLA_RETURN_IF_ERROR(check_rows_operand(a.out, "out", pr.dtype, pr.h_q, "h_q", pr.d_v, "d_v", kDtypeRule));
+  const DType out_dtype = fp8 ? (a.out.dtype == DType::kFloat16 ? DType::kFloat16 : DType::kBFloat16) : pr.dtype;
+  OPENMLA_RETURN_IF_ERROR(
+      check_rows_operand(a.out, "out", out_dtype, pr.h_q, "h_q", pr.d_v, "d_v", fp8 ? kFp8OutRule : kDtypeRule));
   OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.out, "out"));
   OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 0, total_q, "total_q, as q"));
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.lse, "lse", {DType::kFloat32}, 2));
@@ -187,12 +274,25 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
   OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.lse, "lse", 4));
   OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.out, "out"));
   OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.lse, "lse"));
+  // ---- descales (FP8 only)
+  int64_t strides[3][2];
+  OPENMLA_RETURN_IF_ERROR(
+      check_descale(a.q_descale, "q_descale", fp8, pr.batch, pr.h_kv, a.q, &strides[0][0], &strides[0][1]));
+  OPENMLA_RETURN_IF_ERROR(
+      check_descale(a.k_descale, "k_descale", fp8, pr.batch, pr.h_kv, a.q, &strides[1][0], &strides[1][1]));
+  OPENMLA_RETURN_IF_ERROR(
+      check_descale(a.v_descale, "v_descale", fp8, pr.batch, pr.h_kv, a.q, &strides[2][0], &strides[2][1]));
+  if (descale_strides != nullptr)
+    for (int i = 0; i < 3; ++i) descale_strides[i][0] = strides[i][0], descale_strides[i][1] = strides[i][1];
   OPENMLA_RETURN_IF_ERROR(check_disjoint({{&a.out, "out"}, {&a.lse, "lse"}, {&a.workspace, "workspace"}},
                                          {{&a.q, "q"},
                                           {&a.k, "k"},
                                           {&a.v, "v"},
                                           {&a.cu_seqlens_qo, "cu_seqlens_qo"},
-                                          {&a.cu_seqlens_kv, "cu_seqlens_kv"}}));
+                                          {&a.cu_seqlens_kv, "cu_seqlens_kv"},
+                                          {&a.q_descale, "q_descale"},
+                                          {&a.k_descale, "k_descale"},
+                                          {&a.v_descale, "v_descale"}}));
 
   if (params != nullptr) {
     const heuristics::MhaPrefillLaunchPlan plan =
@@ -208,7 +308,7 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
     p.h_kv = static_cast<int>(pr.h_kv);
     p.heads_per_kv = static_cast<int>(pr.h_q / pr.h_kv);
     p.d_qk = static_cast<int>(pr.d_qk);
-    p.fp16 = pr.dtype == DType::kFloat16;
+    p.fp16 = pr.dtype == DType::kFloat16;  // FP8: unused (false)
     p.causal = pr.causal;
     p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
     p.q = a.q.data;
@@ -231,6 +331,37 @@ Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& a
   return Status::ok();
 }
 
+}  // namespace
+
+Status validate_mha_prefill(const MhaPrefillProblem& pr, const MhaPrefillArgs& args,
+                            kernels::MhaPrefillParams* params) {
+  return validate_mha_prefill_impl(pr, args, params, nullptr);
+}
+
+Status validate_mha_prefill_fp8(const MhaPrefillProblem& pr, const MhaPrefillArgs& args,
+                                kernels::MhaPrefillFp8Params* params) {
+  if (pr.dtype != DType::kFloat8E4M3)
+    return Status::internal("validate_mha_prefill_fp8: problem.dtype is not float8_e4m3fn");
+  int64_t strides[3][2] = {};
+  OPENMLA_RETURN_IF_ERROR(validate_mha_prefill_impl(pr, args, params ? &params->base : nullptr, strides));
+  if (params != nullptr) {
+    kernels::MhaPrefillFp8Params& p = *params;
+    p.base.fp16 = false;
+    p.base.staged_out = false;  // the FP8 kernel stores O from the registers
+    p.out_fp16 = args.out.dtype == DType::kFloat16;
+    p.q_descale = static_cast<const float*>(args.q_descale.data);
+    p.q_descale_stride_b = strides[0][0];
+    p.q_descale_stride_h = strides[0][1];
+    p.k_descale = static_cast<const float*>(args.k_descale.data);
+    p.k_descale_stride_b = strides[1][0];
+    p.k_descale_stride_h = strides[1][1];
+    p.v_descale = static_cast<const float*>(args.v_descale.data);
+    p.v_descale_stride_b = strides[2][0];
+    p.v_descale_stride_h = strides[2][1];
+  }
+  return Status::ok();
+}
+
 }  // namespace detail
 
 Status get_mha_prefill_workspace_size(const MhaPrefillProblem& problem, MhaPrefillWorkspaceSizes* sizes) {
@@ -240,7 +371,34 @@ Status get_mha_prefill_workspace_size(const MhaPrefillProblem& problem, MhaPrefi
   return Status::ok();
 }
 
+namespace {
+
+// The FP8 forward (problem.dtype = kFloat8E4M3): the same plan, the FP8 kernel.
+Status mha_prefill_fp8(const MhaPrefillProblem& problem, const MhaPrefillArgs& args, cudaStream_t stream) {
+  kernels::MhaPrefillFp8Params params;
+  OPENMLA_RETURN_IF_ERROR(detail::validate_mha_prefill_fp8(problem, args, &params));
+#if !defined(OPENMLA_HAS_MHA_PREFILL)
+  (void)stream;
+  return detail::family_not_built(detail::KernelFamily::kMhaPrefill, "mha_prefill");
+#else
+  OPENMLA_RETURN_IF_ERROR(detail::check_launch_context(args.q.device_id, "q", stream, "mha_prefill"));
+  if (problem.num_sms == 0) {
+    int num_sms = 0;
+    OPENMLA_RETURN_IF_ERROR(detail::device_sm_count(args.q.device_id, &num_sms, "dense MHA prefill: SM count"));
+    params.base.grid = heuristics::plan_mha_prefill_launch(problem, params.base.seqs.total_q, num_sms).grid;
+  }
+  if (params.base.grid == 0) return Status::ok();
+  if (params.base.dynamic_tiles)
+    OPENMLA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(params.base.tile_counter, 0, sizeof(int), stream),
+                                 "dense MHA prefill: resetting the tile counter");
+  return kernels::launch_mha_prefill_fp8(params, stream);
+#endif
+}
+
+}  // namespace
+
 Status mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args, cudaStream_t stream) {
+  if (problem.dtype == DType::kFloat8E4M3) return mha_prefill_fp8(problem, args, stream);
   // Checks first, so that argument errors are reported whether or not the family is built.
   kernels::MhaPrefillParams params;
   OPENMLA_RETURN_IF_ERROR(detail::validate_mha_prefill(problem, args, &params));

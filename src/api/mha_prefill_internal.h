@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kernels/mha_prefill/params.h"
+#include "kernels/mha_prefill/params_fp8.h"
 #include "kernels/mha_prefill_bwd/params.h"
 #include "openmla/prefill.h"
 
@@ -23,6 +24,10 @@ Status check_rows_operand(const TensorRef& given, const char* name, DType dtype,
 
 Status validate_mha_prefill(const MhaPrefillProblem& problem, const MhaPrefillArgs& args,
                             kernels::MhaPrefillParams* params);
+// The same checks for FP8 inputs (problem.dtype = kFloat8E4M3; an internal error otherwise), filling the FP8 kernel's
+// parameters (the descales' element strides: 0 for a single value; out_fp16 from out's dtype).
+Status validate_mha_prefill_fp8(const MhaPrefillProblem& problem, const MhaPrefillArgs& args,
+                                kernels::MhaPrefillFp8Params* params);
 
 // Every argument check of mha_prefill_bwd() without launching anything. On success fills *params (when not null);
 // params->grid is planned for problem.num_sms SMs (1 when 0: the public entry plans again with the device's count).

@@ -6,6 +6,7 @@
 #include "api/checked.h"
 #include "api/decode_common.h"
 #include "api/decode_internal.h"
+#include "api/decode_varlen_q.h"
 #include "api/families.h"
 #include "api/validate.h"
 #include "heuristics/decode_launch.h"
@@ -89,6 +90,13 @@ kernels::SparseCacheView cache_view(const TensorRef& cache, const TensorRef& ind
 }  // namespace
 
 Status validate_sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args_in, int* num_sm_parts) {
+  if (problem.varlen_q) {  // per-request query lengths: the call of b * s_q one-token requests (api/decode_varlen_q.h)
+    SparseDecodeArgs flat;
+    OPENMLA_RETURN_IF_ERROR(flatten_sparse_varlen_args(problem, args_in, &flat));
+    return validate_sparse_decode(varlen_flat_problem(problem), flat, num_sm_parts);
+  }
+  OPENMLA_RETURN_IF_ERROR(check_seqused_q(false, args_in.seqused_q, problem.batch));
+  OPENMLA_RETURN_IF_ERROR(check_varlen_lengths(false, args_in.schedule, 0));
   const SparseDecodeArgs args = canonical_args(args_in);
   // ---- The problem ---------------------------------------------------------------------------------
   OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
@@ -254,6 +262,11 @@ SparseDecodeCall prepare_sparse_decode(const SparseDecodeProblem& problem, const
 }  // namespace detail
 
 Status sparse_decode(const SparseDecodeProblem& problem, const SparseDecodeArgs& args, cudaStream_t stream) {
+  if (problem.varlen_q) {  // per-request query lengths: b * s_q one-token requests (docs/sparse-decode.md)
+    SparseDecodeArgs flat;
+    OPENMLA_RETURN_IF_ERROR(detail::flatten_sparse_varlen_args(problem, args, &flat));
+    return sparse_decode(detail::varlen_flat_problem(problem), flat, stream);
+  }
   int num_sm_parts = 0;
   OPENMLA_RETURN_IF_ERROR(detail::validate_sparse_decode(problem, args, &num_sm_parts));
 #if !defined(OPENMLA_HAS_DENSE_DECODE)

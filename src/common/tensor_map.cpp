@@ -123,20 +123,22 @@ Status encode_tensor_map(CUtensorMap* map, const void* base, const TensorMapSpec
 Status make_ragged_map(const RaggedOperand& op, CUtensorMap* map, const char* what) {
   using kernels::varlen::kMaxRows;
   constexpr uint64_t kFar = 0x7fff0000u;  // extent of the w and u dimensions: beyond any coordinate they take
-  const uint64_t row_bytes = static_cast<uint64_t>(op.stride_t) * 2;
+  const uint64_t elem_bytes = op.e4m3 ? 1 : 2;
+  const uint64_t row_bytes = static_cast<uint64_t>(op.stride_t) * elem_bytes;
   TensorMapSpec spec{};
-  spec.dtype = op.fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  spec.dtype = op.e4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                       : (op.fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16);
   spec.rank = 5;
   spec.dims[0] = static_cast<uint64_t>(op.cols);
   spec.dims[1] = static_cast<uint64_t>(op.heads);
   spec.dims[2] = static_cast<uint64_t>(kMaxRows);
   spec.dims[3] = kFar;
   spec.dims[4] = kFar;
-  spec.byte_strides[0] = static_cast<uint64_t>(op.stride_h) * 2;
+  spec.byte_strides[0] = static_cast<uint64_t>(op.stride_h) * elem_bytes;
   spec.byte_strides[1] = row_bytes;
   spec.byte_strides[2] = row_bytes;
   spec.byte_strides[3] = (uint64_t{1} << 34) - row_bytes;
-  spec.box[0] = 64;
+  spec.box[0] = op.e4m3 ? 128 : 64;  // 128 bytes either way
   spec.box[1] = 1;
   spec.box[2] = static_cast<uint32_t>(op.box_rows);
   spec.box[3] = 1;

@@ -38,6 +38,9 @@ struct RaggedOperand {
   int64_t stride_h;
   bool fp16;      // else bf16
   int box_rows;   // rows per TMA box: a tile (loads) or a warpgroup's rows (stores)
+  // 1-byte elements (float8_e4m3fn, the FP8 prefill): boxes of 128 columns (128 bytes, the 128B swizzle's span), `fp16`
+  // ignored; strides (elements = bytes) multiples of 16.
+  bool e4m3 = false;
 };
 Status make_ragged_map(const RaggedOperand& op, CUtensorMap* map, const char* what);
 

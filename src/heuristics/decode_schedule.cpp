@@ -28,6 +28,10 @@ int sparse_num_sm_parts(int64_t s_q, int64_t h_q, int num_sms) {
 }
 
 int decode_num_sm_parts(const DenseDecodeProblem& problem, int num_sms) {
+  // Per-request query lengths: as many partitions as a one-position problem has, so the m-block CTAs of positions
+  // past a request's length, which finish early, free their SMs for the next partitions' CTAs (docs/dense-decode.md,
+  // "Per-request query lengths"); the same count when all positions share one m-block.
+  if (problem.varlen_q) return dense_num_sm_parts(1, problem.h_q, problem.h_kv, num_sms);
   return dense_num_sm_parts(problem.s_q, problem.h_q, problem.h_kv, num_sms);
 }
 

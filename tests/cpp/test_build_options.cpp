@@ -191,6 +191,10 @@ TEST(BuildOptions, CapabilityNamesTheOptionOfAnAbsentFamily) {
                   {Feature::kDensePrefill, kMhaPrefill},
                   {Feature::kMergeStates, kMergeStates},
                   {Feature::kDecodeBatchInvariant, kDecode},
+                  {Feature::kDenseDecodeFp8, kDecode},
+                  {Feature::kDensePrefillFp8, kMhaPrefill},
+                  {Feature::kDenseDecodeAnyPageSize, kDecode},
+                  {Feature::kDecodeVarlenQ, kDecode},
                   {Feature::kSparsePrefillFp8, kSparsePrefill}};
   for (const auto& f : features) {
     const Capability cap = query_capability(f.feature);

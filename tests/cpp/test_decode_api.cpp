@@ -679,10 +679,10 @@ TEST(DecodeApi, DenseDecodeWithOptionsValidatesTheSame) {
   EXPECT_NE(test_hooks::dense_decode(p, a, options, nullptr).message().find("problem.sparse"), std::string::npos);
 }
 
-// Page sizes other than 64 (docs/dense-decode.md, "Page sizes"): every power of two in [16, 256] validates with a
+// Page sizes other than 64 (docs/dense-decode.md, "Page sizes"): every power of two in [1, 256] validates with a
 // cache of that page size; the block table's width is then counted in pages of that size.
 TEST(DecodeApi, DenseDecodeAcceptsEveryPowerOfTwoPageSize) {
-  for (const int64_t page : {16, 32, 64, 128, 256}) {
+  for (const int64_t page : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
     DecodeProblem p = dense_problem();
     p.page_block_size = page;
     DenseDecodeArgs a = dense_args(p);
@@ -693,8 +693,27 @@ TEST(DecodeApi, DenseDecodeAcceptsEveryPowerOfTwoPageSize) {
     EXPECT_TRUE(s.is_ok()) << "page " << page << ": " << s.message();
     EXPECT_TRUE(kernels::dense_decode_page_size_supported(page));
   }
-  for (const int64_t page : {0, 1, 2, 4, 8, 24, 48, 96, 512, 1024})
+  for (const int64_t page : {0, 3, 6, 12, 24, 48, 96, 512, 1024})
     EXPECT_FALSE(kernels::dense_decode_page_size_supported(page)) << page;
+  // The batch-invariant kernels take the TMA page sizes only.
+  for (const int64_t page : {1, 2, 4, 8}) EXPECT_FALSE(kernels::dense_decode_invariant_page_size_supported(page)) << page;
+  for (const int64_t page : {16, 32, 64, 128, 256})
+    EXPECT_TRUE(kernels::dense_decode_invariant_page_size_supported(page)) << page;
+}
+
+// Page sizes 1-8 (the gather kernel) with a batch-invariant schedule are refused, naming the field.
+TEST(DecodeApi, DenseSmallPagesRefuseBatchInvariant) {
+  DecodeProblem p = dense_problem();
+  p.page_block_size = 1;
+  p.batch_invariant = true;
+  DenseDecodeArgs a = dense_args(p);
+  a.k_cache.shape[1] = 1;
+  a.k_cache.stride[0] = 576;
+  int parts = 0;
+  const Status s = validate_dense(p, a, &parts);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("page_block_size"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("batch_invariant"), std::string::npos) << s.message();
 }
 
 TEST(DecodeApi, DensePageGeometry) {
@@ -725,11 +744,14 @@ TEST(DecodeApi, DensePageSizeMessagesNameTheArgument) {
   EXPECT_NE(s.message().find("argument 'k_cache'"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("page_block_size"), std::string::npos) << s.message();
 
-  p = dense_problem();
-  p.page_block_size = 8;
-  s = validate_dense(p, dense_args(p), &parts);
-  ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("16, 32, 64, 128 and 256"), std::string::npos) << s.message();
+  for (const int64_t bad : {3, 512}) {
+    p = dense_problem();
+    p.page_block_size = bad;
+    s = validate_dense(p, dense_args(p), &parts);
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find("problem.page_block_size"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("1, 2, 4, 8, 16, 32, 64, 128 and 256"), std::string::npos) << s.message();
+  }
 
   EXPECT_EQ(dense_max_blocks_per_seq(64), kMaxBlocksPerSeq);
   EXPECT_EQ(dense_max_blocks_per_seq(16), kMaxBlocksPerSeq);

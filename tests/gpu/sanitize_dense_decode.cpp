@@ -236,6 +236,12 @@ int run_dense_decode_sanitize_cases() {
       {"page 16 h_kv=1 bf16 split, no counters", 1, false, false, 0, false, false, 16},
       {"page 32 h_kv=2 causal fp16 split", 2, true, true, 0, true, false, 32},
       {"page 256 h_kv=1 causal bf16 two-chunk merge", 1, true, false, 8, true, false, 256},
+      // The gather kernel (page sizes 1-8: "Small pages: the gather kernel"): page 1 (a slot list), merged and split;
+      // page 8 with h_kv = 2 fp16 (a page's last rows NaN past the lengths); page 2 through the combine.
+      {"page 1 h_kv=1 causal bf16 two-chunk merge", 1, true, false, 8, true, false, 1},
+      {"page 1 h_kv=1 bf16 two-chunk merge, both publish", 1, false, false, 8, true, true, 1},
+      {"page 8 h_kv=2 causal fp16 split", 2, true, true, 0, true, false, 8},
+      {"page 2 h_kv=1 bf16 split, no counters", 1, false, false, 0, false, false, 2},
   };
   int failed = 0;
   for (const Case& c : cases) failed += run_case(c) ? 0 : 1;

@@ -27,6 +27,8 @@ extern int run_faults_sanitize_cases() __attribute__((weak));
 extern int run_mha_prefill_sanitize_cases() __attribute__((weak));
 extern int run_mha_prefill_bwd_sanitize_cases() __attribute__((weak));
 extern int run_merge_states_sanitize_cases() __attribute__((weak));
+extern int run_dense_decode_fp8_sanitize_cases() __attribute__((weak));
+extern int run_decode_varlen_q_sanitize_cases() __attribute__((weak));
 
 namespace {
 
@@ -73,6 +75,8 @@ int main(int argc, char** argv) {
       {"mha_prefill", run_mha_prefill_sanitize_cases},
       {"mha_prefill_bwd", run_mha_prefill_bwd_sanitize_cases},
       {"merge_states", run_merge_states_sanitize_cases},
+      {"dense_decode_fp8", run_dense_decode_fp8_sanitize_cases},
+      {"decode_varlen_q", run_decode_varlen_q_sanitize_cases},  // per-request query lengths, dense and sparse
   };
 
   int failed_families = 0;

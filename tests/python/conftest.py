@@ -57,6 +57,7 @@ def pytest_configure(config):
 FAMILIES_BY_FILE = {
     "test_dense_decode.py": ("dense_decode",),
     "test_dense_decode_page_sizes.py": ("dense_decode",),
+    "test_dense_decode_small_pages.py": ("dense_decode", "dense_decode_any_page_size"),
     "test_decode_api.py": ("dense_decode", "sparse_decode"),
     "test_sparse_decode.py": ("sparse_decode",),
     "test_kv_cache.py": ("kv_cache_quantize",),
@@ -64,6 +65,7 @@ FAMILIES_BY_FILE = {
     "test_sparse_prefill_fp8.py": ("sparse_prefill_fp8", "kv_cache_quantize"),
     "test_mha_prefill.py": ("dense_prefill",),
     "test_mha_prefill_api.py": ("dense_prefill",),
+    "test_mha_prefill_fp8.py": ("dense_prefill", "dense_prefill_fp8"),
     "test_mha_prefill_bwd.py": ("dense_prefill",),
     "test_mha_train.py": ("dense_prefill",),
     "test_faults.py": ("dense_decode", "sparse_decode", "kv_cache_quantize", "sparse_prefill"),
@@ -74,6 +76,8 @@ FAMILIES_BY_FILE = {
     "test_merge_states.py": ("merge_attn_states",),
     "test_dcp.py": ("merge_attn_states", "dense_decode", "sparse_decode", "kv_cache_quantize"),
     "test_batch_invariant.py": ("dense_decode", "sparse_decode", "decode_batch_invariant", "kv_cache_quantize"),
+    "test_dense_decode_fp8.py": ("dense_decode_fp8",),
+    "test_decode_varlen_q.py": ("dense_decode", "sparse_decode", "decode_varlen_q", "kv_cache_quantize"),
 }
 
 

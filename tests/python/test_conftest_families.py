@@ -9,7 +9,8 @@ import conftest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 FEATURES = ("kv_cache_quantize", "dense_decode", "sparse_decode", "sparse_prefill", "dense_prefill",
-            "merge_attn_states", "decode_batch_invariant", "sparse_prefill_fp8")
+            "merge_attn_states", "decode_batch_invariant", "dense_decode_fp8", "dense_prefill_fp8",
+            "dense_decode_any_page_size", "decode_varlen_q", "sparse_prefill_fp8")
 
 
 def test_every_gpu_test_file_names_its_families():

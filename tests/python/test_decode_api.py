@@ -194,8 +194,8 @@ def test_k_cache_heads_must_match_h_kv():
 
 
 def test_page_size_not_supported():
-    # Dense decode takes 16, 32, 64, 128 and 256 (docs/dense-decode.md, "Page sizes").
-    for page in (1, 8, 48, 512):
+    # Dense decode takes the powers of two 1 to 256 (docs/dense-decode.md, "Page sizes").
+    for page in (3, 12, 48, 512):
         expect_dense_error(problem(page_block_size=page), r"page_block_size",
                            k_cache=fake_cuda((10, page, 1, 576), "bf16"))
     # The problem says 64 but the cache pages hold 32 tokens: k_cache is named.
@@ -279,10 +279,12 @@ def test_sparse_binding_signature():
     signature = C.sparse_decode.__doc__.splitlines()[0]  # nanobind's generated signature line
     assert re.findall(r"(\w+): ", signature) == [
         "q", "k_cache", "indices", "tile_scheduler_metadata", "num_splits", "partial_o", "partial_lse", "out", "lse",
-        "topk_length", "attn_sink", "extra_k_cache", "extra_indices", "extra_topk_length", "softmax_scale", "stream"]
+        "topk_length", "attn_sink", "extra_k_cache", "extra_indices", "extra_topk_length", "softmax_scale", "stream",
+        "seqused_q", "varlen_lengths"]
     for name in ("topk_length", "attn_sink", "extra_k_cache", "extra_indices", "extra_topk_length"):
         assert f"{name}: ndarray[] | None = None" in signature, signature
-    assert "softmax_scale: float = 0.0, stream: int = 0, **problem" in signature, signature
+    assert ("softmax_scale: float = 0.0, stream: int = 0, seqused_q: ndarray[] | None = None, "
+            "varlen_lengths: ndarray[] | None = None, **problem") in signature, signature
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -298,7 +300,8 @@ def test_sparse_binding_signature():
 def test_workspace_sizes(b, s_q, h_q, h_kv, parts):
     sizes = C.get_decode_workspace_sizes(**problem(batch=b, s_q=s_q, h_q=h_q, h_kv=h_kv))
     assert set(sizes) == {"num_sm_parts", "metadata_ints", "num_splits_ints", "partial_rows", "partial_o_bytes",
-                          "partial_lse_bytes", "merge_counter_ints"}
+                          "partial_lse_bytes", "merge_counter_ints", "varlen_ints"}
+    assert sizes["varlen_ints"] == 0  # per-request query lengths only (test_decode_varlen_q_api.py)
     assert sizes["num_sm_parts"] == parts
     assert 1 <= parts <= C.MAX_DECODE_SM_PARTS
     assert sizes["metadata_ints"] == parts * C.DECODE_SCHEDULE_RECORD_INTS == parts * 8
@@ -375,7 +378,6 @@ class _Lengths:
     ((_Lengths(4), 128.0, 1), {}, ValueError, r"argument 'num_q_tokens_per_head_k'"),
     ((_Lengths(4), 128, 1, True), {}, ValueError, r"argument 'num_heads_q' must be None or a positive int"),
     ((_Lengths(4), 100, 1, 64), {}, ValueError, r"not a multiple of num_heads_q"),
-    ((_Lengths(4), 128, 1), {"is_fp8_kvcache": True}, NotImplementedError, r"without 'topk'"),
     ((_Lengths(4), 128, 1, 64), {"topk": 2048}, ValueError, r"'is_fp8_kvcache' is False"),
     ((_Lengths(4), 128, 1), {"is_fp8_kvcache": True, "topk": 2048}, ValueError, r"'num_heads_q' is required"),
     ((_Lengths(4), 128, 2, 128), {"is_fp8_kvcache": True, "topk": 2048}, ValueError, r"'num_heads_k' is 2"),
@@ -392,6 +394,8 @@ def test_tensor_style_problem():
     assert dec._metadata_problem(_Lengths(4), 2 * 128, 1, 128, False, None) == (4, 2, 128, 1, False, None)
     assert dec._metadata_problem(_Lengths(3), 2 * 16, 8, 128, False, None) == (3, 2, 128, 8, False, None)
     assert dec._metadata_problem(_Lengths(1), 7 * 64, 1, 64, True, 2048) == (1, 7, 64, 1, True, 2048)
+    # is_fp8_kvcache without topk: the FP8 dense cache, on the dense schedule.
+    assert dec._metadata_problem(_Lengths(4), 2 * 128, 1, 128, True, None) == (4, 2, 128, 1, False, None)
 
 
 def test_signature_matches_flash_mla():
@@ -402,13 +406,14 @@ def test_signature_matches_flash_mla():
     assert names == ["q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata",
                      "num_splits", "softmax_scale", "causal", "is_fp8_kvcache", "indices", "attn_sink",
                      "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length",
-                     "batch_invariant", "out", "lse"]
+                     "batch_invariant", "seqused_q", "out", "lse", "descale_q", "descale_k"]
     defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
     assert defaults == {"num_splits": None, "softmax_scale": None, "causal": False, "is_fp8_kvcache": False,
                         "indices": None, "attn_sink": None, "extra_k_cache": None, "extra_indices_in_kvcache": None,
-                        "topk_length": None, "extra_topk_length": None, "batch_invariant": False, "out": None,
-                        "lse": None}
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params if p.name in ("out", "lse", "batch_invariant"))
+                        "topk_length": None, "extra_topk_length": None, "batch_invariant": False, "seqused_q": None,
+                        "out": None, "lse": None, "descale_q": None, "descale_k": None}
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY
+               for p in params if p.name in ("out", "lse", "batch_invariant", "seqused_q", "descale_q", "descale_k"))
 
 
 def _call(**kwargs):
@@ -427,9 +432,13 @@ def test_sparse_only_arguments_need_indices(name):
         _call(**{name: object()})
 
 
-def test_fp8_cache_without_indices_is_not_implemented():
-    with pytest.raises(NotImplementedError, match=r"is_fp8_kvcache=True without 'indices'"):
+def test_fp8_flag_without_indices_takes_the_fp8_dense_path():
+    # Dense decode over an FP8 e4m3 cache (openmla.decode_fp8): its checks name the argument (q is no tensor here;
+    # without torch the path says it needs torch).
+    with pytest.raises((TypeError, ImportError), match=r"argument 'q' must be a torch.Tensor|needs PyTorch"):
         _call(is_fp8_kvcache=True)
+    with pytest.raises((TypeError, ImportError), match=r"argument 'q' must be a torch.Tensor|needs PyTorch"):
+        _call(descale_k=0.5)
 
 
 def test_indices_select_sparse_mode():

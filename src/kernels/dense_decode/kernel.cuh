@@ -22,6 +22,7 @@
 #include "kernels/combine/params.h"
 #include "kernels/decode_scheduler/partition_walk.h"
 #include "kernels/dense_decode/config.h"
+#include "kernels/dense_decode/gather.cuh"
 #include "kernels/dense_decode/params.h"
 
 namespace openmla::kernels::dense_decode {
@@ -77,14 +78,19 @@ static_assert(T::kTileBytes == tile::kTileBytes && T::kRowBytes == tile::kRowByt
 __device__ __forceinline__ constexpr int tile_group(int t) { return t / T::kVTilesPerHalf; }  // 0, 1 or 2
 
 // S = Q K^T over the 9 tiles of one KV buffer, waiting tile by tile so the GEMM starts on the first
-// arrival. `kFirstTile` rotates the order (WG1 starts with the tiles refilled first).
-template <bool kIsFp16, int kFirstTile>
+// arrival. `kFirstTile` rotates the order (WG1 starts with the tiles refilled first). kGather (page sizes 1-8): the
+// tiles were written by cp.async (generic proxy) and released through the barrier; the acquire-side proxy fence orders
+// them before the wgmma reads (no instruction on sm_90a).
+template <bool kIsFp16, int kFirstTile, bool kGather = false>
 __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int buf, uint32_t phase) {
   ptx::wgmma_fence();
 #pragma unroll
   for (int i = 0; i < T::kNumTiles; ++i) {
     const int t = (i + kFirstTile) % T::kNumTiles;
-    if (t % T::kVTilesPerHalf == 0) ptx::mbarrier_wait_parity(&smem.k_bar[buf][tile_group(t)], phase);
+    if (t % T::kVTilesPerHalf == 0) {
+      ptx::mbarrier_wait_parity(&smem.k_bar[buf][tile_group(t)], phase);
+      if constexpr (kGather) ptx::fence_proxy_async_acquire_shared();
+    }
 #pragma unroll
     for (int kk = 0; kk < T::kTileCols / 16; ++kk) {
       Element<kIsFp16>::template mma_ss<64, 0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
@@ -184,16 +190,6 @@ __device__ __forceinline__ void load_kv_tiles_any_page(SharedStorage& smem, cons
   }
 }
 
-// Small pages: pulls page `page`'s rows of `kv_head` into L2 with one bulk prefetch (its P rows as one span from the
-// head's first element: the whole page when h_kv = 1, as MLA caches are). A hint: it reads nothing into the CTA.
-__device__ __forceinline__ void prefetch_page_l2(const DenseDecodeParams& p, const DensePageGeometry& pg, int page,
-                                                 int kv_head) {
-  const auto* base = static_cast<const uint8_t*>(p.k_cache) +
-                     (static_cast<int64_t>(page) * p.k_stride_block + kv_head * p.k_stride_head) * 2;
-  const uint32_t bytes = static_cast<uint32_t>(((pg.page_size - 1) * p.k_stride_row + T::kHeadDimQK) * 2) & ~15u;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base), "r"(bytes) : "memory");
-}
-
 // Any page size: the page id warp `slot` of a warpgroup loads for block `blk` (block-table entry blk * 64/P + slot for
 // P < 64, blk / (P/64) for P > 64). A slot past the sequence's last page loads the block's first page instead (its rows
 // are masked and zeroed like any row past the length), so every group's byte count stays whole and no entry past
@@ -205,6 +201,11 @@ __device__ __forceinline__ int page_of_any(const DenseDecodeParams& p, const Den
   return p.block_table[static_cast<int64_t>(req) * p.block_table_stride + entry];
 }
 
+// Per-request query lengths: request `req`'s query rows, clamped to [0, s_q] (warp-uniform, as the lengths).
+__device__ __forceinline__ int varlen_q_len(const DenseVarlenQ& vq, int req, int s_q) {
+  return min(max(__shfl_sync(0xffffffff, vq.seqused_q[req], 0), 0), s_q);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
@@ -214,10 +215,18 @@ __device__ __forceinline__ int page_of_any(const DenseDecodeParams& p, const Den
 // docs/decode-schedule.md, "Batch invariance") is the same: the chunk walk is `if constexpr (kChunked)` code, and the
 // default kernels (kChunked = false) compile to the machine code they had without it (checked with
 // tools/sass_guard.sh against the previous build).
-template <bool kIsFp16, bool kAnyPage, bool kChunked>
+// kGather (page sizes 1-8, with kAnyPage; docs/dense-decode.md, "Small pages: the gather kernel") is a third kernel on
+// the body in the same way: the K tiles are gathered row by row by cp.async (gather.cuh) instead of TMA boxes.
+//
+// kVarlenQ (per-request query lengths, docs/dense-decode.md, "Per-request query lengths") is the same again: request
+// `req` has q_len = clamp(vq.seqused_q[req], 0, s_q) query rows; the causal border of its row s_idx is
+// seqlen - (q_len - 1 - s_idx), rows at or past q_len see no key (out 0, lse +inf), and a request without rows
+// walks no block (the plan gave it none).
+template <bool kIsFp16, bool kAnyPage, bool kChunked, bool kGather = false, bool kVarlenQ = false>
 __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& params, const CUtensorMap& k_map,
                                                   const CUtensorMap& k_map_rope, const CUtensorMap& q_map,
-                                                  const DensePageGeometry& pg) {
+                                                  const DensePageGeometry& pg,
+                                                  const DenseVarlenQ& vq = DenseVarlenQ{}) {
   SharedStorage& smem = cta::shared_storage<SharedStorage>();
 
   const int tid = threadIdx.x;
@@ -230,11 +239,16 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
   const Fragment frag = make_fragment(wg_tid);
   const int lane = tid % 32;
 
+  static_assert(!kGather || (kAnyPage && !kChunked), "the gather kernel: small pages, default schedules");
   if (tid == 0) {
-    ptx::prefetch_tensormap(&k_map);
-    ptx::prefetch_tensormap(&k_map_rope);
+    if constexpr (!kGather) {  // (the gather kernel has no cache tensor map)
+      ptx::prefetch_tensormap(&k_map);
+      ptx::prefetch_tensormap(&k_map_rope);
+    }
+    // A tile group completes on one arrival with the TMA's byte count, or (kGather) on the 128 .noinc arrivals of the
+    // refilling warpgroup's gathers.
     for (int b = 0; b < 2; ++b)
-      for (int g = 0; g < T::kNumTileGroups; ++g) ptx::mbarrier_init(&smem.k_bar[b][g], 1);
+      for (int g = 0; g < T::kNumTileGroups; ++g) ptx::mbarrier_init(&smem.k_bar[b][g], kGather ? T::kWarpgroupThreads : 1);
     for (int h = 0; h < kHandoffs; ++h)
       ptx::mbarrier_init(&smem.handoff[h], T::kWarpgroupThreads);
     ptx::mbarrier_init(&smem.merge_bar, 1);
@@ -262,12 +276,18 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
   const bool is_issuer = wg_tid == 0;
   // Any page size: the threads that issue a block's copies (lane 0 of warps 0 .. pages_per_block - 1 of the refilling
   // warpgroup; one warp for P >= 64) and the page each of them loads (`slot`: its warp in the warpgroup).
+  // kGather: every thread of the refilling warpgroup gathers its row (gather.cuh), with the page id of that row.
   const int slot = wg_tid / 32;
-  const bool is_page_issuer = kAnyPage && lane == 0 && slot < pg.pages_per_block;
+  const bool is_page_issuer = kGather || (kAnyPage && lane == 0 && slot < pg.pages_per_block);
   auto refill_any_page = [&](int page, int blk, int buf, int t_begin, int t_end) {
-    load_kv_tiles_any_page(smem, &k_map, &k_map_rope, pg, page, blk, slot, wg_tid == 0, kv_head, buf, t_begin, t_end,
-                           policy);
+    if constexpr (kGather)
+      gather::gather_kv_tiles(smem, params, page, pg.page_size, wg_tid, kv_head, buf, t_begin, t_end, policy);
+    else
+      load_kv_tiles_any_page(smem, &k_map, &k_map_rope, pg, page, blk, slot, wg_tid == 0, kv_head, buf, t_begin, t_end,
+                             policy);
   };
+  // kGather: log2 of the page size (block-table entry of token t: t >> log2_page).
+  const int log2_page = kGather ? 31 - __clz(pg.page_size) : 0;
   // Parity of each K buffer's tile-group barriers: they complete once per fill of the buffer (one per pair for K0;
   // K1 is not filled in a pair without it).
   pipeline::PhaseBit k_phase[2];
@@ -347,6 +367,10 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     for (int i = 0; i < 2; ++i) {
       const int r = row_base + frag.row[i];
       border[i] = (params.causal && r < R) ? seqlen - (params.s_q - 1 - r / params.q_per_kv) : seqlen;
+      if constexpr (kVarlenQ) {  // bottom-right per request; rows past q_len see nothing
+        const int q_len = varlen_q_len(vq, req, params.s_q), s_idx = r / params.q_per_kv;
+        border[i] = r < R && s_idx < q_len ? (params.causal ? seqlen - (q_len - 1 - s_idx) : seqlen) : 0;
+      }
     }
     // Blocks past the last valid row's border are fully masked for the whole tile: skip them.
     {
@@ -354,10 +378,38 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       const int max_border = params.causal ? seqlen - (params.s_q - 1 - last_row / params.q_per_kv) : seqlen;
       blk_end = min(blk_end, max(0, (max_border + T::kBlockN - 1) / T::kBlockN));
     }
+    // kVarlenQ: the same from the request's own q_len instead (so not clamped by the line above: recomputed from the
+    // range). A request without rows (q_len 0: planned as empty) and an m-block of rows past q_len walk no block and
+    // only write their empty rows.
+    if constexpr (kVarlenQ) {
+      const int q_len = varlen_q_len(vq, req, params.s_q);
+      const int last_row = min(min(row_base + T::kBlockM, R), q_len * params.q_per_kv) - 1;
+      const int max_border =
+          last_row < row_base ? 0 : (params.causal ? seqlen - (q_len - 1 - last_row / params.q_per_kv) : seqlen);
+      const int range_end = req == rec.end_req ? rec.end_block : num_seq_blocks;
+      blk_end = min(range_end, max(0, (max_border + T::kBlockN - 1) / T::kBlockN));
+    }
     const bool has_work = blk_begin < blk_end;
 
     if (has_work) {
-      if constexpr (kAnyPage) {
+      if constexpr (kGather) {
+        // The Q tile first, as one committed cp.async group: the prologue then waits for it alone (the gathers below
+        // are never committed; they complete on the K barriers). Each tile group is gathered by the warpgroup that
+        // refills it in the pair loop (the barrier counts its 128 threads).
+        if (!q_issued) issue_q(req, tid, T::kThreads);
+        const int page0 = gather::page_of_row(params, req, blk_begin, gather::row_of(wg_tid), seqlen, log2_page);
+        const bool two = blk_begin + 1 < blk_end;
+        const int page1 = two ? gather::page_of_row(params, req, blk_begin + 1, gather::row_of(wg_tid), seqlen, log2_page)
+                              : -1;
+        if (wg == 0) {
+          refill_any_page(page0, blk_begin, 0, 0, T::kVTilesPerHalf);
+          if (two) refill_any_page(page1, blk_begin + 1, 1, 0, T::kVTilesPerHalf);
+          if (two) refill_any_page(page1, blk_begin + 1, 1, T::kRopeTile, T::kNumTiles);
+        } else {
+          refill_any_page(page0, blk_begin, 0, T::kVTilesPerHalf, T::kNumTiles);
+          if (two) refill_any_page(page1, blk_begin + 1, 1, T::kVTilesPerHalf, 2 * T::kVTilesPerHalf);
+        }
+      } else if constexpr (kAnyPage) {
         if (tid < T::kWarpgroupThreads && is_page_issuer) {
           load_kv_tiles_any_page(smem, &k_map, &k_map_rope, pg, page_of_any(params, pg, req, blk_begin, slot, seqlen),
                                  blk_begin, slot, tid == 0, kv_head, 0, 0, T::kNumTiles, policy);
@@ -371,7 +423,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         if (blk_begin + 1 < blk_end)
           load_kv_tiles(smem, &k_map, &k_map_rope, page_of(params, req, blk_begin + 1), kv_head, 1, 0, T::kNumTiles, policy);
       }
-      if (!q_issued) issue_q(req, tid, T::kThreads);
+      if (!kGather && !q_issued) issue_q(req, tid, T::kThreads);
     }
     // A Q issued during the previous request's epilogue (or above) must land before use, and before another
     // is issued into the same buffer, so it is waited for even by a request without work.
@@ -379,7 +431,8 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       if (params.q_tma && q_issued) {
         ptx::mbarrier_wait_parity(&smem.q_bar, pipeline::BarrierRing<1>::parity(static_cast<uint32_t>(smem.q_waits)));
       } else {
-        ptx::cp_async_wait_all();
+        if constexpr (kGather) gather::cp_async_wait_committed();
+        else ptx::cp_async_wait_all();
         ptx::fence_proxy_async_shared();
       }
     }
@@ -399,17 +452,21 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     // tools/placement_sweep.sh measures).
     if (params.batch < 0) {
       asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
-      // The any-page kernel's own loop lands at 0x40 modulo 128 with five lines since its small-page L2 prefetch
-      // (decision dense-v20; its speed at other offsets is not measured: docs/dense-decode.md, "Page sizes").
-      if constexpr (kAnyPage) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
-      }
-      // The batch-invariant kernels' loops (their speed at any offset is not measured): no count tried puts either at
-      // 0x40 modulo 128 (any-page, more lines: 0 0x30, 1 0x50, 2 0x60, 3 0x70; page 64: 0 0x70, 3 0x20, 4 0x30,
-      // 5 0x50, 6 0x60); none and five until tools/placement_sweep.sh says better.
+      // The any-page kernel's own loop lands at 0x30 modulo 128 with one line, at 0x40 with two (its speed at other
+      // offsets is not measured: docs/dense-decode.md, "Page sizes").
+      if constexpr (kAnyPage) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
+      // The batch-invariant kernels' loops (their speed at any offset is not measured): three more lines put the
+      // any-page one at 0x40 modulo 128; no count tried puts the page-64 one there (0: 0x70, 3: 0x20, 4: 0x30, 5: 0x50,
+      // 6: 0x60), five leave it at 0x50 until tools/placement_sweep.sh says better.
       if constexpr (kChunked) {
-        constexpr int kLines = kAnyPage ? 0 : 5;
+        constexpr int kLines = kAnyPage ? 3 : 5;
+#pragma unroll
+        for (int i = 0; i < kLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
+      }
+      // The per-request query length kernels' loops (their speed at any offset is not measured): these counts aim at
+      // 0x40 modulo 128 (docs/dense-decode.md, "Per-request query lengths").
+      if constexpr (kVarlenQ) {
+        constexpr int kLines = kAnyPage ? 1 : 6;
 #pragma unroll
         for (int i = 0; i < kLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
       }
@@ -431,7 +488,11 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       const bool k1_partial = tok1 + T::kBlockN > seqlen;
       // Pages of the next pair, loaded now so the refills below never wait on global memory.
       int next_page0, next_page1;
-      if constexpr (kAnyPage) {  // this warp's page of each next block
+      if constexpr (kGather) {  // this thread's row of each next block
+        next_page0 = has_next ? gather::page_of_row(params, req, blk0 + 2, gather::row_of(wg_tid), seqlen, log2_page) : -1;
+        next_page1 =
+            next_has_k1 ? gather::page_of_row(params, req, blk0 + 3, gather::row_of(wg_tid), seqlen, log2_page) : -1;
+      } else if constexpr (kAnyPage) {  // this warp's page of each next block
         next_page0 = has_next ? page_of_any(params, pg, req, blk0 + 2, slot, seqlen) : 0;
         next_page1 = next_has_k1 ? page_of_any(params, pg, req, blk0 + 3, slot, seqlen) : 0;
       } else {
@@ -442,17 +503,8 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       uint32_t pa[4][4];
 
       if (wg == 0) {
-        // Small pages (P < 64): this warp's pages of the pair after next, read now and pulled into L2 after P0 V0
-        // (docs/dense-decode.md, "Page sizes", decision dense-v20).
-        int ahead_page[2] = {-1, -1};
-        if constexpr (kAnyPage) {
-          if (pg.pages_per_block > 1 && is_page_issuer) {
-            if (blk0 + 4 < blk_end) ahead_page[0] = page_of_any(params, pg, req, blk0 + 4, slot, seqlen);
-            if (blk0 + 5 < blk_end) ahead_page[1] = page_of_any(params, pg, req, blk0 + 5, slot, seqlen);
-          }
-        }
         // Step 1: S0 = Q K0^T.
-        gemm_qk<kIsFp16, 0>(s, smem, 0, k_phase[0].bit);
+        gemm_qk<kIsFp16, 0, kGather>(s, smem, 0, k_phase[0].bit);
         if (tid == 0 && blk0 == blk_begin) OPENMLA_DENSE_STAMP(req - rec.begin_req, kFirstTiles);
         mask_logits(s, frag, tok0, border);
         // Step 2: m0 = max(m, rowmax S0), a0 = 2^(m - m0); publish; O_L = a0 O_L + P0 V0_L.
@@ -461,13 +513,11 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         handoff.arrive(Handoff::kMax0Ready);
         scale_rows(o, a0[0], a0[1]);
         to_a_fragments<kIsFp16>(s, pa);
-        if (k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
+        // (kGather: rows past the length were zero-filled by the gathers.)
+        if (!kGather && k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
         gemm_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
         if constexpr (kAnyPage) {
           if (has_next && is_page_issuer) refill_any_page(next_page0, blk0 + 2, 0, 0, T::kVTilesPerHalf);
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-            if (ahead_page[i] >= 0) prefetch_page_l2(params, pg, ahead_page[i], kv_head);
         } else if (has_next && is_issuer) {
           load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, 0, T::kVTilesPerHalf, policy);
         }
@@ -483,8 +533,9 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         // Step 6: O_L = a1 O_L + P1 V1_L.
         scale_rows(o, a1[0], a1[1]);
         if (has_k1) {
-          if (k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
+          if (!kGather && k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
           ptx::mbarrier_wait_parity(&smem.k_bar[1][0], k_phase[1].bit);  // V1_L = group 0
+          if constexpr (kGather) ptx::fence_proxy_async_acquire_shared();
           gemm_pv_ss<kIsFp16>(o, smem.k[1][T::kRopeTile], smem.k[1][0]);
           if constexpr (kAnyPage) {
             if (next_has_k1 && is_page_issuer) {
@@ -500,7 +551,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         // Step 1: S1 = Q K1^T, starting with the tiles WG1 itself refilled first.
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
-          gemm_qk<kIsFp16, T::kVTilesPerHalf>(s, smem, 1, k_phase[1].bit);
+          gemm_qk<kIsFp16, T::kVTilesPerHalf, kGather>(s, smem, 1, k_phase[1].bit);
           mask_logits(s, frag, tok1, border);
           row_max(s, mx);
         }
@@ -517,7 +568,8 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         scale_rows(o, a01[0], a01[1]);
         if (has_k1) {
           to_a_fragments<kIsFp16>(s, pa);
-          if (k1_partial) zero_tail_rows(smem.k[1][T::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
+          if (!kGather && k1_partial)
+            zero_tail_rows(smem.k[1][T::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
           gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][T::kVTilesPerHalf]);
           if constexpr (kAnyPage) {
             if (next_has_k1 && is_page_issuer)
@@ -530,8 +582,10 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
 
         // Step 5: O_R += P0 V0_R.
         handoff.wait(Handoff::kP0Ready);
-        if (k0_partial) zero_tail_rows(smem.k[0][T::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
+        if (!kGather && k0_partial)
+          zero_tail_rows(smem.k[0][T::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
         ptx::mbarrier_wait_parity(&smem.k_bar[0][1], k_phase[0].bit);  // V0_R = group 1
+        if constexpr (kGather) ptx::fence_proxy_async_acquire_shared();
         gemm_pv_ss<kIsFp16>(o, smem.k[0][T::kRopeTile], smem.k[0][T::kVTilesPerHalf]);
         if constexpr (kAnyPage) {
           if (has_next && is_page_issuer) refill_any_page(next_page0, blk0 + 2, 0, T::kVTilesPerHalf, T::kNumTiles);
@@ -572,7 +626,13 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     const int next_entry = kAnyPage ? (next_begin * pg.pages_per_block) >> pg.blocks_per_page_log2 : next_begin;
     if (has_next) {
       q_issued = true;  // by threads kBlockM.. while threads 0..kBlockM-1 store the rows (below)
-      if (tid == 0) {
+      if constexpr (kGather) {
+        // Threads 0-127: the page of row tid % 64 of the next request's block tid / 64 (-1: past its length).
+        if (tid < 2 * T::kBlockN) {
+          next_len = min(max(params.cache_seqlens[req + 1], 0), params.max_blocks_per_seq * pg.page_size);
+          next_page[0] = gather::page_of_row(params, req + 1, tid / T::kBlockN, tid % T::kBlockN, next_len, log2_page);
+        }
+      } else if (tid == 0) {
         if constexpr (kChunked) {
           next_len = params.cache_seqlens[next_req];
           // (An entry past the table's row is never read; one past the length is never prefetched, below.)
@@ -791,7 +851,10 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     }
     if (!is_split || merge) store_rows(false, false);
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kStored);
-    if (tid == 0 && has_next) {  // only pages inside the next sequence are touched
+    if constexpr (kGather) {  // one token row per thread 0-127: the next request's first two blocks
+      if (has_next && tid < 2 * T::kBlockN && next_page[0] >= 0)
+        gather::prefetch_row_l2(params, next_page[0], (tid % T::kBlockN) & (pg.page_size - 1), kv_head);
+    } else if (tid == 0 && has_next) {  // only pages inside the next sequence are touched
       // (Any page size: entries 0 and 1 are the next sequence's first two pages, prefetched from their first row.)
       const int page_tokens = kAnyPage ? pg.page_size : T::kBlockN;
       const int len = min(max(next_len, 0), params.max_blocks_per_seq * page_tokens);
@@ -828,6 +891,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   dense_decode_body<kIsFp16, true, false>(params, k_map, k_map_rope, q_map, pages);
 }
 
+// Page sizes 1, 2, 4 and 8 (docs/dense-decode.md, "Small pages: the gather kernel"): the same pair loop, each block's 64
+// rows gathered by cp.async (gather.cuh) from the pages the block table names row by row. The cache tensor maps are not
+// read (the launcher passes empty ones); q_map serves the TMA Q path as in the other kernels.
+template <bool kIsFp16>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    dense_decode_gather_kernel(const __grid_constant__ DenseDecodeParams params,
+                               const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
+                               const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
+  dense_decode_body<kIsFp16, true, false, true>(params, k_map, k_map_rope, q_map, pages);
+}
+
 // Batch-invariant schedules (docs/decode-schedule.md, "Batch invariance"): the page-64 and any-page kernels walking
 // each record's range chunk by chunk (params.chunk_blocks > 0), in units of their own (instantiations/*_invariant.cu)
 // so the default kernels keep their machine code. The page geometry is an argument as for the any-page kernel
@@ -838,6 +912,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                   const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
                                   const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
   dense_decode_body<kIsFp16, kAnyPage, true>(params, k_map, k_map_rope, q_map, pages);
+}
+
+// Per-request query lengths (docs/dense-decode.md, "Per-request query lengths"): the page-64 and any-page kernels with
+// the varlen rows of dense_decode_body, in units of their own (instantiations/*_varlen_q.cu) so the default kernels
+// keep their machine code. The lengths are an argument after the page geometry (DenseDecodeParams is unchanged).
+template <bool kIsFp16, bool kAnyPage>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    dense_decode_varlen_q_kernel(const __grid_constant__ DenseDecodeParams params,
+                                 const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
+                                 const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages,
+                                 const DenseVarlenQ varlen) {
+  dense_decode_body<kIsFp16, kAnyPage, false, false, true>(params, k_map, k_map_rope, q_map, pages, varlen);
 }
 
 }  // namespace openmla::kernels::dense_decode

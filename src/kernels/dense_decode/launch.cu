@@ -26,6 +26,9 @@ Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeome
     return params.is_fp16 ? dense_decode::launch_invariant_variant<true, false>(params, pages, stream)
                           : dense_decode::launch_invariant_variant<false, false>(params, pages, stream);
   }
+  if (pages.page_size < kDenseMinTmaPageSize)
+    return params.is_fp16 ? dense_decode::launch_gather_variant<true>(params, pages, stream)
+                          : dense_decode::launch_gather_variant<false>(params, pages, stream);
   if (pages.page_size != 64)
     return params.is_fp16 ? dense_decode::launch_any_page_variant<true>(params, pages, stream)
                           : dense_decode::launch_any_page_variant<false>(params, pages, stream);

@@ -15,10 +15,14 @@
 namespace openmla::kernels {
 
 // Grid (num_m_blocks, h_kv, num_sm_parts), Traits::kThreads threads. `pages.page_size` 64 launches the page-64 kernel,
-// any other supported size (a power of two in [16, 256]: dense_decode_page_size_supported) the any-page kernel;
-// params.chunk_blocks > 0 (a batch-invariant schedule) their chunk-walking twins.
+// 16, 32, 128 or 256 the any-page kernel, 1, 2, 4 or 8 the gather kernel (dense_decode_page_size_supported);
+// params.chunk_blocks > 0 (a batch-invariant schedule) the chunk-walking twins of the first two.
 Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
 
+// Per-request query lengths (docs/dense-decode.md, "Per-request query lengths"): the varlen kernels, page 64 or any
+// page size, in launch_varlen_q.cu. Not combined with batch-invariant schedules (params.chunk_blocks must be 0).
+Status launch_dense_decode_varlen_q(const DenseDecodeParams& params, const DensePageGeometry& pages,
+                                    const DenseVarlenQ& varlen, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
 // Trace builds only (CMake -DOPENMLA_TRACE=ON; api/trace.h): copies the trace of the last launch (config.h, struct
@@ -35,9 +39,16 @@ Status launch_variant(const DenseDecodeParams& params, cudaStream_t stream);
 // The any-page kernel's variant: instantiations/<dtype>_any_page.cu.
 template <bool kIsFp16>
 Status launch_any_page_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
+// The gather kernel's variant (page sizes 1-8): instantiations/<dtype>_gather.cu.
+template <bool kIsFp16>
+Status launch_gather_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
 // The batch-invariant kernels' variants (params.chunk_blocks > 0): instantiations/<dtype>[_any_page]_invariant.cu.
 template <bool kIsFp16, bool kAnyPage>
 Status launch_invariant_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
+// The varlen kernels' variants: instantiations/<dtype>[_any_page]_varlen_q.cu.
+template <bool kIsFp16, bool kAnyPage>
+Status launch_varlen_q_variant(const DenseDecodeParams& params, const DensePageGeometry& pages,
+                               const DenseVarlenQ& varlen, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
 // The variant's unit's trace array (kernel.cuh).

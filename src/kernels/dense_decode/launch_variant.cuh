@@ -17,6 +17,9 @@ namespace openmla::kernels::dense_decode {
 // one every copy uses, `k_map` (4 tiles of P rows) only serves the L2 prefetch of a page. Q as a 4-D map where the
 // launch plan says so (q_map untouched otherwise).
 template <bool kIsFp16>
+Status encode_q_map(const DenseDecodeParams& p, CUtensorMap* q_map);
+
+template <bool kIsFp16>
 Status encode_maps(const DenseDecodeParams& p, int page_size, CUtensorMap* k_map, CUtensorMap* k_map_rope,
                    CUtensorMap* q_map) {
   const uint64_t box_rows = page_size < Traits::kBlockN ? static_cast<uint64_t>(page_size) : Traits::kBlockN;
@@ -42,7 +45,12 @@ Status encode_maps(const DenseDecodeParams& p, int page_size, CUtensorMap* k_map
   OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(k_map, p.k_cache, spec, "dense decode k_cache"));
   spec.box[2] = 1;
   OPENMLA_RETURN_IF_ERROR(detail::encode_tensor_map(k_map_rope, p.k_cache, spec, "dense decode k_cache (RoPE)"));
+  return encode_q_map<kIsFp16>(p, q_map);
+}
 
+// Q by TMA where the launch plan says so (q_map untouched otherwise).
+template <bool kIsFp16>
+Status encode_q_map(const DenseDecodeParams& p, CUtensorMap* q_map) {
   // Q by TMA when the launch plan says so (heuristics::plan_dense_decode_launch: each CTA's 64 rows are 64
   // consecutive heads of one query position and q's address and strides are whole 16-byte units): a 4-D map
   // (576 columns, heads, s_q, b), box 64 x 64, the 128-byte swizzle the cp.async path writes (docs/dense-decode.md,
@@ -51,7 +59,7 @@ Status encode_maps(const DenseDecodeParams& p, int page_size, CUtensorMap* k_map
     const DenseQMapStrides qs_strides =
         dense_q_map_strides(p.batch, p.s_q, p.h_q, p.q_stride_b, p.q_stride_s, p.q_stride_h);
     detail::TensorMapSpec qs{};
-    qs.dtype = spec.dtype;
+    qs.dtype = kIsFp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     qs.rank = 4;
     qs.dims[0] = Traits::kHeadDimQK;
     qs.dims[1] = static_cast<uint64_t>(p.h_kv) * p.q_per_kv;
@@ -105,6 +113,25 @@ Status launch_any_page_variant(const DenseDecodeParams& p, const DensePageGeomet
                                           });
 }
 
+// Page sizes 1-8 (docs/dense-decode.md, "Small pages: the gather kernel"): the cache is gathered by cp.async, so only
+// q's map is built (the cache maps are passed empty and never read).
+template <bool kIsFp16>
+Status launch_gather_variant(const DenseDecodeParams& p, const DensePageGeometry& pages, cudaStream_t stream) {
+  CUtensorMap k_map{}, k_map_rope{}, q_map{};
+  OPENMLA_RETURN_IF_ERROR(encode_q_map<kIsFp16>(p, &q_map));
+  auto kernel = dense_decode_gather_kernel<kIsFp16>;
+  constexpr int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
+  static detail::DynamicSmemLimit smem_limit;
+  const dim3 grid(p.num_m_blocks, p.h_kv, p.num_sm_parts);
+  return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
+                                          "dense decode (small pages): setting the shared-memory size",
+                                          "dense decode kernel (small pages) launch", [&] {
+                                            kernel<<<grid, Traits::kThreads, smem_bytes, stream>>>(
+                                                p, k_map, k_map_rope, q_map, pages);
+                                            return cudaPeekAtLastError();
+                                          });
+}
+
 template <bool kIsFp16, bool kAnyPage>
 Status launch_invariant_variant(const DenseDecodeParams& p, const DensePageGeometry& pages, cudaStream_t stream) {
   CUtensorMap k_map, k_map_rope, q_map{};
@@ -118,6 +145,24 @@ Status launch_invariant_variant(const DenseDecodeParams& p, const DensePageGeome
                                           "dense decode kernel (batch-invariant) launch", [&] {
                                             kernel<<<grid, Traits::kThreads, smem_bytes, stream>>>(
                                                 p, k_map, k_map_rope, q_map, pages);
+                                            return cudaPeekAtLastError();
+                                          });
+}
+
+template <bool kIsFp16, bool kAnyPage>
+Status launch_varlen_q_variant(const DenseDecodeParams& p, const DensePageGeometry& pages, const DenseVarlenQ& varlen,
+                               cudaStream_t stream) {
+  CUtensorMap k_map, k_map_rope, q_map{};
+  OPENMLA_RETURN_IF_ERROR(encode_maps<kIsFp16>(p, pages.page_size, &k_map, &k_map_rope, &q_map));
+  auto kernel = dense_decode_varlen_q_kernel<kIsFp16, kAnyPage>;
+  constexpr int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
+  static detail::DynamicSmemLimit smem_limit;
+  const dim3 grid(p.num_m_blocks, p.h_kv, p.num_sm_parts);
+  return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
+                                          "dense decode (per-request query lengths): setting the shared-memory size",
+                                          "dense decode kernel (per-request query lengths) launch", [&] {
+                                            kernel<<<grid, Traits::kThreads, smem_bytes, stream>>>(
+                                                p, k_map, k_map_rope, q_map, pages, varlen);
                                             return cudaPeekAtLastError();
                                           });
 }

@@ -69,19 +69,30 @@ struct DenseDecodeParams {
 };
 
 // Page sizes other than 64 (docs/dense-decode.md, "Page sizes"): how the kernel's 64-token blocks map onto pages of P
-// tokens, P a power of two in [16, 256]. Passed to the any-page kernel as its own argument (not a DenseDecodeParams
+// tokens, P a power of two in [1, 256]. Passed to the any-page and gather kernels as its own argument (not a DenseDecodeParams
 // field: that would move the page-64 kernel's tensor-map arguments and change its SASS).
 struct DensePageGeometry {
   int page_size = 64;             // P, tokens per page (k_cache.shape[1])
-  int pages_per_block = 1;        // 64 / P for P < 64, else 1
+  int pages_per_block = 1;        // 64 / P for P < 64, else 1 (the gather kernel, P <= 8, reads only page_size)
   int blocks_per_page_log2 = 0;   // log2(P / 64) for P > 64, else 0
 };
 
-// The page sizes the kernels take (docs/dense-decode.md, "Page sizes"): 64, and powers of two in [16, 256] through the
-// any-page kernel. Smaller pages would put more than 4 pages (one per warp of a warpgroup) in a 64-token block.
-inline constexpr int64_t kDenseMinPageSize = 16, kDenseMaxPageSize = 256;
+// Per-request query lengths (docs/dense-decode.md, "Per-request query lengths"): the varlen kernels' own argument
+// after the page geometry (a DenseDecodeParams field would move the default kernels' parameters).
+struct DenseVarlenQ {
+  const int32_t* seqused_q = nullptr;  // (b,) query rows of each request, clamped to [0, s_q] by the kernel
+};
+
+// The page sizes the kernels take (docs/dense-decode.md, "Page sizes"): 64; powers of two in [16, 256] through the
+// any-page kernel (TMA boxes of P rows); 1, 2, 4 and 8 through the gather kernel (cp.async row gathers: below 16 a
+// 64-token block holds more pages than a warpgroup has warps, and a box of fewer than 8 rows breaks the swizzle atom).
+// The batch-invariant schedules take the TMA sizes only (dense_decode_invariant_page_size_supported).
+inline constexpr int64_t kDenseMinPageSize = 1, kDenseMaxPageSize = 256, kDenseMinTmaPageSize = 16;
 inline bool dense_decode_page_size_supported(int64_t page_size) {
   return page_size >= kDenseMinPageSize && page_size <= kDenseMaxPageSize && (page_size & (page_size - 1)) == 0;
+}
+inline bool dense_decode_invariant_page_size_supported(int64_t page_size) {
+  return dense_decode_page_size_supported(page_size) && page_size >= kDenseMinTmaPageSize;
 }
 // The geometry of a supported page size (DensePageGeometry).
 inline DensePageGeometry dense_page_geometry(int page_size) {

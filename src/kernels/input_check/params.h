@@ -31,6 +31,7 @@ enum class CheckedArgument : int32_t {
   kExtraTopkLength = 7,
   kSlots = 8,
   kSchedule = 9,
+  kSequsedQ = 10,  // per-request query lengths (DenseDecodeProblem::varlen_q / SparseDecodeProblem::varlen_q)
 };
 
 // What one check verifies. The elements of a check are numbered 0 .. count - 1 (check_element_count); a violation is

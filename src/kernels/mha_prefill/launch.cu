@@ -31,6 +31,13 @@ Status launch_mha_prefill(const MhaPrefillParams& p, cudaStream_t stream) {
                           " (the API admits 192 and 128)");
 }
 
+Status launch_mha_prefill_fp8(const MhaPrefillFp8Params& p, cudaStream_t stream) {
+  if (p.base.d_qk == 192) return launch_mha_prefill_fp8_typed<192>(p, stream);
+  if (p.base.d_qk == 128) return launch_mha_prefill_fp8_typed<128>(p, stream);
+  return Status::internal("dense MHA prefill (FP8): no kernel variant for d_qk " + std::to_string(p.base.d_qk) +
+                          " (the API admits 192 and 128)");
+}
+
 #if defined(OPENMLA_HAS_TRACE)
 Status mha_prefill_trace(unsigned long long* host, size_t count, bool clear) {
   using mha_prefill::trace_buffer;

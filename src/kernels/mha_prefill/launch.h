@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/mha_prefill/params.h"
+#include "kernels/mha_prefill/params_fp8.h"
 #include "openmla/status.h"
 #if defined(OPENMLA_HAS_TRACE)
 #include <cstddef>
@@ -17,6 +18,9 @@ namespace openmla::kernels {
 
 template <int kDQK, bool kFp16>
 Status launch_mha_prefill_typed(const MhaPrefillParams& p, cudaStream_t stream);
+// The FP8 (e4m3) variants (instantiations/d*_e4m3.cu; launch_fp8_impl.cuh).
+template <int kDQK>
+Status launch_mha_prefill_fp8_typed(const MhaPrefillFp8Params& p, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
 // Trace builds only (CMake -DOPENMLA_TRACE=ON; api/trace.h): copies the trace of the last launch (config.h, struct

@@ -1,0 +1,10 @@
+// Dense decode main kernel with per-request query lengths (docs/dense-decode.md, "Per-request query lengths"),
+// page 64, fp16 q / cache / out.
+#include "kernels/dense_decode/launch_variant.cuh"
+
+namespace openmla::kernels::dense_decode {
+
+template Status launch_varlen_q_variant<true, false>(const DenseDecodeParams& params, const DensePageGeometry& pages,
+                                                 const DenseVarlenQ& varlen, cudaStream_t stream);
+
+}  // namespace openmla::kernels::dense_decode
