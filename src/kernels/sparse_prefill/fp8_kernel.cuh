@@ -45,6 +45,10 @@ struct Fp8Traits {
 #endif
   static constexpr int kRowsPerPass = OPENMLA_SPF8_ROWS_PER_PASS;
   static_assert(kRegRows % kRowsPerPass == 0);
+  // L1 prefetch of the later passes' lines before the free wait (sparse-prefill-fp8-v2).
+#ifndef OPENMLA_SPF8_L1_PREFETCH
+#define OPENMLA_SPF8_L1_PREFETCH 1
+#endif
   // The tile of the RoPE dims (filled by cp.async) and the group it belongs to.
   static constexpr int kRopeTile = Cache::kNopeDim / T::kTileCols;  // 8 / 7
   static constexpr int kRopeGroup = kV32 ? 2 : 1;
@@ -171,9 +175,36 @@ __device__ __forceinline__ void produce_fp8(const SparsePrefillFp8Params& pf, Sh
         ptx::st_shared_v4(tile_base + tile::swizzled_chunk(row, c0 + 1), hi);
       }
     };
+    // The later passes' lines (bytes and scales) pulled into L1 before the wait, so that their loads after the first
+    // pass's stores hit L1 instead of paying the L2 latency on the refill's critical path (no registers held).
+    auto prefetch_l1 = [&](int j0) {
+#if OPENMLA_SPF8_L1_PREFETCH
+#pragma unroll
+      for (int i = 0; i < kPass; ++i) {
+        const int src = buf * 16 + 2 * (j0 + i) + row_par;
+        const int64_t d = shfl64(off, src);
+        if constexpr (F::kV32) {
+          if (d >= 0) {
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(cache + d + dim0));
+            if (sub == 0) asm volatile("prefetch.global.L1 [%0];" ::"l"(cache + d + Cache::kScaleOffset));
+          }
+        } else {
+          const int64_t sc = shfl64(soff, src);
+          if (d >= 0 && nope) {
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(cache + d + dim0));
+            if (sub == 0) asm volatile("prefetch.global.L1 [%0];" ::"l"(cache + sc));
+          }
+        }
+      }
+#else
+      (void)j0;
+#endif
+    };
     uint4 raw[kPass];
     float scale[kPass];
     load_pass(0, raw, scale);  // the first pass is in flight while the buffer is still being read
+#pragma unroll
+    for (int j0 = kPass; j0 < F::kRegRows; j0 += kPass) prefetch_l1(j0);
     ptx::mbarrier_wait_parity(&smem.free_[buf][grp], Uses::free_parity(use[buf]));
     if (first && lane == 0) {  // st.shared: a generic store kept a 64-bit shared pointer live (spilled)
       asm volatile("st.shared.u16 [%0], %1;" ::"r"(ptx::smem_addr(&smem.valid[buf][warp])),
