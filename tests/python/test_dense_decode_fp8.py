@@ -186,8 +186,8 @@ def test_short_prompts_and_every_batch_size():
         r_out, r_lse = ref.dense_decode_ref(q_deq[:n], k_deq32, bt[:n], lens_t[:n])
         ref.check_dense_decode(out[:n].float(), lse[:n], r_out, r_lse, what=f" (b={b}, reference)")
         md, ns = om.get_mla_metadata(lens_t, 128, 1, is_fp8_kvcache=True)
-        t_out, t_lse = om.flash_mla_with_kvcache(q, k_fp8, bt, lens_t, D_V, md, ns, is_fp8_kvcache=True,
-                                                 descale_k=torch.tensor([dk], device="cuda"))
+        t_out, t_lse = om.flash_mla_with_kvcache_fp8(q, k_fp8, bt, lens_t, D_V, md, ns,
+                                                     descale_k=torch.tensor([dk], device="cuda"))
         assert torch.equal(t_out, out) and torch.equal(t_lse, lse), f"b={b}: tensor style differs from object style"
 
 
@@ -401,6 +401,9 @@ def test_python_layer_routes_and_checks_fp8_calls():
         om.flash_mla_with_kvcache(q, k16, bt, lens, 512, sched, descale_k=1.0, attn_sink=lens)
     with pytest.raises(ValueError, match=r"batch_invariant"):
         om.flash_mla_with_kvcache(q, k16, bt, lens, 512, sched, descale_k=1.0, batch_invariant=True)
+    assert "flash_mla_with_kvcache_fp8" in om.__all__
+    with pytest.raises(ValueError, match=r"argument 'q' must be a CUDA tensor"):
+        om.flash_mla_with_kvcache_fp8(q, k16, bt, lens, 512, sched, descale_k=0.5)
     with pytest.raises(TypeError, match=r"argument 'descale_q' must be None, a float"):
         from openmla import decode_fp8
 

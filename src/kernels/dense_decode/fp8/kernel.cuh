@@ -84,6 +84,7 @@ struct alignas(1024) SharedStorage {
   uint64_t q_full;                // producer -> WG0: a later request's Q tile landed
   uint64_t q_free;                // WG0 -> producer: the current Q tile is no longer read
   uint64_t scale_free[2];         // WG1 -> WG0: scale[buf] was read
+  uint64_t qk_done[2];            // WG0 -> WG1: S = Q K^T of the block in k[buf] is done (WG0 starts its softmax)
 };
 static_assert(sizeof(SharedStorage) + 1024 <= 232448, "FP8 dense decode smem plan exceeds 227 KB");
 
@@ -413,6 +414,8 @@ __device__ __forceinline__ void consume(const DenseDecodeFp8Params& p, SharedSto
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::fence_registers(s);
+        // WG1 may now run the previous block's P V_R: it fills the tensor cores while this warpgroup exponentiates.
+        ptx::mbarrier_arrive(&smem.qk_done[buf]);
         // The request's last Q K^T: its Q tile may be overwritten.
         if (blk == w.blk_end - 1) {
           __syncwarp();
@@ -475,6 +478,10 @@ __device__ __forceinline__ void consume(const DenseDecodeFp8Params& p, SharedSto
       } else {
         ptx::mbarrier_wait_parity(&smem.p_ready[buf], phase);
         ptx::mbarrier_wait_parity(&smem.full[buf], phase);
+        // Hold this block's P V_R until WG0's next Q K^T is done, so that it runs during WG0's softmax instead of
+        // beside WG0's P V_L (the tensor cores idle otherwise while WG0 exponentiates; docs/dense-decode.md, "FP8
+        // cache", decision dense-fp8-v2). The request's last block has no next Q K^T in this loop.
+        if (blk + 1 < w.blk_end) ptx::mbarrier_wait_parity(&smem.qk_done[buf ^ 1], KRing::parity(it + 1));
         scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
         ptx::mbarrier_arrive(&smem.scale_free[buf]);
         const uint64_t p_desc = ptx::launder(desc_k_major(p_tile));
@@ -571,6 +578,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::mbarrier_init(&smem.free_[b][1], 8);                    // every consumer warp
         ptx::mbarrier_init(&smem.p_ready[b], Cfg::kWarpgroupThreads);  // every WG0 thread
         ptx::mbarrier_init(&smem.scale_free[b], Cfg::kWarpgroupThreads);  // every WG1 thread
+        ptx::mbarrier_init(&smem.qk_done[b], Cfg::kWarpgroupThreads);     // every WG0 thread
       }
       ptx::mbarrier_init(&smem.q_full, Cfg::kWarpgroupThreads);  // every producer thread's Q share
       ptx::mbarrier_init(&smem.q_free, 4);                        // every WG0 warp
