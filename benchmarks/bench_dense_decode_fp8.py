@@ -11,7 +11,8 @@ lengths and page order (seed 0); the cache is the dense suite's bf16 values quan
 gbps counts the bytes the FP8 call moves: q (bf16 or e4m3) + each request's tokens once at 576 bytes + the bf16
 output, so run.py's pct_copy_ceiling is the fraction of the copy ceiling in FP8 bytes (the issue's memory-bound aim:
 >= 95 %). tflops: formulas.decode_flops. ratio_to_bf16 = the BF16 call's time / the FP8 call's time (> 1: FP8 faster;
-compute-bound aim >= 1.0).
+compute-bound aim >= 1.0). no_hold_time_us / hold_speedup: the A/B of decision dense-fp8-v2 (WG1's P V_R issued as soon
+as P is ready instead of held until WG0's next Q K^T; hold_speedup > 1: holding is faster).
 """
 from __future__ import annotations
 
@@ -79,6 +80,12 @@ def run(case, harness):
 
     timing = harness.time_decode_call(call_fp8, main_kernel="dense_decode_fp8_kernel")
     bf16 = harness.time_decode_call(call_bf16)
+    # A/B of decision dense-fp8-v2 (WG1's P V_R held until WG0's next Q K^T): the same call with it issued at once.
+    openmla._openmla._set_dense_fp8_hold_pv_r(False)
+    try:
+        no_hold = harness.time_decode_call(call_fp8, main_kernel="dense_decode_fp8_kernel")
+    finally:
+        openmla._openmla._set_dense_fp8_hold_pv_r(True)
     time_us = timing["time_us"]
     f = harness.formulas
     flops = f.decode_flops(b, s_q, h_q, mean_sk, D_QK, D_V)
@@ -95,6 +102,8 @@ def run(case, harness):
         "gbps": nbytes / (time_us * 1e-6) / 1e9,
         "bf16_time_us": bf16["time_us"],
         "ratio_to_bf16": bf16["time_us"] / time_us,
+        "no_hold_time_us": no_hold["time_us"],
+        "hold_speedup": no_hold["time_us"] / time_us,
         "bf16_main_kernel_us": bf16.get("main_kernel_us"),
         **{k: v for k, v in timing.items() if k != "time_us"},
         "mean_sk": mean_sk,

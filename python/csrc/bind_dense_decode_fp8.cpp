@@ -3,6 +3,9 @@
 // every check. The flash_mla-compatible layer is python/openmla/decode_fp8.py.
 #include <nanobind/stl/string.h>
 
+#include <atomic>
+
+#include "api/dense_decode_fp8_internal.h"
 #include "bind_common.h"
 #include "bind_decode_problem.h"
 #include "openmla/dense_decode_fp8.h"
@@ -10,6 +13,9 @@
 namespace openmla::py {
 
 namespace {
+
+// Test / benchmark hook (_set_dense_fp8_hold_pv_r): the kernel's P V_R timing, for the A/B of decision dense-fp8-v2.
+std::atomic<bool> g_hold_pv_r{true};
 
 void dense_fp8(const Array& q, const Array& k_cache, const Array& block_table, const Array& cache_seqlens,
                const Array& metadata, const Array& num_splits, const Array& partial_o, const Array& partial_lse,
@@ -39,7 +45,8 @@ void dense_fp8(const Array& q, const Array& k_cache, const Array& block_table, c
   Status status;
   {
     nb::gil_scoped_release release;
-    status = dense_decode_fp8(problem, args, to_stream(stream));
+    status = detail::run_dense_decode_fp8(problem, args, detail::DenseDecodeFp8Options{.hold_pv_r = g_hold_pv_r.load()},
+                                          to_stream(stream));
   }
   throw_if_error(status);
 }
@@ -63,6 +70,10 @@ void bind_dense_decode_fp8(nb::module_& m) {
         "the *_value floats); out: (b, s_q, h_q, 512) bf16; lse (b, h_q, s_q) float32. Schedule from plan_decode() "
         "with the same problem and cache_seqlens. softmax_scale 0 means 576 ** -0.5. q_fp8: q is a uint8 / int8 byte view "
         "of e4m3 values.");
+
+  // Testing / benchmarking only: False makes WG1 issue P V_R as soon as P is ready (the A/B of decision
+  // dense-fp8-v2, docs/dense-decode.md). On by default.
+  m.def("_set_dense_fp8_hold_pv_r", [](bool on) { g_hold_pv_r.store(on); }, nb::arg("on"));
 }
 
 }  // namespace openmla::py

@@ -18,8 +18,15 @@ struct DenseDecodeFp8Call {
   kernels::CombineParams combine;
   int combine_slices;
 };
+// Knobs only tests and the benchmark's A/B turn.
+struct DenseDecodeFp8Options {
+  bool hold_pv_r = true;  // DenseDecodeFp8Params::hold_pv_r
+};
 // `args` must have passed validate_dense_decode_fp8 (which gave num_sm_parts).
 DenseDecodeFp8Call prepare_dense_decode_fp8(const DenseDecodeProblem& problem, const DenseDecodeFp8Args& args,
-                                            int num_sm_parts);
+                                            int num_sm_parts, const DenseDecodeFp8Options& options = {});
+// dense_decode_fp8() with options.
+Status run_dense_decode_fp8(const DenseDecodeProblem& problem, const DenseDecodeFp8Args& args,
+                            const DenseDecodeFp8Options& options, cudaStream_t stream);
 
 }  // namespace openmla::detail

@@ -157,6 +157,25 @@ def test_fp8_dense_decode_matches_bf16_decode_and_reference(case):
 
 
 @gpu
+@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[8]], ids=["sq2-hq32", "sq2-hq128-qfp8", "long"])
+def test_pv_r_beside_pv_l(case):
+    """The kernel with WG1's P V_R issued as soon as P is ready (the benchmark's A/B of the held P V_R) computes the
+    same results."""
+    b, s_q, h_q, s_k, page, causal, q_fp8, pow2 = case
+    lens = [s_k + 13 * i for i in range(b)]
+    q, q_deq, k_fp8, k_deq32, bt, lens_t, dq, dk = make_inputs(b, s_q, h_q, lens, page, q_fp8, pow2, seed=5)
+    C._set_dense_fp8_hold_pv_r(False)
+    try:
+        out, lse = run_fp8(q, k_fp8, bt, lens_t, dq, dk, causal)
+    finally:
+        C._set_dense_fp8_hold_pv_r(True)
+    check_against_bf16_and_reference(q_deq, k_deq32, bt, lens_t, causal, out, lse, f"{case} no hold")
+    held, held_lse = run_fp8(q, k_fp8, bt, lens_t, dq, dk, causal)
+    _torch().testing.assert_close(held, out, rtol=0, atol=0)  # the same arithmetic in another order of issue
+    _torch().testing.assert_close(held_lse, lse, rtol=0, atol=0)
+
+
+@gpu
 def test_host_scales_and_softmax_scale():
     q, q_deq, k_fp8, k_deq32, bt, lens_t, dq, dk = make_inputs(3, 2, 64, [500, 70, 129], 64, q_fp8=True)
     out, lse = run_fp8(q, k_fp8, bt, lens_t, dq, dk, True, scale_as_tensor=False, softmax_scale=0.07)
