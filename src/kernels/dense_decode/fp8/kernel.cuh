@@ -621,7 +621,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // A later request's first block: first its Q tile, once WG0 is done with the previous one.
       if (cur.req != rec.begin_req && cur.blk == cur.w.blk_begin) {
         ++q_gen;
-        ptx::mbarrier_wait_parity(&smem.q_free, (q_gen - 1) & 1);
+        pipeline::wait_or_trap(&smem.q_free, (q_gen - 1) & 1);
         load_q_tile<kQFp8>(p, smem, cur.req, wg_tid, Cfg::kWarpgroupThreads);
         if constexpr (kQFp8) {
           ptx::fence_proxy_async_shared();
@@ -630,8 +630,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           ptx::cp_async_mbarrier_arrive_noinc(&smem.q_full);
         }
       }
-      ptx::mbarrier_wait_parity(&smem.free_[buf][0], phase ^ 1);
-      ptx::mbarrier_wait_parity(&smem.free_[buf][1], phase ^ 1);
+      // (The producer's waits trap after the watchdog's 20 s: a stuck consumer fails the launch instead of hanging.)
+      pipeline::wait_or_trap(&smem.free_[buf][0], phase ^ 1);
+      pipeline::wait_or_trap(&smem.free_[buf][1], phase ^ 1);
       const uint32_t k_base = ptx::smem_addr(smem.k[buf]);
       store_token(d0, k_base, tok_in_round, lane4);
       load_token(p, pg_n1[0], token_of(n1, 0), lane4, d0);  // the next block's round 0
