@@ -15,7 +15,8 @@ namespace openmla::py {
 namespace {
 
 // Test / benchmark hook (_set_dense_fp8_hold_pv_r): the kernel's P V_R timing, for the A/B of decision dense-fp8-v2.
-std::atomic<bool> g_hold_pv_r{true};
+// 0: the plan's choice, 1: held, 2: issued at once.
+std::atomic<int> g_hold_pv_r{0};
 
 void dense_fp8(const Array& q, const Array& k_cache, const Array& block_table, const Array& cache_seqlens,
                const Array& metadata, const Array& num_splits, const Array& partial_o, const Array& partial_lse,
@@ -45,8 +46,10 @@ void dense_fp8(const Array& q, const Array& k_cache, const Array& block_table, c
   Status status;
   {
     nb::gil_scoped_release release;
-    status = detail::run_dense_decode_fp8(problem, args, detail::DenseDecodeFp8Options{.hold_pv_r = g_hold_pv_r.load()},
-                                          to_stream(stream));
+    const int hold = g_hold_pv_r.load();
+    const detail::DenseDecodeFp8Options options{
+        .hold_pv_r = hold == 0 ? detail::HoldPvR::kAuto : (hold == 1 ? detail::HoldPvR::kOn : detail::HoldPvR::kOff)};
+    status = detail::run_dense_decode_fp8(problem, args, options, to_stream(stream));
   }
   throw_if_error(status);
 }
@@ -71,9 +74,12 @@ void bind_dense_decode_fp8(nb::module_& m) {
         "with the same problem and cache_seqlens. softmax_scale 0 means 576 ** -0.5. q_fp8: q is a uint8 / int8 byte view "
         "of e4m3 values.");
 
-  // Testing / benchmarking only: False makes WG1 issue P V_R as soon as P is ready (the A/B of decision
-  // dense-fp8-v2, docs/dense-decode.md). On by default.
-  m.def("_set_dense_fp8_hold_pv_r", [](bool on) { g_hold_pv_r.store(on); }, nb::arg("on"));
+  // Testing / benchmarking only: True / False forces WG1's P V_R held until WG0's next Q K^T / issued as soon as P is
+  // ready (the A/B of decision dense-fp8-v2, docs/dense-decode.md); None (the default) leaves it to the launch plan.
+  m.def(
+      "_set_dense_fp8_hold_pv_r",
+      [](std::optional<bool> on) { g_hold_pv_r.store(!on.has_value() ? 0 : (*on ? 1 : 2)); },
+      nb::arg("on").none());
 }
 
 }  // namespace openmla::py

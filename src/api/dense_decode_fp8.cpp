@@ -189,6 +189,8 @@ Status validate_dense_decode_fp8(const DenseDecodeProblem& problem, const DenseD
                                args.schedule, args.split);
 }
 
+bool dense_fp8_hold_pv_r(int num_m_blocks) { return num_m_blocks >= 2; }
+
 DenseDecodeFp8Call prepare_dense_decode_fp8(const DenseDecodeProblem& problem, const DenseDecodeFp8Args& args_in,
                                             int num_sm_parts, const DenseDecodeFp8Options& options) {
   const DenseDecodeFp8Args args = canonical_args(args_in);
@@ -231,7 +233,8 @@ DenseDecodeFp8Call prepare_dense_decode_fp8(const DenseDecodeProblem& problem, c
       .partial_lse = static_cast<float*>(args.split.partial_lse.data),
       .schedule = static_cast<const kernels::DecodeScheduleRecord*>(args.schedule.metadata.data),
       .num_splits = static_cast<const int32_t*>(args.schedule.num_splits.data),
-      .hold_pv_r = options.hold_pv_r,
+      .hold_pv_r = options.hold_pv_r == HoldPvR::kAuto ? dense_fp8_hold_pv_r((rows + 63) / 64)
+                                                                           : options.hold_pv_r == HoldPvR::kOn,
   };
   // The main kernel writes every split chunk's partial: the combine merges every split request.
   call.combine = combine_params(geometry_of(problem), /*is_fp16=*/false, args.schedule, args.split, args.out, args.lse,

@@ -164,13 +164,15 @@ def test_pv_r_beside_pv_l(case):
     b, s_q, h_q, s_k, page, causal, q_fp8, pow2 = case
     lens = [s_k + 13 * i for i in range(b)]
     q, q_deq, k_fp8, k_deq32, bt, lens_t, dq, dk = make_inputs(b, s_q, h_q, lens, page, q_fp8, pow2, seed=5)
-    C._set_dense_fp8_hold_pv_r(False)
+    results = []
     try:
-        out, lse = run_fp8(q, k_fp8, bt, lens_t, dq, dk, causal)
+        for hold in (False, True):
+            C._set_dense_fp8_hold_pv_r(hold)
+            results.append(run_fp8(q, k_fp8, bt, lens_t, dq, dk, causal))
     finally:
-        C._set_dense_fp8_hold_pv_r(True)
+        C._set_dense_fp8_hold_pv_r(None)
+    (out, lse), (held, held_lse) = results
     check_against_bf16_and_reference(q_deq, k_deq32, bt, lens_t, causal, out, lse, f"{case} no hold")
-    held, held_lse = run_fp8(q, k_fp8, bt, lens_t, dq, dk, causal)
     _torch().testing.assert_close(held, out, rtol=0, atol=0)  # the same arithmetic in another order of issue
     _torch().testing.assert_close(held_lse, lse, rtol=0, atol=0)
 

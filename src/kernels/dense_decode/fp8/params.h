@@ -53,9 +53,9 @@ struct DenseDecodeFp8Params {
   const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
   const int32_t* num_splits;             // (b + 1,)
 
-  // WG1 holds a block's P V_R until WG0's next Q K^T is done (docs/dense-decode.md, decision dense-fp8-v2); false
-  // (tests and the benchmark's A/B only: detail::DenseDecodeFp8Options) issues it as soon as P is ready.
-  bool hold_pv_r = true;
+  // True: WG1 holds a block's P V_R until WG0's next Q K^T is done; false: issued as soon as P is ready. The launch
+  // plan's choice (detail::dense_fp8_hold_pv_r; docs/dense-decode.md, decision dense-fp8-v2).
+  bool hold_pv_r = false;
 };
 
 }  // namespace openmla::kernels
