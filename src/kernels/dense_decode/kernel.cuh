@@ -184,6 +184,16 @@ __device__ __forceinline__ void load_kv_tiles_any_page(SharedStorage& smem, cons
   }
 }
 
+// Small pages: pulls page `page`'s rows of `kv_head` into L2 with one bulk prefetch (its P rows as one span from the
+// head's first element: the whole page when h_kv = 1, as MLA caches are). A hint: it reads nothing into the CTA.
+__device__ __forceinline__ void prefetch_page_l2(const DenseDecodeParams& p, const DensePageGeometry& pg, int page,
+                                                 int kv_head) {
+  const auto* base = static_cast<const uint8_t*>(p.k_cache) +
+                     (static_cast<int64_t>(page) * p.k_stride_block + kv_head * p.k_stride_head) * 2;
+  const uint32_t bytes = static_cast<uint32_t>(((pg.page_size - 1) * p.k_stride_row + T::kHeadDimQK) * 2) & ~15u;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base), "r"(bytes) : "memory");
+}
+
 // Any page size: the page id warp `slot` of a warpgroup loads for block `blk` (block-table entry blk * 64/P + slot for
 // P < 64, blk / (P/64) for P > 64). A slot past the sequence's last page loads the block's first page instead (its rows
 // are masked and zeroed like any row past the length), so every group's byte count stays whole and no entry past
@@ -389,14 +399,17 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     // tools/placement_sweep.sh measures).
     if (params.batch < 0) {
       asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
-      // The any-page kernel's own loop lands at 0x30 modulo 128 with one line, at 0x40 with two (its speed at other
-      // offsets is not measured: docs/dense-decode.md, "Page sizes").
-      if constexpr (kAnyPage) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
-      // The batch-invariant kernels' loops (their speed at any offset is not measured): three more lines put the
-      // any-page one at 0x40 modulo 128; no count tried puts the page-64 one there (0: 0x70, 3: 0x20, 4: 0x30, 5: 0x50,
-      // 6: 0x60), five leave it at 0x50 until tools/placement_sweep.sh says better.
+      // The any-page kernel's own loop lands at 0x40 modulo 128 with five lines since its small-page L2 prefetch
+      // (decision dense-v20; its speed at other offsets is not measured: docs/dense-decode.md, "Page sizes").
+      if constexpr (kAnyPage) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
+      }
+      // The batch-invariant kernels' loops (their speed at any offset is not measured): no count tried puts either at
+      // 0x40 modulo 128 (any-page, more lines: 0 0x30, 1 0x50, 2 0x60, 3 0x70; page 64: 0 0x70, 3 0x20, 4 0x30,
+      // 5 0x50, 6 0x60); none and five until tools/placement_sweep.sh says better.
       if constexpr (kChunked) {
-        constexpr int kLines = kAnyPage ? 3 : 5;
+        constexpr int kLines = kAnyPage ? 0 : 5;
 #pragma unroll
         for (int i = 0; i < kLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
       }
@@ -429,6 +442,15 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       uint32_t pa[4][4];
 
       if (wg == 0) {
+        // Small pages (P < 64): this warp's pages of the pair after next, read now and pulled into L2 after P0 V0
+        // (docs/dense-decode.md, "Page sizes", decision dense-v20).
+        int ahead_page[2] = {-1, -1};
+        if constexpr (kAnyPage) {
+          if (pg.pages_per_block > 1 && is_page_issuer) {
+            if (blk0 + 4 < blk_end) ahead_page[0] = page_of_any(params, pg, req, blk0 + 4, slot, seqlen);
+            if (blk0 + 5 < blk_end) ahead_page[1] = page_of_any(params, pg, req, blk0 + 5, slot, seqlen);
+          }
+        }
         // Step 1: S0 = Q K0^T.
         gemm_qk<kIsFp16, 0>(s, smem, 0, k_phase[0].bit);
         if (tid == 0 && blk0 == blk_begin) OPENMLA_DENSE_STAMP(req - rec.begin_req, kFirstTiles);
@@ -443,6 +465,9 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         gemm_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
         if constexpr (kAnyPage) {
           if (has_next && is_page_issuer) refill_any_page(next_page0, blk0 + 2, 0, 0, T::kVTilesPerHalf);
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            if (ahead_page[i] >= 0) prefetch_page_l2(params, pg, ahead_page[i], kv_head);
         } else if (has_next && is_issuer) {
           load_kv_tiles(smem, &k_map, &k_map_rope, next_page0, kv_head, 0, 0, T::kVTilesPerHalf, policy);
         }
