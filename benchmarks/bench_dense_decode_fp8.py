@@ -13,7 +13,8 @@ output, so run.py's pct_copy_ceiling is the fraction of the copy ceiling in FP8 
 >= 95 %). tflops: formulas.decode_flops. ratio_to_bf16 = the BF16 call's time / the FP8 call's time (> 1: FP8 faster;
 compute-bound aim >= 1.0). held_time_us / no_hold_time_us / hold_speedup: the A/B of decision dense-fp8-v2 (WG1's P V_R
 held until WG0's next Q K^T, or issued as soon as P is ready; hold_speedup > 1: holding is faster); time_us is the side
-the launch plan picks (plan_holds_pv_r: held from two m-blocks per request on).
+the launch plan picks (plan_holds_pv_r: held from two m-blocks per request on). no_allocate_time_us /
+no_allocate_speedup (two rows): the A/B of decision dense-fp8-v3, token loads without L1 allocation (> 1: faster).
 """
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ ROWS = [
     (128, 2, 128, 32768, False),
     (128, 2, 128, 4096, True),
 ]
+
+
+# Rows that also time decision dense-fp8-v3's loads without L1 allocation.
+NO_ALLOCATE_AB = ("b128_hq16_sq1_sk32768_varlen", "b128_hq128_sq2_sk4096_varlen")
 
 
 def cases(quick=False):
@@ -91,6 +96,16 @@ def run(case, harness):
         hook(None)
     plan_holds = (s_q * h_q + 63) // 64 >= 2
     timing = held if plan_holds else no_hold
+    # A/B of decision dense-fp8-v3 (token loads without L1 allocation), on the plan's side of the hold, on two rows.
+    no_alloc = None
+    if case["name"] in NO_ALLOCATE_AB:
+        openmla._openmla._set_dense_fp8_k_l1_no_allocate(True)
+        hook(plan_holds)
+        try:
+            no_alloc = harness.time_decode_call(call_fp8, main_kernel="dense_decode_fp8_kernel")
+        finally:
+            openmla._openmla._set_dense_fp8_k_l1_no_allocate(False)
+            hook(None)
     bf16 = harness.time_decode_call(call_bf16)
     time_us = timing["time_us"]
     f = harness.formulas
@@ -112,6 +127,8 @@ def run(case, harness):
         "held_time_us": held["time_us"],
         "no_hold_time_us": no_hold["time_us"],
         "hold_speedup": no_hold["time_us"] / held["time_us"],
+        "no_allocate_time_us": no_alloc["time_us"] if no_alloc else None,
+        "no_allocate_speedup": time_us / no_alloc["time_us"] if no_alloc else None,
         "bf16_main_kernel_us": bf16.get("main_kernel_us"),
         **{k: v for k, v in timing.items() if k != "time_us"},
         "mean_sk": mean_sk,

@@ -17,6 +17,8 @@ namespace {
 // Test / benchmark hook (_set_dense_fp8_hold_pv_r): the kernel's P V_R timing, for the A/B of decision dense-fp8-v2.
 // 0: the plan's choice, 1: held, 2: issued at once.
 std::atomic<int> g_hold_pv_r{0};
+// (_set_dense_fp8_k_l1_no_allocate) the A/B of decision dense-fp8-v3.
+std::atomic<bool> g_k_l1_no_allocate{false};
 
 void dense_fp8(const Array& q, const Array& k_cache, const Array& block_table, const Array& cache_seqlens,
                const Array& metadata, const Array& num_splits, const Array& partial_o, const Array& partial_lse,
@@ -48,7 +50,8 @@ void dense_fp8(const Array& q, const Array& k_cache, const Array& block_table, c
     nb::gil_scoped_release release;
     const int hold = g_hold_pv_r.load();
     const detail::DenseDecodeFp8Options options{
-        .hold_pv_r = hold == 0 ? detail::HoldPvR::kAuto : (hold == 1 ? detail::HoldPvR::kOn : detail::HoldPvR::kOff)};
+        .hold_pv_r = hold == 0 ? detail::HoldPvR::kAuto : (hold == 1 ? detail::HoldPvR::kOn : detail::HoldPvR::kOff),
+        .k_l1_no_allocate = g_k_l1_no_allocate.load()};
     status = detail::run_dense_decode_fp8(problem, args, options, to_stream(stream));
   }
   throw_if_error(status);
@@ -80,6 +83,8 @@ void bind_dense_decode_fp8(nb::module_& m) {
       "_set_dense_fp8_hold_pv_r",
       [](std::optional<bool> on) { g_hold_pv_r.store(!on.has_value() ? 0 : (*on ? 1 : 2)); },
       nb::arg("on").none());
+  // Testing / benchmarking only: the token loads skip L1 (the A/B of decision dense-fp8-v3). Off by default.
+  m.def("_set_dense_fp8_k_l1_no_allocate", [](bool on) { g_k_l1_no_allocate.store(on); }, nb::arg("on"));
 }
 
 }  // namespace openmla::py

@@ -234,7 +234,8 @@ DenseDecodeFp8Call prepare_dense_decode_fp8(const DenseDecodeProblem& problem, c
       .schedule = static_cast<const kernels::DecodeScheduleRecord*>(args.schedule.metadata.data),
       .num_splits = static_cast<const int32_t*>(args.schedule.num_splits.data),
       .hold_pv_r = options.hold_pv_r == HoldPvR::kAuto ? dense_fp8_hold_pv_r((rows + 63) / 64)
-                                                                           : options.hold_pv_r == HoldPvR::kOn,
+                                                       : options.hold_pv_r == HoldPvR::kOn,
+      .k_l1_no_allocate = options.k_l1_no_allocate,
   };
   // The main kernel writes every split chunk's partial: the combine merges every split request.
   call.combine = combine_params(geometry_of(problem), /*is_fp16=*/false, args.schedule, args.split, args.out, args.lse,

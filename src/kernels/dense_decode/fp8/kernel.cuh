@@ -300,11 +300,24 @@ __device__ __forceinline__ const uint8_t* token_ptr(const DenseDecodeFp8Params& 
          static_cast<int64_t>(tok % p.page_size) * p.row_stride;
 }
 
+__device__ __forceinline__ uint4 ld_nc_no_allocate_v4(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
 __device__ __forceinline__ void load_token(const DenseDecodeFp8Params& p, int page, int tok, int lane4, TokenData& d) {
   if (page_usable(p, page)) {
     const uint8_t* a = token_ptr(p, page, tok) + lane4 * 16;
+    if (p.k_l1_no_allocate) {
 #pragma unroll
-    for (int j = 0; j < Cfg::kNumTiles; ++j) d.raw[j] = ptx::ld_nc_v4(a + j * Cfg::kTileCols);
+      for (int j = 0; j < Cfg::kNumTiles; ++j) d.raw[j] = ld_nc_no_allocate_v4(a + j * Cfg::kTileCols);
+    } else {
+#pragma unroll
+      for (int j = 0; j < Cfg::kNumTiles; ++j) d.raw[j] = ptx::ld_nc_v4(a + j * Cfg::kTileCols);
+    }
   } else {
     // Never dereferenced: zeros (V rows past the length must be 0, not garbage: 0 * NaN = NaN in P V).
 #pragma unroll
@@ -319,10 +332,11 @@ __device__ __forceinline__ void prefetch_token_l2(const DenseDecodeFp8Params& p,
   if (lane4 == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(a + Cfg::kHeadDimQK - 1));
 }
 
-// One token's share, converted and stored into k[buf] (every tile: the RoPE tile too).
+// Tiles [kFirst, kLast) of one token's share, converted and stored into k[buf] (tile 8: the RoPE tile).
+template <int kFirst = 0, int kLast = Cfg::kNumTiles>
 __device__ __forceinline__ void store_token(const TokenData& d, uint32_t k_base, int tok, int lane4) {
 #pragma unroll
-  for (int j = 0; j < Cfg::kNumTiles; ++j) {
+  for (int j = kFirst; j < kLast; ++j) {
     uint4 lo, hi;
     e4m3x16_to_bf16(d.raw[j], lo, hi);
     ptx::st_shared_v4(k_base + k_chunk(j, tok, 2 * lane4), lo);
@@ -630,11 +644,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           ptx::cp_async_mbarrier_arrive_noinc(&smem.q_full);
         }
       }
-      // (The producer's waits trap after the watchdog's 20 s: a stuck consumer fails the launch instead of hanging.)
-      pipeline::wait_or_trap(&smem.free_[buf][0], phase ^ 1);
-      pipeline::wait_or_trap(&smem.free_[buf][1], phase ^ 1);
+      // The V_L tiles (0-3) as soon as WG0 is done with the buffer (after its P V_L), the rest once WG1 is done too
+      // (its P V_R reads V_R and P in the RoPE tile). (The producer's waits trap after the watchdog's 20 s: a stuck
+      // consumer fails the launch instead of hanging.)
       const uint32_t k_base = ptx::smem_addr(smem.k[buf]);
-      store_token(d0, k_base, tok_in_round, lane4);
+      pipeline::wait_or_trap(&smem.free_[buf][0], phase ^ 1);
+      store_token<0, Cfg::kHalfTiles>(d0, k_base, tok_in_round, lane4);
+      pipeline::wait_or_trap(&smem.free_[buf][1], phase ^ 1);
+      store_token<Cfg::kHalfTiles, Cfg::kNumTiles>(d0, k_base, tok_in_round, lane4);
       load_token(p, pg_n1[0], token_of(n1, 0), lane4, d0);  // the next block's round 0
       store_token(d1, k_base, tok_in_round + Cfg::kTokensPerRound, lane4);
       ptx::fence_proxy_async_shared();
