@@ -11,7 +11,10 @@ lengths and page order (seed 0); the cache is the dense suite's bf16 values quan
 gbps counts the bytes the FP8 call moves: q (bf16 or e4m3) + each request's tokens once at 576 bytes + the bf16
 output, so run.py's pct_copy_ceiling is the fraction of the copy ceiling in FP8 bytes (the issue's memory-bound aim:
 >= 95 %). tflops: formulas.decode_flops. ratio_to_bf16 = the BF16 call's time / the FP8 call's time (> 1: FP8 faster;
-compute-bound aim >= 1.0).
+compute-bound aim >= 1.0). held_time_us / no_hold_time_us / hold_speedup: the A/B of decision dense-fp8-v2 (WG1's P V_R
+held until WG0's next Q K^T, or issued as soon as P is ready; hold_speedup > 1: holding is faster); time_us is the side
+the launch plan picks (plan_holds_pv_r: held from two m-blocks per request on). no_allocate_time_us /
+no_allocate_speedup (two rows): the A/B of decision dense-fp8-v3, token loads without L1 allocation (> 1: faster).
 """
 from __future__ import annotations
 
@@ -30,6 +33,10 @@ ROWS = [
     (128, 2, 128, 32768, False),
     (128, 2, 128, 4096, True),
 ]
+
+
+# Rows that also time decision dense-fp8-v3's loads without L1 allocation.
+NO_ALLOCATE_AB = ("b128_hq16_sq1_sk32768_varlen", "b128_hq128_sq2_sk4096_varlen")
 
 
 def cases(quick=False):
@@ -77,7 +84,28 @@ def run(case, harness):
     def call_bf16():
         openmla.flash_mla_with_kvcache(q, k_deq, block_table, seqlens, D_V, meta16, out=out16, lse=lse16)
 
-    timing = harness.time_decode_call(call_fp8, main_kernel="dense_decode_fp8_kernel")
+    # A/B of decision dense-fp8-v2 (WG1's P V_R held until WG0's next Q K^T, or issued at once): both forced; the row's
+    # time is the one the launch plan picks for this shape (dense_fp8_hold_pv_r: held from two m-blocks on).
+    hook = openmla._openmla._set_dense_fp8_hold_pv_r
+    try:
+        hook(True)
+        held = harness.time_decode_call(call_fp8, main_kernel="dense_decode_fp8_kernel")
+        hook(False)
+        no_hold = harness.time_decode_call(call_fp8, main_kernel="dense_decode_fp8_kernel")
+    finally:
+        hook(None)
+    plan_holds = (s_q * h_q + 63) // 64 >= 2
+    timing = held if plan_holds else no_hold
+    # A/B of decision dense-fp8-v3 (token loads without L1 allocation), on the plan's side of the hold, on two rows.
+    no_alloc = None
+    if case["name"] in NO_ALLOCATE_AB:
+        openmla._openmla._set_dense_fp8_k_l1_no_allocate(True)
+        hook(plan_holds)
+        try:
+            no_alloc = harness.time_decode_call(call_fp8, main_kernel="dense_decode_fp8_kernel")
+        finally:
+            openmla._openmla._set_dense_fp8_k_l1_no_allocate(False)
+            hook(None)
     bf16 = harness.time_decode_call(call_bf16)
     time_us = timing["time_us"]
     f = harness.formulas
@@ -95,6 +123,12 @@ def run(case, harness):
         "gbps": nbytes / (time_us * 1e-6) / 1e9,
         "bf16_time_us": bf16["time_us"],
         "ratio_to_bf16": bf16["time_us"] / time_us,
+        "plan_holds_pv_r": plan_holds,
+        "held_time_us": held["time_us"],
+        "no_hold_time_us": no_hold["time_us"],
+        "hold_speedup": no_hold["time_us"] / held["time_us"],
+        "no_allocate_time_us": no_alloc["time_us"] if no_alloc else None,
+        "no_allocate_speedup": time_us / no_alloc["time_us"] if no_alloc else None,
         "bf16_main_kernel_us": bf16.get("main_kernel_us"),
         **{k: v for k, v in timing.items() if k != "time_us"},
         "mean_sk": mean_sk,

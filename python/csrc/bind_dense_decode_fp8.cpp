@@ -3,6 +3,9 @@
 // every check. The flash_mla-compatible layer is python/openmla/decode_fp8.py.
 #include <nanobind/stl/string.h>
 
+#include <atomic>
+
+#include "api/dense_decode_fp8_internal.h"
 #include "bind_common.h"
 #include "bind_decode_problem.h"
 #include "openmla/dense_decode_fp8.h"
@@ -10,6 +13,12 @@
 namespace openmla::py {
 
 namespace {
+
+// Test / benchmark hook (_set_dense_fp8_hold_pv_r): the kernel's P V_R timing, for the A/B of decision dense-fp8-v2.
+// 0: the plan's choice, 1: held, 2: issued at once.
+std::atomic<int> g_hold_pv_r{0};
+// (_set_dense_fp8_k_l1_no_allocate) the A/B of decision dense-fp8-v3.
+std::atomic<bool> g_k_l1_no_allocate{false};
 
 void dense_fp8(const Array& q, const Array& k_cache, const Array& block_table, const Array& cache_seqlens,
                const Array& metadata, const Array& num_splits, const Array& partial_o, const Array& partial_lse,
@@ -39,7 +48,11 @@ void dense_fp8(const Array& q, const Array& k_cache, const Array& block_table, c
   Status status;
   {
     nb::gil_scoped_release release;
-    status = dense_decode_fp8(problem, args, to_stream(stream));
+    const int hold = g_hold_pv_r.load();
+    const detail::DenseDecodeFp8Options options{
+        .hold_pv_r = hold == 0 ? detail::HoldPvR::kAuto : (hold == 1 ? detail::HoldPvR::kOn : detail::HoldPvR::kOff),
+        .k_l1_no_allocate = g_k_l1_no_allocate.load()};
+    status = detail::run_dense_decode_fp8(problem, args, options, to_stream(stream));
   }
   throw_if_error(status);
 }
@@ -63,6 +76,15 @@ void bind_dense_decode_fp8(nb::module_& m) {
         "the *_value floats); out: (b, s_q, h_q, 512) bf16; lse (b, h_q, s_q) float32. Schedule from plan_decode() "
         "with the same problem and cache_seqlens. softmax_scale 0 means 576 ** -0.5. q_fp8: q is a uint8 / int8 byte view "
         "of e4m3 values.");
+
+  // Testing / benchmarking only: True / False forces WG1's P V_R held until WG0's next Q K^T / issued as soon as P is
+  // ready (the A/B of decision dense-fp8-v2, docs/dense-decode.md); None (the default) leaves it to the launch plan.
+  m.def(
+      "_set_dense_fp8_hold_pv_r",
+      [](std::optional<bool> on) { g_hold_pv_r.store(!on.has_value() ? 0 : (*on ? 1 : 2)); },
+      nb::arg("on").none());
+  // Testing / benchmarking only: the token loads skip L1 (the A/B of decision dense-fp8-v3). Off by default.
+  m.def("_set_dense_fp8_k_l1_no_allocate", [](bool on) { g_k_l1_no_allocate.store(on); }, nb::arg("on"));
 }
 
 }  // namespace openmla::py

@@ -116,6 +116,7 @@ def _device_index(device) -> int:
 _EXPORTS = {
     "kv_cache": ("quantize_kv_cache", "dequantize_kv_cache", "append_kv_cache"),
     "decode": ("get_mla_metadata", "flash_mla_with_kvcache", "FlashMLASchedMeta"),
+    "decode_fp8": ("flash_mla_with_kvcache_fp8",),
     "prefill": ("flash_mla_sparse_fwd", "flash_mla_sparse_fwd_fp8"),
     "mha": ("flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"),
     "merge": ("merge_attn_states",),

@@ -32,6 +32,18 @@ except Exception:  # pragma: no cover - depends on the machine
 D_QK = 576
 
 
+def flash_mla_with_kvcache_fp8(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                               num_splits=None, softmax_scale=None, causal=False, descale_q=None, descale_k=None, *,
+                               out=None, lse=None):
+    """vLLM's FlashMLA-fork entry for the FP8 dense cache, by name: ``flash_mla_with_kvcache(...,
+    is_fp8_kvcache=True, descale_q=descale_q, descale_k=descale_k)`` (see the module's doc)."""
+    from .decode import flash_mla_with_kvcache
+
+    return flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                  num_splits, softmax_scale, causal, True, descale_q=descale_q, descale_k=descale_k,
+                                  out=out, lse=lse)
+
+
 def _is_byte_dtype(t) -> bool:
     return is_torch_tensor(t) and t.element_size() == 1
 

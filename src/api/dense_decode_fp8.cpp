@@ -192,8 +192,10 @@ Status validate_dense_decode_fp8(const DenseDecodeProblem& problem, const DenseD
                                args.schedule, args.split);
 }
 
+bool dense_fp8_hold_pv_r(int num_m_blocks) { return num_m_blocks >= 2; }
+
 DenseDecodeFp8Call prepare_dense_decode_fp8(const DenseDecodeProblem& problem, const DenseDecodeFp8Args& args_in,
-                                            int num_sm_parts) {
+                                            int num_sm_parts, const DenseDecodeFp8Options& options) {
   const DenseDecodeFp8Args args = canonical_args(args_in);
   const int b = static_cast<int>(problem.batch), s_q = static_cast<int>(problem.s_q);
   const int h_q = static_cast<int>(problem.h_q);
@@ -234,6 +236,9 @@ DenseDecodeFp8Call prepare_dense_decode_fp8(const DenseDecodeProblem& problem, c
       .partial_lse = static_cast<float*>(args.split.partial_lse.data),
       .schedule = static_cast<const kernels::DecodeScheduleRecord*>(args.schedule.metadata.data),
       .num_splits = static_cast<const int32_t*>(args.schedule.num_splits.data),
+      .hold_pv_r = options.hold_pv_r == HoldPvR::kAuto ? dense_fp8_hold_pv_r((rows + 63) / 64)
+                                                       : options.hold_pv_r == HoldPvR::kOn,
+      .k_l1_no_allocate = options.k_l1_no_allocate,
   };
   // The main kernel writes every split chunk's partial: the combine merges every split request.
   call.combine = combine_params(geometry_of(problem), /*is_fp16=*/false, args.schedule, args.split, args.out, args.lse,
@@ -242,20 +247,26 @@ DenseDecodeFp8Call prepare_dense_decode_fp8(const DenseDecodeProblem& problem, c
   return call;
 }
 
-}  // namespace detail
-
-Status dense_decode_fp8(const DenseDecodeProblem& problem, const DenseDecodeFp8Args& args, cudaStream_t stream) {
+Status run_dense_decode_fp8(const DenseDecodeProblem& problem, const DenseDecodeFp8Args& args,
+                            const DenseDecodeFp8Options& options, cudaStream_t stream) {
   int num_sm_parts = 0;
-  OPENMLA_RETURN_IF_ERROR(detail::validate_dense_decode_fp8(problem, args, &num_sm_parts));
+  OPENMLA_RETURN_IF_ERROR(validate_dense_decode_fp8(problem, args, &num_sm_parts));
 #if !defined(OPENMLA_HAS_DENSE_DECODE)
+  (void)options;
   (void)stream;
-  return detail::family_not_built(detail::KernelFamily::kDecode, "dense_decode_fp8");
+  return family_not_built(KernelFamily::kDecode, "dense_decode_fp8");
 #else
-  OPENMLA_RETURN_IF_ERROR(detail::check_decode_launch(args.q.device_id, stream, "dense_decode_fp8"));
-  const detail::DenseDecodeFp8Call call = detail::prepare_dense_decode_fp8(problem, args, num_sm_parts);
+  OPENMLA_RETURN_IF_ERROR(check_decode_launch(args.q.device_id, stream, "dense_decode_fp8"));
+  const DenseDecodeFp8Call call = prepare_dense_decode_fp8(problem, args, num_sm_parts, options);
   OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode_fp8(call.params, call.q_fp8, stream));
   return kernels::launch_combine(call.combine, call.combine_slices, stream);
 #endif
+}
+
+}  // namespace detail
+
+Status dense_decode_fp8(const DenseDecodeProblem& problem, const DenseDecodeFp8Args& args, cudaStream_t stream) {
+  return detail::run_dense_decode_fp8(problem, args, detail::DenseDecodeFp8Options{}, stream);
 }
 
 }  // namespace openmla

@@ -18,8 +18,21 @@ struct DenseDecodeFp8Call {
   kernels::CombineParams combine;
   int combine_slices;
 };
+// Knobs only tests and the benchmark's A/B turn.
+enum class HoldPvR { kAuto, kOn, kOff };
+struct DenseDecodeFp8Options {
+  HoldPvR hold_pv_r = HoldPvR::kAuto;  // DenseDecodeFp8Params::hold_pv_r; kAuto: dense_fp8_hold_pv_r()
+  bool k_l1_no_allocate = false;       // DenseDecodeFp8Params::k_l1_no_allocate
+};
+// The launch plan's choice of DenseDecodeFp8Params::hold_pv_r (docs/dense-decode.md, decision dense-fp8-v2): hold WG1's
+// P V_R when a request has at least two m-block CTAs (compute-bound: the held P V_R fills WG0's softmax bubble);
+// with one m-block (h_q * s_q <= 64, memory-bound) the hold would keep buffers busy longer for no tensor gain.
+bool dense_fp8_hold_pv_r(int num_m_blocks);
 // `args` must have passed validate_dense_decode_fp8 (which gave num_sm_parts).
 DenseDecodeFp8Call prepare_dense_decode_fp8(const DenseDecodeProblem& problem, const DenseDecodeFp8Args& args,
-                                            int num_sm_parts);
+                                            int num_sm_parts, const DenseDecodeFp8Options& options = {});
+// dense_decode_fp8() with options.
+Status run_dense_decode_fp8(const DenseDecodeProblem& problem, const DenseDecodeFp8Args& args,
+                            const DenseDecodeFp8Options& options, cudaStream_t stream);
 
 }  // namespace openmla::detail

@@ -79,7 +79,9 @@ def test_decode_op_arguments_follow_flash_mla_with_kvcache():
     # The function's order, without the keyword-only out / lse (its keyword-only batch_invariant is the op's last
     # argument).
     assert names == python[:len(names)]
-    assert [a.name for a in _op("flash_mla_with_kvcache_out")._schema.arguments] == python
+    # descale_q / descale_k (the FP8 dense cache, keyword-only, last) have no op yet: that path runs eagerly.
+    assert [a.name for a in _op("flash_mla_with_kvcache_out")._schema.arguments] == \
+        [n for n in python if n not in ("descale_q", "descale_k")]
 
 
 # ---------------------------------------------------------------------------------------------------------------

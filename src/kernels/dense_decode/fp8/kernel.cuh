@@ -84,6 +84,7 @@ struct alignas(1024) SharedStorage {
   uint64_t q_full;                // producer -> WG0: a later request's Q tile landed
   uint64_t q_free;                // WG0 -> producer: the current Q tile is no longer read
   uint64_t scale_free[2];         // WG1 -> WG0: scale[buf] was read
+  uint64_t qk_done[2];            // WG0 -> WG1: S = Q K^T of the block in k[buf] is done (WG0 starts its softmax)
 };
 static_assert(sizeof(SharedStorage) + 1024 <= 232448, "FP8 dense decode smem plan exceeds 227 KB");
 
@@ -299,11 +300,24 @@ __device__ __forceinline__ const uint8_t* token_ptr(const DenseDecodeFp8Params& 
          static_cast<int64_t>(tok % p.page_size) * p.row_stride;
 }
 
+__device__ __forceinline__ uint4 ld_nc_no_allocate_v4(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
 __device__ __forceinline__ void load_token(const DenseDecodeFp8Params& p, int page, int tok, int lane4, TokenData& d) {
   if (page_usable(p, page)) {
     const uint8_t* a = token_ptr(p, page, tok) + lane4 * 16;
+    if (p.k_l1_no_allocate) {
 #pragma unroll
-    for (int j = 0; j < Cfg::kNumTiles; ++j) d.raw[j] = ptx::ld_nc_v4(a + j * Cfg::kTileCols);
+      for (int j = 0; j < Cfg::kNumTiles; ++j) d.raw[j] = ld_nc_no_allocate_v4(a + j * Cfg::kTileCols);
+    } else {
+#pragma unroll
+      for (int j = 0; j < Cfg::kNumTiles; ++j) d.raw[j] = ptx::ld_nc_v4(a + j * Cfg::kTileCols);
+    }
   } else {
     // Never dereferenced: zeros (V rows past the length must be 0, not garbage: 0 * NaN = NaN in P V).
 #pragma unroll
@@ -318,10 +332,11 @@ __device__ __forceinline__ void prefetch_token_l2(const DenseDecodeFp8Params& p,
   if (lane4 == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(a + Cfg::kHeadDimQK - 1));
 }
 
-// One token's share, converted and stored into k[buf] (every tile: the RoPE tile too).
+// Tiles [kFirst, kLast) of one token's share, converted and stored into k[buf] (tile 8: the RoPE tile).
+template <int kFirst = 0, int kLast = Cfg::kNumTiles>
 __device__ __forceinline__ void store_token(const TokenData& d, uint32_t k_base, int tok, int lane4) {
 #pragma unroll
-  for (int j = 0; j < Cfg::kNumTiles; ++j) {
+  for (int j = kFirst; j < kLast; ++j) {
     uint4 lo, hi;
     e4m3x16_to_bf16(d.raw[j], lo, hi);
     ptx::st_shared_v4(k_base + k_chunk(j, tok, 2 * lane4), lo);
@@ -413,6 +428,8 @@ __device__ __forceinline__ void consume(const DenseDecodeFp8Params& p, SharedSto
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
         ptx::fence_registers(s);
+        // WG1 may now run the previous block's P V_R: it fills the tensor cores while this warpgroup exponentiates.
+        ptx::mbarrier_arrive(&smem.qk_done[buf]);
         // The request's last Q K^T: its Q tile may be overwritten.
         if (blk == w.blk_end - 1) {
           __syncwarp();
@@ -475,6 +492,11 @@ __device__ __forceinline__ void consume(const DenseDecodeFp8Params& p, SharedSto
       } else {
         ptx::mbarrier_wait_parity(&smem.p_ready[buf], phase);
         ptx::mbarrier_wait_parity(&smem.full[buf], phase);
+        // Hold this block's P V_R until WG0's next Q K^T is done, so that it runs during WG0's softmax instead of
+        // beside WG0's P V_L (the tensor cores idle otherwise while WG0 exponentiates; docs/dense-decode.md, "FP8
+        // cache", decision dense-fp8-v2). The request's last block has no next Q K^T in this loop.
+        if (p.hold_pv_r && blk + 1 < w.blk_end)
+          ptx::mbarrier_wait_parity(&smem.qk_done[buf ^ 1], KRing::parity(it + 1));
         scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
         ptx::mbarrier_arrive(&smem.scale_free[buf]);
         const uint64_t p_desc = ptx::launder(desc_k_major(p_tile));
@@ -571,6 +593,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::mbarrier_init(&smem.free_[b][1], 8);                    // every consumer warp
         ptx::mbarrier_init(&smem.p_ready[b], Cfg::kWarpgroupThreads);  // every WG0 thread
         ptx::mbarrier_init(&smem.scale_free[b], Cfg::kWarpgroupThreads);  // every WG1 thread
+        ptx::mbarrier_init(&smem.qk_done[b], Cfg::kWarpgroupThreads);     // every WG0 thread
       }
       ptx::mbarrier_init(&smem.q_full, Cfg::kWarpgroupThreads);  // every producer thread's Q share
       ptx::mbarrier_init(&smem.q_free, 4);                        // every WG0 warp
@@ -612,7 +635,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // A later request's first block: first its Q tile, once WG0 is done with the previous one.
       if (cur.req != rec.begin_req && cur.blk == cur.w.blk_begin) {
         ++q_gen;
-        ptx::mbarrier_wait_parity(&smem.q_free, (q_gen - 1) & 1);
+        pipeline::wait_or_trap(&smem.q_free, (q_gen - 1) & 1);
         load_q_tile<kQFp8>(p, smem, cur.req, wg_tid, Cfg::kWarpgroupThreads);
         if constexpr (kQFp8) {
           ptx::fence_proxy_async_shared();
@@ -621,10 +644,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           ptx::cp_async_mbarrier_arrive_noinc(&smem.q_full);
         }
       }
-      ptx::mbarrier_wait_parity(&smem.free_[buf][0], phase ^ 1);
-      ptx::mbarrier_wait_parity(&smem.free_[buf][1], phase ^ 1);
+      // The V_L tiles (0-3) as soon as WG0 is done with the buffer (after its P V_L), the rest once WG1 is done too
+      // (its P V_R reads V_R and P in the RoPE tile). (The producer's waits trap after the watchdog's 20 s: a stuck
+      // consumer fails the launch instead of hanging.)
       const uint32_t k_base = ptx::smem_addr(smem.k[buf]);
-      store_token(d0, k_base, tok_in_round, lane4);
+      pipeline::wait_or_trap(&smem.free_[buf][0], phase ^ 1);
+      store_token<0, Cfg::kHalfTiles>(d0, k_base, tok_in_round, lane4);
+      pipeline::wait_or_trap(&smem.free_[buf][1], phase ^ 1);
+      store_token<Cfg::kHalfTiles, Cfg::kNumTiles>(d0, k_base, tok_in_round, lane4);
       load_token(p, pg_n1[0], token_of(n1, 0), lane4, d0);  // the next block's round 0
       store_token(d1, k_base, tok_in_round + Cfg::kTokensPerRound, lane4);
       ptx::fence_proxy_async_shared();

@@ -52,6 +52,14 @@ struct DenseDecodeFp8Params {
 
   const DecodeScheduleRecord* schedule;  // (num_sm_parts,)
   const int32_t* num_splits;             // (b + 1,)
+
+  // True: WG1 holds a block's P V_R until WG0's next Q K^T is done; false: issued as soon as P is ready. The launch
+  // plan's choice (detail::dense_fp8_hold_pv_r; docs/dense-decode.md, decision dense-fp8-v2).
+  bool hold_pv_r = false;
+  // True: the token loads skip L1 (ld.global.nc.L1::no_allocate) instead of allocating with evict_last; the data is
+  // read once per CTA and L1 shares its SRAM with the shared memory the consumers' wgmma read (decision dense-fp8-v3:
+  // an A/B, off by default; detail::DenseDecodeFp8Options).
+  bool k_l1_no_allocate = false;
 };
 
 }  // namespace openmla::kernels
