@@ -64,10 +64,12 @@ qf, kf, vf = (t[70:].float() / 48 for t in (q, k, v))
 z = torch.einsum("thd,shd->hts", qf, kf.repeat_interleave(2, dim=1)) * 192 ** -0.5
 z = z.masked_fill(torch.ones(130, 130, device="cuda").triu(1).bool(), float("-inf"))
 ref = torch.einsum("hts,shd->thd", z.softmax(-1), vf.repeat_interleave(2, dim=1))
-err = (out[70:].float() - ref).abs().max().item()
-print("max error", err, "max ref", ref.abs().max().item())
-assert err < 1e-1, f"max error {err}"
-print("smoke ok", err)
+pav = torch.einsum("hts,shd->thd", z.softmax(-1), vf.abs().repeat_interleave(2, dim=1))
+err = (out[70:].float() - ref).abs()
+print("max error", err.max().item(), "max ref", ref.abs().max().item())
+assert bool((err <= 0.08 * pav + 1e-2).all()), f"max error {err.max().item()} (P's e4m3 rounding allows 2^-4 p|v|)"
+assert bool(torch.isfinite(lse[70:]).all())
+print("smoke ok", err.max().item())
 """
 
 
