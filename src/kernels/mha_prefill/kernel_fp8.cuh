@@ -234,35 +234,32 @@ __device__ __forceinline__ void produce(const MhaPrefillFp8Params& p, SharedStor
                               info.m_block * T::kBlockM, q_policy);
       }
     }
-    // Blocks are consumed last first; K runs one block ahead of V (the consumers take K of block i + 1 with V^T of
-    // block i): K(n-1), K(n-2) V(n-1), K(n-3) V(n-2) [V(n-1) transposed], ..., V(0) [V(1) transposed], then V(0)
-    // transposed. Each V is transposed one step after its load was issued, so its TMA latency stays off this warp.
+    // Blocks are consumed last first. Step i loads K(n-1-i) and V(n-1-i) (into the staging ring) and first
+    // transposes the V loaded two steps before, V(n+1-i): the consumers take K of block j with V^T of block j + 1,
+    // so V^T(j + 1) is written as soon as its stage is free (the P V of block j + 3 done), about a consumer step
+    // before it is needed, and its load had two steps to land. The last two transpositions (V(1), V(0)) follow the
+    // last loads. A staging stage is refilled (step i) only after this warp transposed what it held (step i, first).
     const int kv_head = info.head / p.base.heads_per_kv;
     const int nb = info.n_end;
-    for (int i = 0; i <= nb; ++i) {
-      if (lane == 0) {
-        if (i < nb) {
-          const int s = KvRing::slot(k_iter);
-          pipeline::wait_or_trap(&smem.k_free[s], KvRing::free_parity(k_iter));
-          ptx::mbarrier_arrive_expect_tx(&smem.k_full[s], T::kKBytes);
-          load_ragged_rows_e4m3(smem.k[s], T::kQKTiles, k_map, &smem.k_full[s], kv_head, k_begin, info.s_k,
+    for (int i = 0; i < nb + 2; ++i) {
+      if (i >= 2) transpose_next();
+      if (i < nb) {
+        if (lane == 0) {
+          const int ks = KvRing::slot(k_iter);
+          pipeline::wait_or_trap(&smem.k_free[ks], KvRing::free_parity(k_iter));
+          ptx::mbarrier_arrive_expect_tx(&smem.k_full[ks], T::kKBytes);
+          load_ragged_rows_e4m3(smem.k[ks], T::kQKTiles, k_map, &smem.k_full[ks], kv_head, k_begin, info.s_k,
+                                (nb - 1 - i) * T::kBlockN, kv_policy);
+          const int vs = KvRing::slot(vl_iter);
+          ptx::mbarrier_arrive_expect_tx(&smem.v_full[vs], T::kVBytes);
+          load_ragged_rows_e4m3(&smem.v[vs], 1, v_map, &smem.v_full[vs], kv_head, k_begin, info.s_k,
                                 (nb - 1 - i) * T::kBlockN, kv_policy);
         }
-        if (i >= 1) {
-          // The staging stage was last read by this warp's transposition of the V loaded two loads ago (program
-          // order; its proxy fence precedes this).
-          const int s = KvRing::slot(vl_iter);
-          ptx::mbarrier_arrive_expect_tx(&smem.v_full[s], T::kVBytes);
-          load_ragged_rows_e4m3(&smem.v[s], 1, v_map, &smem.v_full[s], kv_head, k_begin, info.s_k,
-                                (nb - i) * T::kBlockN, kv_policy);
-        }
+        ++k_iter;
+        ++vl_iter;
+        __syncwarp();
       }
-      if (i >= 1) ++vl_iter;
-      if (i < nb) ++k_iter;
-      __syncwarp();
-      if (i >= 2) transpose_next();
     }
-    if (nb >= 1) transpose_next();  // V(0)
     __syncwarp();
     tile = p.base.dynamic_tiles ? __shfl_sync(0xffffffffu, ticket, 0) + p.base.grid : tile + p.base.grid;
     info = publish(tile, (tile_iter + 1) & 1, next_k_begin);
