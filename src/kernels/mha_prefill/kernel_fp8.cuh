@@ -237,8 +237,6 @@ __device__ __forceinline__ void produce(const MhaPrefillFp8Params& p, SharedStor
     if (lane == 0) smem.tile[slot] = rec;
     return rec.info;
   };
-  // Transposes the oldest loaded, not yet transposed V block (its staging stage landed; its V^T stage was read by
-  // the P V two blocks earlier), then publishes it to the consumers.
   // This warp's quarter (d rows 0-31) of the oldest loaded, not yet transposed V block.
   auto transpose_next = [&] {
     transpose_block<SharedStorage<kDQK>, KvRing>(smem, vt_iter, lane, 0, false);
@@ -261,10 +259,11 @@ __device__ __forceinline__ void produce(const MhaPrefillFp8Params& p, SharedStor
       }
     }
     // Blocks are consumed last first. Step i loads K(n-1-i) and V(n-1-i) (into the staging ring) and first
-    // transposes the V loaded two steps before, V(n+1-i): the consumers take K of block j with V^T of block j + 1,
-    // so V^T(j + 1) is written as soon as its stage is free (the P V of block j + 3 done), about a consumer step
-    // before it is needed, and its load had two steps to land. The last two transpositions (V(1), V(0)) follow the
-    // last loads. A staging stage is refilled (step i) only after this warp transposed what it held (step i, first).
+    // transposes this warp's quarter of the V loaded two steps before, V(n+1-i) (the helpers take theirs as soon as
+    // it lands): the consumers take K of block j with V^T of block j + 1, so V^T(j + 1) is written as soon as its
+    // stage is free (the P V of block j + 3 done), about a consumer step before it is needed. The last two quarters
+    // (V(1), V(0)) follow the last loads. A staging stage is refilled (step i) only after this warp transposed its
+    // quarter of what it held (step i, first) and the helpers read theirs (v_read).
     const int kv_head = info.head / p.base.heads_per_kv;
     const int nb = info.n_end;
     for (int i = 0; i < nb + 2; ++i) {
