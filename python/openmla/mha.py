@@ -85,8 +85,12 @@ def _forward(what, q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, softmax
                 res = _C.mha_prefill_call(q, k, v, cu_seqlens_qo, cu_seqlens_kv, int(max_seqlen_qo),
                                           0.0 if softmax_scale is None else float(softmax_scale), bool(causal), out,
                                           lse)
-            except RuntimeError:  # torch cannot export a meta tensor; the checks below name it (anything else raises)
-                if not any(getattr(t, "is_meta", False) for t in (q, k, v, cu_seqlens_qo, cu_seqlens_kv, out, lse)):
+            except (RuntimeError, ValueError):
+                # torch cannot export a meta tensor (the checks below name it), and a float8 tensor may come in a
+                # DLPack dtype the per-call entry does not read (the general path takes FP8 inputs); anything else
+                # raises.
+                if not (_is_fp8(q) or any(getattr(t, "is_meta", False)
+                                          for t in (q, k, v, cu_seqlens_qo, cu_seqlens_kv, out, lse))):
                     raise
                 res = None
             if res is not None:

@@ -64,10 +64,12 @@ qf, kf, vf = (t[70:].float() / 48 for t in (q, k, v))
 z = torch.einsum("thd,shd->hts", qf, kf.repeat_interleave(2, dim=1)) * 192 ** -0.5
 z = z.masked_fill(torch.ones(130, 130, device="cuda").triu(1).bool(), float("-inf"))
 ref = torch.einsum("hts,shd->thd", z.softmax(-1), vf.repeat_interleave(2, dim=1))
-err = (out[70:].float() - ref).abs().max().item()
-print("max error", err, "max ref", ref.abs().max().item())
-assert err < 1e-1, f"max error {err}"
-print("smoke ok", err)
+pav = torch.einsum("hts,shd->thd", z.softmax(-1), vf.abs().repeat_interleave(2, dim=1))
+err = (out[70:].float() - ref).abs()
+print("max error", err.max().item(), "max ref", ref.abs().max().item())
+assert bool((err <= 0.08 * pav + 1e-2).all()), f"max error {err.max().item()} (P's e4m3 rounding allows 2^-4 p|v|)"
+assert bool(torch.isfinite(lse[70:]).all())
+print("smoke ok", err.max().item())
 """
 
 
@@ -184,6 +186,19 @@ def make_inputs(case: Case, seed=0):
     return q, k, v, passed, deq, cu_q, cu_k, cu_q_t, cu_k_t
 
 
+def _fmt(stats):
+    return ", ".join(f"{k} {v:.3g}" for k, v in stats.items())
+
+
+def _report(msg):
+    """The measured errors, as a warning: pytest's warnings summary shows them without -s (the design note's numbers
+    come from there)."""
+    import warnings
+
+    print("\n" + msg)
+    warnings.warn(msg, UserWarning, stacklevel=2)
+
+
 def nan_outputs(total_q, h_q, dtype):
     torch = _torch()
     out = torch.full((total_q, h_q, 128), float("nan"), dtype=dtype, device=DEVICE)
@@ -207,7 +222,7 @@ def run_and_check(mha, case: Case, seed=0, rows=None):
     wanted = compared_rows(case, cu_q) if rows is None else rows
     ref = _ref().fp8_ref(*deq, cu_q, cu_k, scale, case.causal, rows=wanted)
     stats = _ref().check_fp8(f" [{case}]", out, lse, ref)
-    print(f"\nFP8 errors [{case}]: {stats}")
+    _report(f"FP8 errors [{case}]: {_fmt(stats)}")
     assert bool(out[cu_q[-1]:].isnan().all()) and bool(lse[cu_q[-1]:].isnan().all()), "rows past the last sequence"
     empty = [cu_q[i] + t for i in range(len(case.s_q)) if i not in case.poison for t in range(case.s_q[i])
              if case.s_k[i] == 0 or (case.causal and t + case.s_k[i] - case.s_q[i] < 0)]
@@ -368,8 +383,8 @@ def test_fp8_argument_errors(mha):
         mha.flash_attn_varlen_func(q, k.float().bfloat16(), v, cu_q, cu_k, 200, 200, **kw)
     with pytest.raises(ValueError, match="'q_descale' has shape"):
         mha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 200, q_descale=ds[0][:, :1].contiguous())
-    with pytest.raises(ValueError, match="'v_descale' has dtype"):
-        mha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 200, v_descale=ds[2].double())
+    with pytest.raises(ValueError, match="'v_descale' has dtype float16, expected float32"):
+        mha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 200, v_descale=ds[2].half())
     with pytest.raises(ValueError, match="only float8_e4m3fn q, k, v take descales"):
         mha.flash_attn_varlen_func(q.float().bfloat16(), k.float().bfloat16(), v.float().bfloat16(), cu_q, cu_k, 200,
                                    200, **kw)
@@ -378,7 +393,10 @@ def test_fp8_argument_errors(mha):
     with pytest.raises(ValueError, match="multiple of 16 elements"):
         buf = torch.zeros((300, 8, 200), device=DEVICE).to(torch.float8_e4m3fn)
         mha.flash_attn_varlen_func(buf[..., :192], k, v, cu_q, cu_k, 200, 200, **kw)
-    qg = q.float().to(torch.float8_e4m3fn).requires_grad_(True) if q.dtype.is_floating_point else None
+    try:
+        qg = q.detach().clone().requires_grad_(True)
+    except RuntimeError:  # a torch that refuses requires_grad on float8 tensors: nothing to refuse then
+        qg = None
     if qg is not None:
         with pytest.raises(NotImplementedError, match="forward-only"):
             mha.flash_attn_varlen_func(qg, k, v, cu_q, cu_k, 200, 200, **kw)
@@ -415,5 +433,5 @@ def test_fp8_error_against_the_bf16_kernel(mha, d_qk, causal):
     bstats = dict(out_max_abs_err=float(berr.max()), out_mean_abs_err=float(berr.mean()),
                   out_cos_diff=float(dense_decode_ref.cos_diff(bout[idx].float(), ref[1])),
                   lse_max_abs_err=float(bl.max()))
-    print(f"\nFP8 vs bf16 kernel, d{d_qk} {'causal' if causal else 'full'} (s 4096/1000/129, h 8/2): fp8 {f8}; "
-          f"bf16 {bstats}")
+    _report(f"FP8 vs bf16 kernel, d{d_qk} {'causal' if causal else 'full'} (s 4096/1000/129, h 8/2): fp8 {_fmt(f8)}; "
+            f"bf16 {_fmt(bstats)}")

@@ -6,9 +6,11 @@
 //     of which only the first 64 columns are inside the tensor; the TMA unit fills the rest with zeros and the
 //     Q K^T issue loop skips them), so every shared tile keeps the library's SW128 K-major layout.
 //   - 8-bit wgmma reads both operands K-major: P V needs V^T (d_v rows, keys contiguous). V lands by TMA in a staging
-//     stage (key-major) and the producer warp itself transposes it into the V^T stage (ldmatrix.trans of 8 x 8 b16
-//     blocks, two byte permutes per output word, stmatrix), in the key order of tile::e4m3_pv_key, so that P's A
-//     fragments are packed in each thread's own order (tile::to_a_fragments_e4m3, no shuffle).
+//     stage (key-major) and the four warps of the producer warpgroup transpose it into the V^T stage, a quarter of
+//     the d_v rows each (ldmatrix.trans of 8 x 8 b16 blocks, two byte permutes per output word, stmatrix), in the key
+//     order of tile::e4m3_pv_key, so that P's A fragments are packed in each thread's own order
+//     (tile::to_a_fragments_e4m3, no shuffle). The loader warp (warp 8) issues the TMA and transposes its quarter two
+//     steps after each load; the helper warps 9-11 follow the tile records as the consumers do.
 //   - The descales are per (sequence, kv head): the producer folds softmax_scale log2(e) q_descale k_descale into the
 //     tile record's score scale and v_descale into its output scale.
 //   - P is quantised to e4m3 with a fixed offset of 2^8 (p' = 2^(s c - m + 8) <= 256 < 448), so every p >= 2^-14 is
@@ -42,11 +44,11 @@ struct Traits {
   static constexpr int kStages = 2;
   static constexpr int kWarpgroupThreads = 128;
   static constexpr int kThreads = 3 * kWarpgroupThreads;
-  // setmaxnreg split: the consumers hold O (64), S (64), P as e4m3 A fragments (16) and the state; the producer warp
-  // also transposes V (8 words per unit in flight, addresses).
+  // setmaxnreg split: the consumers hold O (64), S (64), P as e4m3 A fragments (16) and the state; the producer
+  // warps also transpose V (four units of 4 words in flight, addresses; the loader's tile walk besides: 56 spilled).
   static constexpr int kLaunchRegs = 168;
-  static constexpr int kRegsConsumer = 224;
-  static constexpr int kRegsProducer = 56;
+  static constexpr int kRegsConsumer = 216;
+  static constexpr int kRegsProducer = 72;
   static_assert(2 * kRegsConsumer + kRegsProducer <= 3 * kLaunchRegs, "setmaxnreg only redistributes registers");
   static constexpr uint32_t kQBytes = kQKTiles * kTileBytes;  // TMA bytes of Q (a box's bytes count in full)
   static constexpr uint32_t kKBytes = kQKTiles * kTileBytes;
@@ -78,7 +80,8 @@ struct alignas(1024) SharedStorage {
   uint64_t k_full[T::kStages];
   uint64_t k_free[T::kStages];
   uint64_t v_full[T::kStages];   // the staged V landed (TMA)
-  uint64_t vt_full[T::kStages];  // V^T written (the producer warp)
+  uint64_t v_read[T::kStages];   // the staged V read by the three helper transposer warps (the loader refills it)
+  uint64_t vt_full[T::kStages];  // V^T written (all four transposer warps)
   uint64_t vt_free[T::kStages];  // V^T read by both consumer warpgroups' P V
 };
 static_assert(sizeof(SharedStorage<192>) % 1024 == 0 && sizeof(SharedStorage<128>) % 1024 == 0);
@@ -106,7 +109,8 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 }
 
 // V (128 keys x 128 bytes, 128B-swizzled, as TMA wrote it) -> V^T (128 d_v rows x 128 keys, 128B-swizzled K-major,
-// the key order of tile::e4m3_pv_key within every 16 keys), by one warp. A unit is 16 keys x 32 d_v bytes:
+// the key order of tile::e4m3_pv_key within every 16 keys), by the four warps of the producer warpgroup: warp `du`
+// writes V^T rows 32 du .. 32 du + 31. A unit is 16 keys x 32 d_v bytes:
 //   ldmatrix.x4.trans: matrices (keys 0-7, d 0-15), (keys 8-15, d 0-15), (keys 0-7, d 16-31), (keys 8-15, d 16-31)
 //     of the unit; lane (g = lane / 4, q = lane % 4) gets the words A = [V(2q, 2g), V(2q, 2g+1), V(2q+1, 2g),
 //     V(2q+1, 2g+1)] (key, d byte) of the first and B (keys + 8) of the second, likewise C, D of the others;
@@ -114,24 +118,49 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 //     columns 4q..4q+3 of the 16-key chunk (e4m3_pv_key(4q + e) = 2q + (e & 1) + 8 (e >> 1));
 //   stmatrix.x4 (not transposed): lane (g, q)'s word k lands at row g, bytes 4q..4q+3 of matrix k, whose rows are
 //     V^T rows d = 2g, 2g + 1, 16 + 2g, 17 + 2g of the unit, 16 bytes at the unit's key chunk.
-// 32 units per block: 32 x (1 LDSM.x4.trans + 4 PRMT + 1 STSM.x4) per lane.
-__device__ __forceinline__ void transpose_v(uint32_t src, uint32_t dst, int lane) {
+// Per warp and block: the 8 units of its d rows (key units 0..7), in two batches of four whose ldmatrix are issued
+// back to back (one unit after another is latency-bound: the asm statements keep their order, and a unit's stmatrix
+// follows its ldmatrix): 8 x (1 LDSM.x4.trans + 4 PRMT + 1 STSM.x4) per lane.
+__device__ __forceinline__ void transpose_v(uint32_t src, uint32_t dst, int lane, int du) {
   const int mi = lane >> 3, r = lane & 7;
   // ldmatrix row of this lane: key 8 (mi & 1) + r of the unit, 16-byte chunk (mi >> 1) of the unit's 32 d bytes.
   // Unit (ku, du): key + 16 ku (row + 2048 ku bytes), chunk + 2 du (XOR 2 du into the swizzled slot: bits 5-6).
-  const uint32_t src_lane = src + static_cast<uint32_t>((8 * (mi & 1) + r) * 128 + ((((mi >> 1) ^ r) & 7) << 4));
+  const uint32_t src_lane = (src + static_cast<uint32_t>((8 * (mi & 1) + r) * 128 + ((((mi >> 1) ^ r) & 7) << 4))) ^
+                            static_cast<uint32_t>(du << 5);
   // stmatrix row of this lane: V^T row d0 = 16 (mi >> 1) + 2 r + (mi & 1) of the unit (+ 32 du: + 4096 du bytes), key
   // chunk ku at slot ku ^ (d0 & 7) (XOR ku into bits 4-6).
   const int d0 = 16 * (mi >> 1) + 2 * r + (mi & 1);
-  const uint32_t dst_lane = dst + static_cast<uint32_t>(d0 * 128 + ((d0 & 7) << 4));
-#pragma unroll 4
-  for (int u = 0; u < 32; ++u) {
-    const int ku = u >> 2, du = u & 3;
-    uint32_t a, b, c, d;
-    ldmatrix_x4_trans((src_lane + static_cast<uint32_t>(ku * 2048)) ^ static_cast<uint32_t>(du << 5), a, b, c, d);
-    const uint32_t w0 = prmt(a, b, 0x6420), w1 = prmt(a, b, 0x7531);
-    const uint32_t w2 = prmt(c, d, 0x6420), w3 = prmt(c, d, 0x7531);
-    ptx::stmatrix_x4((dst_lane + static_cast<uint32_t>(du * 4096)) ^ static_cast<uint32_t>(ku << 4), w0, w1, w2, w3);
+  const uint32_t dst_lane = dst + static_cast<uint32_t>(du * 4096 + d0 * 128 + ((d0 & 7) << 4));
+#pragma unroll
+  for (int kb = 0; kb < 8; kb += 4) {
+    uint32_t x[4][4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      ldmatrix_x4_trans(src_lane + static_cast<uint32_t>((kb + u) * 2048), x[u][0], x[u][1], x[u][2], x[u][3]);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const uint32_t w0 = prmt(x[u][0], x[u][1], 0x6420), w1 = prmt(x[u][0], x[u][1], 0x7531);
+      const uint32_t w2 = prmt(x[u][2], x[u][3], 0x6420), w3 = prmt(x[u][2], x[u][3], 0x7531);
+      ptx::stmatrix_x4(dst_lane ^ static_cast<uint32_t>((kb + u) << 4), w0, w1, w2, w3);
+    }
+  }
+}
+
+// The producer warpgroup's four warps each transpose a quarter of every V block (transpose_v): `use` is the block's
+// number in the CTA's V sequence (stage use % kStages). Waits for the staged V and for the V^T stage to be free, writes
+// this warp's quarter, fences its generic writes for the consumers' wgmma and arrives on vt_full (count 4); a helper
+// warp (not the loader) also tells the loader that it has read the staged V (v_read, count 3).
+template <class Smem, class KvRing>
+__device__ __forceinline__ void transpose_block(Smem& smem, uint32_t use, int lane, int du, bool helper) {
+  const int s = KvRing::slot(use);
+  pipeline::wait_or_trap(&smem.v_full[s], KvRing::parity(use));
+  pipeline::wait_or_trap(&smem.vt_free[s], KvRing::free_parity(use));
+  transpose_v(ptx::smem_addr(smem.v[s]), ptx::smem_addr(smem.vt[s]), lane, du);
+  ptx::fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0) {
+    if (helper) ptx::mbarrier_arrive(&smem.v_read[s]);
+    ptx::mbarrier_arrive(&smem.vt_full[s]);
   }
 }
 
@@ -147,6 +176,10 @@ __device__ __forceinline__ void load_ragged_rows_e4m3(uint8_t (*dst)[kTileBytes]
     ptx::tma_load_5d(dst[g], map, bar, g * 128, head, window_row, window_end, static_cast<int>(varlen::kMaxRows),
                      policy);
 }
+
+// The exchange barrier of the FP8 kernel: the bf16 kernel's parties (eight consumer warps, the loader warp) and the
+// three helper transposer warps, which read the tile records as the consumers do.
+inline constexpr int kExchangeThreadsFp8 = kConsumerWarps * 32 + 4 * 32;
 
 // ---------------------------------------------------------------------------------------------------
 // Tile lookup (producer warp): the bf16 kernel's record plus the scales of the tile's (sequence, kv head)
@@ -204,25 +237,16 @@ __device__ __forceinline__ void produce(const MhaPrefillFp8Params& p, SharedStor
     if (lane == 0) smem.tile[slot] = rec;
     return rec.info;
   };
-  // Transposes the oldest loaded, not yet transposed V block (its staging stage landed; its V^T stage was read by
-  // the P V two blocks earlier), then publishes it to the consumers.
+  // This warp's quarter (d rows 0-31) of the oldest loaded, not yet transposed V block.
   auto transpose_next = [&] {
-    const int s = KvRing::slot(vt_iter);
-    pipeline::wait_or_trap(&smem.v_full[s], KvRing::parity(vt_iter));
-    pipeline::wait_or_trap(&smem.vt_free[s], KvRing::free_parity(vt_iter));
-    transpose_v(ptx::smem_addr(smem.v[s]), ptx::smem_addr(smem.vt[s]), lane);
-    // The generic-proxy writes (stmatrix) before the consumers' wgmma reads; the ldmatrix reads of the staging stage
-    // before the TMA that refills it.
-    ptx::fence_proxy_async_shared();
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(&smem.vt_full[s]);
+    transpose_block<SharedStorage<kDQK>, KvRing>(smem, vt_iter, lane, 0, false);
     ++vt_iter;
   };
   int k_begin = 0, next_k_begin = 0;
   int tile = blockIdx.x;
   TileInfo info = publish(tile, 0, k_begin);
   __syncwarp();
-  ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kExchange), kExchangeThreads);
+  ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kExchange), kExchangeThreadsFp8);
   for (uint32_t tile_iter = 0; info.valid; ++tile_iter) {
     if (p.base.dynamic_tiles && lane == 0) ticket = ptx::atomic_add_relaxed_gpu(p.base.tile_counter, smem.zero, 1);
     if (lane == 0) {
@@ -234,41 +258,62 @@ __device__ __forceinline__ void produce(const MhaPrefillFp8Params& p, SharedStor
                               info.m_block * T::kBlockM, q_policy);
       }
     }
-    // Blocks are consumed last first; K runs one block ahead of V (the consumers take K of block i + 1 with V^T of
-    // block i): K(n-1), K(n-2) V(n-1), K(n-3) V(n-2) [V(n-1) transposed], ..., V(0) [V(1) transposed], then V(0)
-    // transposed. Each V is transposed one step after its load was issued, so its TMA latency stays off this warp.
+    // Blocks are consumed last first. Step i loads K(n-1-i) and V(n-1-i) (into the staging ring) and first
+    // transposes this warp's quarter of the V loaded two steps before, V(n+1-i) (the helpers take theirs as soon as
+    // it lands): the consumers take K of block j with V^T of block j + 1, so V^T(j + 1) is written as soon as its
+    // stage is free (the P V of block j + 3 done), about a consumer step before it is needed. The last two quarters
+    // (V(1), V(0)) follow the last loads. A staging stage is refilled (step i) only after this warp transposed its
+    // quarter of what it held (step i, first) and the helpers read theirs (v_read).
     const int kv_head = info.head / p.base.heads_per_kv;
     const int nb = info.n_end;
-    for (int i = 0; i <= nb; ++i) {
-      if (lane == 0) {
-        if (i < nb) {
-          const int s = KvRing::slot(k_iter);
-          pipeline::wait_or_trap(&smem.k_free[s], KvRing::free_parity(k_iter));
-          ptx::mbarrier_arrive_expect_tx(&smem.k_full[s], T::kKBytes);
-          load_ragged_rows_e4m3(smem.k[s], T::kQKTiles, k_map, &smem.k_full[s], kv_head, k_begin, info.s_k,
+    for (int i = 0; i < nb + 2; ++i) {
+      if (i >= 2) transpose_next();
+      if (i < nb) {
+        if (lane == 0) {
+          const int ks = KvRing::slot(k_iter);
+          pipeline::wait_or_trap(&smem.k_free[ks], KvRing::free_parity(k_iter));
+          ptx::mbarrier_arrive_expect_tx(&smem.k_full[ks], T::kKBytes);
+          load_ragged_rows_e4m3(smem.k[ks], T::kQKTiles, k_map, &smem.k_full[ks], kv_head, k_begin, info.s_k,
+                                (nb - 1 - i) * T::kBlockN, kv_policy);
+          // The staging stage's previous V: transposed by this warp (program order) and read by the helpers.
+          const int vs = KvRing::slot(vl_iter);
+          pipeline::wait_or_trap(&smem.v_read[vs], KvRing::free_parity(vl_iter));
+          ptx::mbarrier_arrive_expect_tx(&smem.v_full[vs], T::kVBytes);
+          load_ragged_rows_e4m3(&smem.v[vs], 1, v_map, &smem.v_full[vs], kv_head, k_begin, info.s_k,
                                 (nb - 1 - i) * T::kBlockN, kv_policy);
         }
-        if (i >= 1) {
-          // The staging stage was last read by this warp's transposition of the V loaded two loads ago (program
-          // order; its proxy fence precedes this).
-          const int s = KvRing::slot(vl_iter);
-          ptx::mbarrier_arrive_expect_tx(&smem.v_full[s], T::kVBytes);
-          load_ragged_rows_e4m3(&smem.v[s], 1, v_map, &smem.v_full[s], kv_head, k_begin, info.s_k,
-                                (nb - i) * T::kBlockN, kv_policy);
-        }
+        ++k_iter;
+        ++vl_iter;
+        __syncwarp();
       }
-      if (i >= 1) ++vl_iter;
-      if (i < nb) ++k_iter;
-      __syncwarp();
-      if (i >= 2) transpose_next();
     }
-    if (nb >= 1) transpose_next();  // V(0)
     __syncwarp();
     tile = p.base.dynamic_tiles ? __shfl_sync(0xffffffffu, ticket, 0) + p.base.grid : tile + p.base.grid;
     info = publish(tile, (tile_iter + 1) & 1, next_k_begin);
     k_begin = next_k_begin;
     __syncwarp();
-    ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kExchange), kExchangeThreads);
+    ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kExchange), kExchangeThreadsFp8);
+  }
+}
+
+// The helper transposer warps (warps 9-11 of the producer warpgroup, quarter du = 1..3): per tile, read its record
+// after the exchange as the consumers do and transpose their quarter of its n_end V blocks in the loader's order, then
+// join the next exchange. Their last block of a tile (V(0)) needs only the staged V (loaded before the loader joins
+// the exchange) and the V^T stage of V(2), which the consumers free before they reach it: no cycle.
+template <int kDQK>
+__device__ __forceinline__ void transpose_helper(SharedStorage<kDQK>& smem, int lane, int du) {
+  using KvRing = Ring<Traits<kDQK>::kStages>;
+  auto exchange = [&] {
+    ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kExchange), kExchangeThreadsFp8);
+  };
+  uint32_t use = 0;
+  exchange();
+  for (uint32_t tile_iter = 0;; ++tile_iter) {
+    const int n_end = smem.tile[tile_iter & 1].info.n_end;
+    const int valid = smem.tile[tile_iter & 1].info.valid;
+    if (!valid) break;
+    for (int b = 0; b < n_end; ++b) transpose_block<SharedStorage<kDQK>, KvRing>(smem, use++, lane, du, true);
+    exchange();
   }
 }
 
@@ -327,7 +372,7 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(bar);
   };
-  auto exchange = [&] { ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kExchange), kExchangeThreads); };
+  auto exchange = [&] { ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kExchange), kExchangeThreadsFp8); };
   auto write_out = [&](const TileInfo& info, const float (&o)[64], const int (&row)[2], const float (&lse)[2]) {
     if (p.out_fp16)
       store_rows<true>(p.base, info, o, row, lse, lane);
@@ -455,7 +500,8 @@ __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
       ptx::mbarrier_init(&smem.k_full[s], 1);
       ptx::mbarrier_init(&smem.k_free[s], kConsumerWarps);
       ptx::mbarrier_init(&smem.v_full[s], 1);
-      ptx::mbarrier_init(&smem.vt_full[s], 1);
+      ptx::mbarrier_init(&smem.v_read[s], 3);
+      ptx::mbarrier_init(&smem.vt_full[s], 4);
       ptx::mbarrier_init(&smem.vt_free[s], kConsumerWarps);
     }
     ptx::fence_mbarrier_init();
@@ -463,7 +509,11 @@ __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
   __syncthreads();
   if (wg == 2) {
     ptx::setmaxnreg_dec<T::kRegsProducer>();
-    if (tid / 32 == 2 * T::kWarpgroupThreads / 32) produce<kDQK>(p, smem, &q_map, &k_map, &v_map, tid % 32);
+    const int warp = tid / 32 - 2 * T::kWarpgroupThreads / 32;  // 0: the loader; 1-3: helper transposers
+    if (warp == 0)
+      produce<kDQK>(p, smem, &q_map, &k_map, &v_map, tid % 32);
+    else
+      transpose_helper<kDQK>(smem, tid % 32, warp);
     return;
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<T::kRegsConsumer>();
