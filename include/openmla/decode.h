@@ -212,7 +212,7 @@ Status plan_decode(const DecodeProblem& problem, const TensorRef& cache_seqlens,
 struct DenseDecodeArgs {
   TensorRef q;              // (b, s_q, h_q, d_qk) bf16/fp16; last dim contiguous, byte strides % 16 == 0
   TensorRef k_cache;        // (num_blocks, page_block_size, h_kv, d_qk), q's dtype; last dim contiguous, strides % 8
-                            // == 0; page_block_size 1, 2, 4, ..., 256 (16 and up with batch_invariant)
+                            // == 0; page_block_size 1, 2, 4, ..., 256
   TensorRef block_table;    // (b, max_blocks_per_seq) int32, entry [i, j] = the page of tokens [j P, j P + P) of
                             // request i (P = page_block_size); last dim contiguous; max_blocks_per_seq <=
                             // dense_max_blocks_per_seq(P). Entries past ceil(L/P) are never read; an entry outside

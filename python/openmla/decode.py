@@ -214,7 +214,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         strides free (multiples of 8 elements).
       k_cache: (num_blocks, page_block_size, h_kv, d_qk), q's dtype, same device; page_block_size 1, 2, 4, 8, 16,
         32, 64, 128 or 256 (DENSE_PAGE_SIZES; the page size is k_cache.shape[1], as in flash_mla; at page 1 the block
-        table is the per-token slot list); batch_invariant=True takes 16 and up;
+        table is the per-token slot list);
         h_q % h_kv == 0. V is the first head_dim_v dims of K (MLA's shared latent). Last dim contiguous.
       block_table: (b, max_blocks_per_seq) int32; entry [i, j] is the page holding tokens
         [P j, P j + P) of request i (P = page_block_size). Entries past ceil(cache_seqlens[i] / P) are never read.

@@ -63,10 +63,6 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
     return invalid_field("page_block_size", problem.page_block_size,
                          "dense decode supports page sizes 1, 2, 4, 8, 16, 32, 64, 128 and 256 (powers of two in "
                          "[1, 256])");
-  if (problem.batch_invariant && !kernels::dense_decode_invariant_page_size_supported(problem.page_block_size))
-    return invalid_field("page_block_size", problem.page_block_size,
-                         "batch-invariant dense decode (problem.batch_invariant) supports page sizes 16 to 256; pages "
-                         "of 1, 2, 4 or 8 tokens run with the default schedule only");
   if (problem.cache_format != KVCacheFormat::kBFloat16 && problem.cache_format != KVCacheFormat::kFloat16)
     return invalid(std::string("argument 'problem.cache_format' is ") + kv_cache_format_name(problem.cache_format) +
                    "; dense decode needs a bf16 or fp16 cache (an e4m3 cache with a per-tensor scale: dense_decode_fp8, "

@@ -695,25 +695,6 @@ TEST(DecodeApi, DenseDecodeAcceptsEveryPowerOfTwoPageSize) {
   }
   for (const int64_t page : {0, 3, 6, 12, 24, 48, 96, 512, 1024})
     EXPECT_FALSE(kernels::dense_decode_page_size_supported(page)) << page;
-  // The batch-invariant kernels take the TMA page sizes only.
-  for (const int64_t page : {1, 2, 4, 8}) EXPECT_FALSE(kernels::dense_decode_invariant_page_size_supported(page)) << page;
-  for (const int64_t page : {16, 32, 64, 128, 256})
-    EXPECT_TRUE(kernels::dense_decode_invariant_page_size_supported(page)) << page;
-}
-
-// Page sizes 1-8 (the gather kernel) with a batch-invariant schedule are refused, naming the field.
-TEST(DecodeApi, DenseSmallPagesRefuseBatchInvariant) {
-  DecodeProblem p = dense_problem();
-  p.page_block_size = 1;
-  p.batch_invariant = true;
-  DenseDecodeArgs a = dense_args(p);
-  a.k_cache.shape[1] = 1;
-  a.k_cache.stride[0] = 576;
-  int parts = 0;
-  const Status s = validate_dense(p, a, &parts);
-  ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("page_block_size"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("batch_invariant"), std::string::npos) << s.message();
 }
 
 TEST(DecodeApi, DensePageGeometry) {

@@ -94,9 +94,9 @@ def expect_bitwise(got, want, what):
                        want.view(torch.int16) if want.dtype == torch.bfloat16 else want.view(torch.int32)), what
 
 
-# Page 64 (the page-64 invariant kernel), and the other page sizes through the any-page invariant kernel.
+# Page 64 (the page-64 invariant kernel), the other page sizes through the any-page and (1, 8) gather invariant kernels.
 DENSE_CASES = ([(s_q, h_q, s_q == 2, PAGE) for h_q in (16, 64, 128) for s_q in (1, 2)] +
-               [(2, 64, True, page) for page in (16, 32, 128, 256)])
+               [(2, 64, True, page) for page in (1, 8, 16, 32, 128, 256)])
 
 
 @gpu

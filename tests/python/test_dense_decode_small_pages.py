@@ -211,12 +211,33 @@ def test_unsupported_small_page_size_is_refused(page):
 
 
 @gpu
-def test_small_page_batch_invariant_is_refused():
+@pytest.mark.parametrize("page", (1, 8))
+def test_small_page_batch_invariant_matches_page64(page):
+    """The gather kernel's batch-invariant twin: bit for bit the page-64 invariant call on the same logical cache
+    (requests of several 4096-token chunks, one of them split over partitions), and a request's bits the same alone
+    and inside the batch (test_batch_invariant.py checks the invariance itself on many batches)."""
     om = _openmla()
-    inp = repage(make_inputs(2, 1, 16, 1, seqlens=[100, 37], seed=2), 1, 2)
-    meta, _ = om.get_mla_metadata(batch_invariant=True)
-    with pytest.raises(ValueError, match=r"page_block_size.*batch_invariant"):
-        decode(inp, False, meta=meta)
+    torch = _torch()
+    lens = [9000 + 13, 1, 4096, 4097, 300 + 5]
+    inp64 = make_inputs(len(lens), 2, 64, 1, seqlens=lens, seed=30 + page)
+    inp = repage(inp64, page, 30 + page)
+
+    def invariant(x, rows=None):
+        if rows is not None:
+            x = Inputs(x.q[rows].contiguous(), x.k_cache, x.block_table[rows].contiguous(),
+                       x.cache_seqlens[rows].contiguous())
+        meta, _ = om.get_mla_metadata(batch_invariant=True)
+        return decode(x, True, meta=meta)
+
+    out64, lse64 = invariant(inp64)
+    out, lse = invariant(inp)
+    torch.cuda.synchronize()
+    assert_bitwise(out, lse, out64, lse64, f"page {page} batch-invariant")
+    check_against_reference(inp, out, lse, True, f"page {page} batch-invariant")
+    for i in (0, 3):
+        alone, alone_lse = invariant(inp, [i])
+        torch.cuda.synchronize()
+        assert_bitwise(alone, alone_lse, out[i:i + 1], lse[i:i + 1], f"page {page}: request {i} alone")
 
 
 @gpu

@@ -239,7 +239,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
   const Fragment frag = make_fragment(wg_tid);
   const int lane = tid % 32;
 
-  static_assert(!kGather || (kAnyPage && !kChunked), "the gather kernel: small pages, default schedules");
+  static_assert(!kGather || kAnyPage, "the gather kernel is an any-page kernel (its geometry argument)");
   if (tid == 0) {
     if constexpr (!kGather) {  // (the gather kernel has no cache tensor map)
       ptx::prefetch_tensormap(&k_map);
@@ -458,8 +458,10 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       // The batch-invariant kernels' loops (their speed at any offset is not measured): three more lines put the
       // any-page one at 0x40 modulo 128; no count tried puts the page-64 one there (0: 0x70, 3: 0x20, 4: 0x30, 5: 0x50,
       // 6: 0x60), five leave it at 0x50 until tools/placement_sweep.sh says better.
+      // The gather kernels' loops: the default one lands at 0x40 modulo 128 with the any-page kernel's lines, the
+      // invariant one at 0x00 with three and at 0x40 with six (speed at other offsets not measured).
       if constexpr (kChunked) {
-        constexpr int kLines = kAnyPage ? 3 : 5;
+        constexpr int kLines = kGather ? 6 : kAnyPage ? 3 : 5;
 #pragma unroll
         for (int i = 0; i < kLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
       }
@@ -627,10 +629,12 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     if (has_next) {
       q_issued = true;  // by threads kBlockM.. while threads 0..kBlockM-1 store the rows (below)
       if constexpr (kGather) {
-        // Threads 0-127: the page of row tid % 64 of the next request's block tid / 64 (-1: past its length).
+        // Threads 0-127: the page of row tid % 64 of the next item's block tid / 64 (-1: past its length).
         if (tid < 2 * T::kBlockN) {
-          next_len = min(max(params.cache_seqlens[req + 1], 0), params.max_blocks_per_seq * pg.page_size);
-          next_page[0] = gather::page_of_row(params, req + 1, tid / T::kBlockN, tid % T::kBlockN, next_len, log2_page);
+          const int nreq = kChunked ? next_req : req + 1;
+          next_len = min(max(params.cache_seqlens[nreq], 0), params.max_blocks_per_seq * pg.page_size);
+          next_page[0] = gather::page_of_row(params, nreq, (kChunked ? next_begin : 0) + tid / T::kBlockN,
+                                             tid % T::kBlockN, next_len, log2_page);
         }
       } else if (tid == 0) {
         if constexpr (kChunked) {
@@ -900,6 +904,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
                                const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
   dense_decode_body<kIsFp16, true, false, true>(params, k_map, k_map_rope, q_map, pages);
+}
+
+// The gather kernel's batch-invariant twin (chunk walk as below; instantiations/*_gather_invariant.cu).
+template <bool kIsFp16>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    dense_decode_gather_invariant_kernel(const __grid_constant__ DenseDecodeParams params,
+                                         const __grid_constant__ CUtensorMap k_map,
+                                         const __grid_constant__ CUtensorMap k_map_rope,
+                                         const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
+  dense_decode_body<kIsFp16, true, true, true>(params, k_map, k_map_rope, q_map, pages);
 }
 
 // Batch-invariant schedules (docs/decode-schedule.md, "Batch invariance"): the page-64 and any-page kernels walking

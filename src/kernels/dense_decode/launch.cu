@@ -20,6 +20,9 @@ Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeome
   g_last_fp16 = params.is_fp16;
 #endif
   if (params.chunk_blocks > 0) {  // batch-invariant schedule: the chunk-walking kernels
+    if (pages.page_size < kDenseMinTmaPageSize)
+      return params.is_fp16 ? dense_decode::launch_gather_variant<true, true>(params, pages, stream)
+                            : dense_decode::launch_gather_variant<false, true>(params, pages, stream);
     if (pages.page_size != 64)
       return params.is_fp16 ? dense_decode::launch_invariant_variant<true, true>(params, pages, stream)
                             : dense_decode::launch_invariant_variant<false, true>(params, pages, stream);
@@ -27,8 +30,8 @@ Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeome
                           : dense_decode::launch_invariant_variant<false, false>(params, pages, stream);
   }
   if (pages.page_size < kDenseMinTmaPageSize)
-    return params.is_fp16 ? dense_decode::launch_gather_variant<true>(params, pages, stream)
-                          : dense_decode::launch_gather_variant<false>(params, pages, stream);
+    return params.is_fp16 ? dense_decode::launch_gather_variant<true, false>(params, pages, stream)
+                          : dense_decode::launch_gather_variant<false, false>(params, pages, stream);
   if (pages.page_size != 64)
     return params.is_fp16 ? dense_decode::launch_any_page_variant<true>(params, pages, stream)
                           : dense_decode::launch_any_page_variant<false>(params, pages, stream);

@@ -16,7 +16,7 @@ namespace openmla::kernels {
 
 // Grid (num_m_blocks, h_kv, num_sm_parts), Traits::kThreads threads. `pages.page_size` 64 launches the page-64 kernel,
 // 16, 32, 128 or 256 the any-page kernel, 1, 2, 4 or 8 the gather kernel (dense_decode_page_size_supported);
-// params.chunk_blocks > 0 (a batch-invariant schedule) the chunk-walking twins of the first two.
+// params.chunk_blocks > 0 (a batch-invariant schedule) their chunk-walking twins.
 Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
 
 // Per-request query lengths (docs/dense-decode.md, "Per-request query lengths"): the varlen kernels, page 64 or any
@@ -39,8 +39,9 @@ Status launch_variant(const DenseDecodeParams& params, cudaStream_t stream);
 // The any-page kernel's variant: instantiations/<dtype>_any_page.cu.
 template <bool kIsFp16>
 Status launch_any_page_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
-// The gather kernel's variant (page sizes 1-8): instantiations/<dtype>_gather.cu.
-template <bool kIsFp16>
+// The gather kernel's variants (page sizes 1-8): instantiations/<dtype>_gather[_invariant].cu (kChunked: the
+// batch-invariant twin).
+template <bool kIsFp16, bool kChunked>
 Status launch_gather_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
 // The batch-invariant kernels' variants (params.chunk_blocks > 0): instantiations/<dtype>[_any_page]_invariant.cu.
 template <bool kIsFp16, bool kAnyPage>

@@ -86,13 +86,9 @@ struct DenseVarlenQ {
 // The page sizes the kernels take (docs/dense-decode.md, "Page sizes"): 64; powers of two in [16, 256] through the
 // any-page kernel (TMA boxes of P rows); 1, 2, 4 and 8 through the gather kernel (cp.async row gathers: below 16 a
 // 64-token block holds more pages than a warpgroup has warps, and a box of fewer than 8 rows breaks the swizzle atom).
-// The batch-invariant schedules take the TMA sizes only (dense_decode_invariant_page_size_supported).
 inline constexpr int64_t kDenseMinPageSize = 1, kDenseMaxPageSize = 256, kDenseMinTmaPageSize = 16;
 inline bool dense_decode_page_size_supported(int64_t page_size) {
   return page_size >= kDenseMinPageSize && page_size <= kDenseMaxPageSize && (page_size & (page_size - 1)) == 0;
-}
-inline bool dense_decode_invariant_page_size_supported(int64_t page_size) {
-  return dense_decode_page_size_supported(page_size) && page_size >= kDenseMinTmaPageSize;
 }
 // The geometry of a supported page size (DensePageGeometry).
 inline DensePageGeometry dense_page_geometry(int page_size) {
