@@ -20,6 +20,10 @@ Status validate_schedule_problem(const SparseDecodeProblem& problem);
 // Every check of plan_decode; on success *num_sm_parts is the partition count the schedule uses.
 Status validate_plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens,
                             const DecodeSchedule& schedule, int* num_sm_parts);
+// plan_decode's checks and launch for a dense problem, per-request query lengths included (their overload gives it
+// the lengths its lengths kernel wrote: the partition count is the varlen problem's).
+Status plan_dense_decode(const DenseDecodeProblem& problem, const TensorRef& lengths, const DecodeSchedule& schedule,
+                         cudaStream_t stream);
 Status validate_plan_decode(const SparseDecodeProblem& problem, const TensorRef& topk_length,
                             const TensorRef& extra_topk_length, const DecodeSchedule& schedule, int* num_sm_parts);
 

@@ -121,7 +121,6 @@ Status validate_plan_decode(const DenseDecodeProblem& problem, const TensorRef& 
   const TensorRef cache_seqlens = canonical(cache_seqlens_in);
   const DecodeSchedule schedule = canonical(schedule_in);
   OPENMLA_RETURN_IF_ERROR(validate_schedule_problem(problem));
-  if (problem.varlen_q) return invalid("problem.varlen_q is set: plan with the plan_decode overload that takes seqused_q");
   OPENMLA_RETURN_IF_ERROR(check_lengths(cache_seqlens, "cache_seqlens", problem.batch));
   OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(schedule, problem.batch));
   OPENMLA_RETURN_IF_ERROR(
@@ -176,6 +175,13 @@ Status get_decode_workspace_sizes(const SparseDecodeProblem& problem, DecodeWork
 
 Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens, const DecodeSchedule& schedule,
                    cudaStream_t stream) {
+  if (problem.varlen_q)
+    return detail::invalid("problem.varlen_q is set: plan with the plan_decode overload that takes seqused_q");
+  return detail::plan_dense_decode(problem, cache_seqlens, schedule, stream);
+}
+
+Status detail::plan_dense_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seqlens,
+                                 const DecodeSchedule& schedule, cudaStream_t stream) {
   int num_sm_parts = 0;
   OPENMLA_RETURN_IF_ERROR(detail::validate_plan_decode(problem, cache_seqlens, schedule, &num_sm_parts));
 #if !defined(OPENMLA_HAS_DENSE_DECODE)

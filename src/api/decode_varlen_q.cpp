@@ -189,13 +189,11 @@ Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seq
     return plan_decode(problem, cache_seqlens, schedule, stream);
   }
   OPENMLA_RETURN_IF_ERROR(detail::check_varlen_problem(problem));
-  DenseDecodeProblem inner = problem;
-  inner.varlen_q = false;
   DecodeSchedule inner_schedule = schedule;
   inner_schedule.varlen_lengths = TensorRef{};
   int num_sm_parts = 0;
-  OPENMLA_RETURN_IF_ERROR(detail::validate_schedule_problem(problem));
-  OPENMLA_RETURN_IF_ERROR(detail::validate_plan_decode(inner, cache_seqlens, inner_schedule, &num_sm_parts));
+  // The varlen problem's own partition count (a one-position problem's: heuristics::decode_num_sm_parts).
+  OPENMLA_RETURN_IF_ERROR(detail::validate_plan_decode(problem, cache_seqlens, inner_schedule, &num_sm_parts));
   OPENMLA_RETURN_IF_ERROR(detail::check_seqused_q(true, seqused_q, problem.batch));
   OPENMLA_RETURN_IF_ERROR(detail::check_varlen_lengths(true, schedule, detail::varlen_ints(problem)));
   OPENMLA_RETURN_IF_ERROR(detail::check_same_device(detail::canonical(seqused_q), "seqused_q",
@@ -225,7 +223,7 @@ Status plan_decode(const DenseDecodeProblem& problem, const TensorRef& cache_seq
                                                      detail::seqused_q_checks(detail::canonical(seqused_q), problem.s_q),
                                                      stream));
   OPENMLA_RETURN_IF_ERROR(kernels::launch_varlen_q_expand(expand, stream));
-  return plan_decode(inner, detail::slice_ints(lengths, 0, problem.batch), inner_schedule, stream);
+  return detail::plan_dense_decode(problem, detail::slice_ints(lengths, 0, problem.batch), inner_schedule, stream);
 #endif
 }
 

@@ -144,7 +144,7 @@ DENSE_CASES = [
     (7, 4, 32, 2, 333, True, "fp16", 64),
     (6, 3, 16, 1, 300, True, "bf16", 32),
     (4, 5, 128, 1, 256, True, "fp16", 128),
-    (2, 4, 128, 1, 9000, True, "bf16", 64),  # long requests: split into chunks, merged
+    (3, 4, 128, 1, 9000, True, "bf16", 64),  # long requests (one with 1 row): split into chunks, merged
     (3, 1, 16, 1, 100, True, "bf16", 64),    # s_q = 1: lengths 0 and 1 only
 ]
 

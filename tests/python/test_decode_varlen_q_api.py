@@ -100,11 +100,6 @@ def test_plan_without_varlen_rejects_seqused_q():
                       seqused_q=args["seqused_q"], **p)
 
 
-def _dense_call_args(p, **overrides):
-    args = api.dense_args({k: v for k, v in p.items() if k != "varlen_q"})
-    return args, dict(seqused_q=overrides.get("seqused_q", fake_cuda((p["batch"],), "int32")))
-
-
 def test_dense_call_needs_seqused_q():
     p = dense_problem()
     args = api.dense_args({k: v for k, v in p.items() if k != "varlen_q"})
