@@ -294,7 +294,14 @@ __device__ __forceinline__ void produce_fp8(const SparsePrefillFp8Params& pf, Sh
   ptx::cp_async_wait_all();
 }
 
-template <int kDQK>
+}  // namespace openmla::kernels::sparse_prefill
+
+#include "kernels/sparse_prefill/fp8_staged_producer.cuh"
+
+namespace openmla::kernels::sparse_prefill {
+
+// kStaged: the staged producer (fp8_staged_producer.cuh), else the register producer above.
+template <int kDQK, bool kStaged>
 __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
     sparse_prefill_fp8_kernel(const __grid_constant__ SparsePrefillFp8Params p,
                               const __grid_constant__ CUtensorMap q_map) {
@@ -323,7 +330,11 @@ __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
 
   if (wg == 2) {
     ptx::setmaxnreg_dec<F::kRegsProducer>();
-    produce_fp8<kDQK>(p, smem, &q_map, tid % T::kWarpgroupThreads);
+    if constexpr (kStaged) {
+      produce_fp8_staged<kDQK>(p, smem, &q_map, tid % T::kWarpgroupThreads);
+    } else {
+      produce_fp8<kDQK>(p, smem, &q_map, tid % T::kWarpgroupThreads);
+    }
     return;
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<F::kRegsConsumer>();
