@@ -117,14 +117,11 @@ __device__ __forceinline__ void produce_fp8_staged(const SparsePrefillFp8Params&
 #pragma unroll 2
     for (int i = 0; i < 8; ++i) {
       const int k = wl + 32 * i, r = k / 16, c = k % 16;  // row r, 16-byte chunk c of its 256 bytes
-      if (c * 16 < G::kRowBytes) {
-        const int64_t d = shfl64(off, buf * 16 + r);
+      const int64_t d = shfl64(off, buf * 16 + r);  // every lane: the shuffle is outside the branch
+      if (c * 16 < G::kRowBytes) {  // MODEL1's V_R stages 192 bytes per row
         const bool ok = d >= 0;
         const uint8_t* src = cache + (ok ? d : 0) + kGrp * F::kGroupDims + c * 16;
         cp_async_16_hint(stage_row(buf, G::kStage, r) + c * 16, src, ok ? 16u : 0u, policy);
-      } else {
-        // (MODEL1's V_R: chunks 12-15 of the row are not staged; the shuffle above keeps the warp converged)
-        (void)shfl64(off, buf * 16 + r);
       }
     }
     if (!F::kV32 && kGrp == F::kRopeGroup) copy_rope(buf);
