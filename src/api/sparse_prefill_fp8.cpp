@@ -71,6 +71,12 @@ Status check_cache(const TensorRef& k, int64_t bytes_per_token, const char* form
        << "least page_size * " << bytes_per_token << " = " << page_size * bytes_per_token;
     return invalid(os.str());
   }
+  if (page_size > kInt32Max / bytes_per_token) {  // the kernel's in-page offsets are 32-bit
+    MessageStream os;
+    os << "argument 'kv_cache' has page_size " << page_size << "; at most " << kInt32Max / bytes_per_token
+       << " tokens per page (page_size * " << bytes_per_token << " bytes must stay below 2^31)";
+    return invalid(os.str());
+  }
   if (k.shape[0] > kInt32Max / page_size) {
     MessageStream os;
     os << "argument 'kv_cache' has " << k.shape[0] << " pages of " << page_size

@@ -115,6 +115,8 @@ TEST(SparsePrefillFp8Api, ErrorsNameTheArgument) {
   }, "argument 'kv_cache'");
   expect_error([](auto& a) { a.kv_cache = make_tensor(fake_ptr(2), DType::kUInt8, {int64_t{1} << 26, 64, 1, 656}); },
                "2^31 - 1 cache slots");
+  expect_error([](auto& a) { a.kv_cache = make_tensor(fake_ptr(2), DType::kUInt8, {1, int64_t{1} << 22, 1, 656}); },
+               "tokens per page");
   expect_error([](auto& a) { a.indices = make_tensor(fake_ptr(3), DType::kInt64, {100, 1, 2048}); }, "argument 'indices'");
   expect_error([](auto& a) { a.indices = make_tensor(fake_ptr(3), DType::kInt32, {99, 1, 2048}); }, "argument 'indices'");
   expect_error([](auto& a) { a.indices = make_tensor(fake_ptr(3), DType::kInt32, {100, 1, 0}); }, "topk >= 1");

@@ -65,6 +65,10 @@ struct Fp8Traits {
   }
 };
 
+__device__ __forceinline__ int shfl32(int v, int src) {
+  asm volatile("shfl.sync.idx.b32 %0, %0, %1, 0x1f, 0xffffffff;" : "+r"(v) : "r"(src));
+  return v;
+}
 // A lane's 64-bit value, read at the point of use: volatile, so that ptxas neither merges the reads of one pair's
 // fills nor keeps their results live across the pair (which spilled ~480 bytes of the producer's 72 registers).
 __device__ __forceinline__ int64_t shfl64(int64_t v, int src) {
@@ -75,15 +79,16 @@ __device__ __forceinline__ int64_t shfl64(int64_t v, int src) {
 }
 
 // Byte offsets of slot `idx` (-1: invalid) in the cache: its data (NoPE e4m3, then the RoPE bf16 at
-// Cache::kRopeOffset; V3.2: the scales at Cache::kScaleOffset) and, MODEL1, its scale record in the page's scale
-// section. data < 0 marks an invalid slot.
+// Cache::kRopeOffset; V3.2: the scales at Cache::kScaleOffset), and MODEL1's scale record in the page's scale section
+// as a 32-bit distance from the data (page_size * 576 - row * 568; the API keeps page_size * 576 below 2^31). data < 0
+// marks an invalid slot.
 template <int kDQK>
 __device__ __forceinline__ void slot_offsets(const SparsePrefillFp8Params& pf, int idx, int64_t& data,
-                                             int64_t& scale) {
+                                             int& scale_delta) {
   using Cache = typename Fp8Traits<kDQK>::Cache;
   if (idx < 0) {
     data = -1;
-    scale = 0;
+    scale_delta = 0;
     return;
   }
   const uint32_t page = static_cast<uint32_t>(idx) / static_cast<uint32_t>(pf.page_size);
@@ -91,10 +96,9 @@ __device__ __forceinline__ void slot_offsets(const SparsePrefillFp8Params& pf, i
   const int64_t page_base = static_cast<int64_t>(page) * pf.page_stride;
   data = page_base + static_cast<int64_t>(row) * Cache::kDataStride;
   if constexpr (Fp8Traits<kDQK>::kV32) {
-    scale = data + Cache::kScaleOffset;
+    scale_delta = Cache::kScaleOffset;
   } else {
-    scale = page_base + static_cast<int64_t>(pf.page_size) * Cache::kDataStride +
-            static_cast<int64_t>(row) * Cache::kScaleStride;
+    scale_delta = pf.page_size * Cache::kDataStride - static_cast<int>(row) * (Cache::kDataStride - Cache::kScaleStride);
   }
 }
 
@@ -109,7 +113,8 @@ __device__ __forceinline__ void produce_fp8(const SparsePrefillFp8Params& pf, Sh
   const uint8_t* const cache = pf.cache;
   uint32_t use[2] = {0, 0};  // fills of each K buffer so far: free/full parity
   // This lane's slot of the current pair (block lane / 16, row 16 warp + lane % 16): its offsets (slot_offsets).
-  int64_t off = -1, soff = 0;
+  int64_t off = -1;
+  int soff = 0;
 
   // The RoPE tile's rows of buffer `buf` (slots of block `buf` of the pair): cp.async, zero-filled when invalid.
   // The shared-memory addresses of the fills derive from the thread index re-read (laundered) in each fill: else
@@ -154,10 +159,10 @@ __device__ __forceinline__ void produce_fp8(const SparsePrefillFp8Params& pf, Sh
             scale[i] = __ldg(reinterpret_cast<const float*>(cache + d + Cache::kScaleOffset) + dim0 / Cache::kTileDim);
           }
         } else {
-          const int64_t sc = shfl64(soff, src);
+          const int sc = shfl32(soff, src);
           if (d >= 0 && nope) {
             raw[i] = ptx::ld_nc_v4(cache + d + dim0);
-            scale[i] = fp8_dequant::ue8m0_to_float(__ldg(cache + sc + dim0 / Cache::kTileDim));
+            scale[i] = fp8_dequant::ue8m0_to_float(__ldg(cache + d + sc + dim0 / Cache::kTileDim));
           }
         }
       }
@@ -189,11 +194,9 @@ __device__ __forceinline__ void produce_fp8(const SparsePrefillFp8Params& pf, Sh
             if (sub == 0) asm volatile("prefetch.global.L1 [%0];" ::"l"(cache + d + Cache::kScaleOffset));
           }
         } else {
-          const int64_t sc = shfl64(soff, src);
-          if (d >= 0 && nope) {
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(cache + d + dim0));
-            if (sub == 0) asm volatile("prefetch.global.L1 [%0];" ::"l"(cache + sc));
-          }
+          // MODEL1: the data lines only (the scale records, 8 bytes per token, stay L2 loads: one more 64-bit
+          // shuffle per row here spilled in the fills).
+          if (d >= 0 && nope) asm volatile("prefetch.global.L1 [%0];" ::"l"(cache + d + dim0));
         }
       }
 #else
@@ -212,8 +215,8 @@ __device__ __forceinline__ void produce_fp8(const SparsePrefillFp8Params& pf, Sh
                    : "memory");
     }
     const bool rope = !F::kV32 && grp == F::kRopeGroup;
-    if (rope) copy_rope(buf);
     store_pass(0, raw, scale);
+    if (rope) copy_rope(buf);  // between the passes: no pass's bytes are live
 #pragma unroll
     for (int j0 = kPass; j0 < F::kRegRows; j0 += kPass) {
       load_pass(j0, raw, scale);
@@ -278,10 +281,11 @@ __device__ __forceinline__ void produce_fp8(const SparsePrefillFp8Params& pf, Sh
       ++use[0];
       if (has_k1) ++use[1];
       if (idx_next >= 0) {
-        int64_t d, s;
+        int64_t d;
+        int s;
         slot_offsets<kDQK>(pf, idx_next, d, s);
         bulk_prefetch_l2(cache + d, Cache::kDataStride);
-        if constexpr (!F::kV32) asm volatile("prefetch.global.L2 [%0];" ::"l"(cache + s));
+        if constexpr (!F::kV32) asm volatile("prefetch.global.L2 [%0];" ::"l"(cache + d + s));
       }
       OPENMLA_PREFILL_STAMP(2, pair_count, 7);
       ++pair_count;
@@ -290,7 +294,14 @@ __device__ __forceinline__ void produce_fp8(const SparsePrefillFp8Params& pf, Sh
   ptx::cp_async_wait_all();
 }
 
-template <int kDQK>
+}  // namespace openmla::kernels::sparse_prefill
+
+#include "kernels/sparse_prefill/fp8_staged_producer.cuh"
+
+namespace openmla::kernels::sparse_prefill {
+
+// kStaged: the staged producer (fp8_staged_producer.cuh), else the register producer above.
+template <int kDQK, bool kStaged>
 __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
     sparse_prefill_fp8_kernel(const __grid_constant__ SparsePrefillFp8Params p,
                               const __grid_constant__ CUtensorMap q_map) {
@@ -319,7 +330,11 @@ __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
 
   if (wg == 2) {
     ptx::setmaxnreg_dec<F::kRegsProducer>();
-    produce_fp8<kDQK>(p, smem, &q_map, tid % T::kWarpgroupThreads);
+    if constexpr (kStaged) {
+      produce_fp8_staged<kDQK>(p, smem, &q_map, tid % T::kWarpgroupThreads);
+    } else {
+      produce_fp8<kDQK>(p, smem, &q_map, tid % T::kWarpgroupThreads);
+    }
     return;
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<F::kRegsConsumer>();

@@ -2,5 +2,5 @@
 #include "kernels/sparse_prefill/fp8_launch_impl.cuh"
 
 namespace openmla::kernels {
-template Status launch_sparse_prefill_fp8_typed<512>(const SparsePrefillFp8Params&, cudaStream_t);
+template Status launch_sparse_prefill_fp8_typed<512, false>(const SparsePrefillFp8Params&, cudaStream_t);
 }  // namespace openmla::kernels
