@@ -236,6 +236,7 @@ DenseDecodeFp8Call prepare_dense_decode_fp8(const DenseDecodeProblem& problem, c
       .hold_pv_r = options.hold_pv_r == HoldPvR::kAuto ? dense_fp8_hold_pv_r((rows + 63) / 64)
                                                        : options.hold_pv_r == HoldPvR::kOn,
       .k_l1_no_allocate = options.k_l1_no_allocate,
+      .early_qk = options.early_qk,
   };
   // The main kernel writes every split chunk's partial: the combine merges every split request.
   call.combine = combine_params(geometry_of(problem), /*is_fp16=*/false, args.schedule, args.split, args.out, args.lse,

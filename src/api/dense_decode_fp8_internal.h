@@ -23,6 +23,7 @@ enum class HoldPvR { kAuto, kOn, kOff };
 struct DenseDecodeFp8Options {
   HoldPvR hold_pv_r = HoldPvR::kAuto;  // DenseDecodeFp8Params::hold_pv_r; kAuto: dense_fp8_hold_pv_r()
   bool k_l1_no_allocate = false;       // DenseDecodeFp8Params::k_l1_no_allocate
+  bool early_qk = false;               // DenseDecodeFp8Params::early_qk
 };
 // The launch plan's choice of DenseDecodeFp8Params::hold_pv_r (docs/dense-decode.md, decision dense-fp8-v2): hold WG1's
 // P V_R when a request has at least two m-block CTAs (compute-bound: the held P V_R fills WG0's softmax bubble);
