@@ -114,6 +114,9 @@ def run_fp8(q, k_fp8, bt, lens, dq, dk, causal, sched=None, scale_as_tensor=True
 # request of one token: lse = its logit; measured up to 7.6e-5 on H100). The fp32 reference (exact values) keeps the
 # dense decode tolerances.
 LSE_TOL_ROUNDED_BF16 = dict(abs_tol=2e-4, rel_tol=8.01 / 65536)
+# ... and out: the same perturbation moves a weight of P by up to ~2^-9 relative (one element of 6.4M measured 8.5e-4 off
+# at b = 98 on H200; the fp32 reference keeps 8e-4).
+OUT_TOL_ROUNDED_BF16 = dict(abs_tol=2e-3, rel_tol=2.01 / 128, cos_diff_tol=5e-6)
 
 
 def check_against_bf16_and_reference(q_deq, k_deq32, bt, lens, causal, out, lse, what, softmax_scale=None,
@@ -138,7 +141,7 @@ def check_against_bf16_and_reference(q_deq, k_deq32, bt, lens, causal, out, lse,
         if exact:
             ref.check_dense_decode(out, lse, bf_out, bf_lse, what=tag)
         else:
-            ref.check_is_allclose(f"out{tag}", out, bf_out, **ref.OUT_TOL)
+            ref.check_is_allclose(f"out{tag}", out, bf_out, **OUT_TOL_ROUNDED_BF16)
             ref.check_is_allclose(f"lse{tag}", lse, bf_lse, **LSE_TOL_ROUNDED_BF16)
 
 
@@ -226,7 +229,7 @@ def test_short_prompts_and_every_batch_size():
         bf_out, bf_lse = om.flash_mla_with_kvcache(q_deq.to(torch.bfloat16), k_deq32.to(torch.bfloat16), bt, lens_t,
                                                    D_V, sched)
         assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"b={b}: unwritten outputs"
-        ref.check_is_allclose(f"out (b={b}, bf16 decode)", out, bf_out, **ref.OUT_TOL)
+        ref.check_is_allclose(f"out (b={b}, bf16 decode)", out, bf_out, **OUT_TOL_ROUNDED_BF16)
         ref.check_is_allclose(f"lse (b={b}, bf16 decode)", lse, bf_lse, **LSE_TOL_ROUNDED_BF16)
         n = min(b, 4)  # the fp32 reference on a few requests
         r_out, r_lse = ref.dense_decode_ref(q_deq[:n], k_deq32, bt[:n], lens_t[:n])

@@ -525,11 +525,14 @@ __device__ __forceinline__ void consume(const DenseDecodeFp8Params& p, SharedSto
       } else {
         ptx::mbarrier_wait_parity(&smem.p_ready[buf], phase);
         ptx::mbarrier_wait_parity(&smem.full[buf], phase);
-        // Hold this block's P V_R until WG0's next Q K^T is done, so that it runs during WG0's softmax instead of
-        // beside WG0's P V_L (the tensor cores idle otherwise while WG0 exponentiates; docs/dense-decode.md, "FP8
-        // cache", decision dense-fp8-v2). The request's last block has no next Q K^T in this loop.
-        if (p.hold_pv_r && blk + 1 < w.blk_end)
-          ptx::mbarrier_wait_parity(&smem.qk_done[buf ^ 1], KRing::parity(it + 1));
+        // qk_done completes once per block (WG0's Q K^T) and WG1 waits for every completion once, in order (an
+        // arrival on a phase nobody waited for is a synccheck error): this block's here unless it was waited for at
+        // the previous block (already complete: WG0 handed P over after it). With the hold (decision dense-fp8-v2),
+        // this block's P V_R waits for WG0's next Q K^T, so that it runs during WG0's softmax instead of beside WG0's
+        // P V_L; the request's last block has no next Q K^T in this loop.
+        const bool hold = p.hold_pv_r && blk + 1 < w.blk_end;
+        if (!p.hold_pv_r || blk == w.blk_begin) ptx::mbarrier_wait_parity(&smem.qk_done[buf], phase);
+        if (hold) ptx::mbarrier_wait_parity(&smem.qk_done[buf ^ 1], KRing::parity(it + 1));
         scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
         ptx::mbarrier_arrive(&smem.scale_free[buf]);
         const uint64_t p_desc = ptx::launder(desc_k_major(p_tile));
