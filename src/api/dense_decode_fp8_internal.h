@@ -20,10 +20,12 @@ struct DenseDecodeFp8Call {
 };
 // Knobs only tests and the benchmark's A/B turn.
 enum class HoldPvR { kAuto, kOn, kOff };
+// Whether calls use the early-Q K^T kernels by default (decision dense-fp8-v4).
+inline constexpr bool kDenseFp8EarlyQkDefault = false;
 struct DenseDecodeFp8Options {
   HoldPvR hold_pv_r = HoldPvR::kAuto;  // DenseDecodeFp8Params::hold_pv_r; kAuto: dense_fp8_hold_pv_r()
   bool k_l1_no_allocate = false;       // DenseDecodeFp8Params::k_l1_no_allocate
-  bool early_qk = false;               // DenseDecodeFp8Params::early_qk
+  bool early_qk = kDenseFp8EarlyQkDefault;  // DenseDecodeFp8Params::early_qk
 };
 // The launch plan's choice of DenseDecodeFp8Params::hold_pv_r (docs/dense-decode.md, decision dense-fp8-v2): never,
 // since holding WG1's P V_R measured 3-4 % slower on every row (kept as an option for the A/B).

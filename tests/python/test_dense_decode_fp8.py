@@ -194,7 +194,7 @@ def test_pv_r_beside_pv_l(case):
     finally:
         C._set_dense_fp8_hold_pv_r(None)
         C._set_dense_fp8_k_l1_no_allocate(False)
-        C._set_dense_fp8_early_qk(False)
+        C._set_dense_fp8_early_qk(None)
     (out, lse), (held, held_lse) = results[:2]
     for i, (o_i, l_i) in enumerate(results[2:]):  # no L1 allocation; early Q K^T held and not: the same arithmetic
         _torch().testing.assert_close(o_i, out, rtol=0, atol=0, msg=lambda m: f"variant {i + 2}: {m}")
