@@ -19,6 +19,8 @@ namespace {
 std::atomic<int> g_hold_pv_r{0};
 // (_set_dense_fp8_k_l1_no_allocate) the A/B of decision dense-fp8-v3.
 std::atomic<bool> g_k_l1_no_allocate{false};
+// (_set_dense_fp8_early_qk) the A/B of decision dense-fp8-v4: 0 the default, 1 on, 2 off.
+std::atomic<int> g_early_qk{0};
 
 void dense_fp8(const Array& q, const Array& k_cache, const Array& block_table, const Array& cache_seqlens,
                const Array& metadata, const Array& num_splits, const Array& partial_o, const Array& partial_lse,
@@ -51,7 +53,8 @@ void dense_fp8(const Array& q, const Array& k_cache, const Array& block_table, c
     const int hold = g_hold_pv_r.load();
     const detail::DenseDecodeFp8Options options{
         .hold_pv_r = hold == 0 ? detail::HoldPvR::kAuto : (hold == 1 ? detail::HoldPvR::kOn : detail::HoldPvR::kOff),
-        .k_l1_no_allocate = g_k_l1_no_allocate.load()};
+        .k_l1_no_allocate = g_k_l1_no_allocate.load(),
+        .early_qk = g_early_qk.load() == 0 ? detail::kDenseFp8EarlyQkDefault : g_early_qk.load() == 1};
     status = detail::run_dense_decode_fp8(problem, args, options, to_stream(stream));
   }
   throw_if_error(status);
@@ -85,6 +88,12 @@ void bind_dense_decode_fp8(nb::module_& m) {
       nb::arg("on").none());
   // Testing / benchmarking only: the token loads skip L1 (the A/B of decision dense-fp8-v3). Off by default.
   m.def("_set_dense_fp8_k_l1_no_allocate", [](bool on) { g_k_l1_no_allocate.store(on); }, nb::arg("on"));
+  // Testing / benchmarking only: True / False forces the kernels where WG0 issues the next Q K^T behind its P V_L, or
+  // the others (the A/B of decision dense-fp8-v4); None leaves the default (DENSE_FP8_EARLY_QK_DEFAULT).
+  m.def(
+      "_set_dense_fp8_early_qk",
+      [](std::optional<bool> on) { g_early_qk.store(!on.has_value() ? 0 : (*on ? 1 : 2)); }, nb::arg("on").none());
+  m.attr("DENSE_FP8_EARLY_QK_DEFAULT") = detail::kDenseFp8EarlyQkDefault;
 }
 
 }  // namespace openmla::py

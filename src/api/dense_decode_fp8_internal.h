@@ -20,13 +20,15 @@ struct DenseDecodeFp8Call {
 };
 // Knobs only tests and the benchmark's A/B turn.
 enum class HoldPvR { kAuto, kOn, kOff };
+// Whether calls use the early-Q K^T kernels by default (decision dense-fp8-v4).
+inline constexpr bool kDenseFp8EarlyQkDefault = false;
 struct DenseDecodeFp8Options {
   HoldPvR hold_pv_r = HoldPvR::kAuto;  // DenseDecodeFp8Params::hold_pv_r; kAuto: dense_fp8_hold_pv_r()
   bool k_l1_no_allocate = false;       // DenseDecodeFp8Params::k_l1_no_allocate
+  bool early_qk = kDenseFp8EarlyQkDefault;  // DenseDecodeFp8Params::early_qk
 };
-// The launch plan's choice of DenseDecodeFp8Params::hold_pv_r (docs/dense-decode.md, decision dense-fp8-v2): hold WG1's
-// P V_R when a request has at least two m-block CTAs (compute-bound: the held P V_R fills WG0's softmax bubble);
-// with one m-block (h_q * s_q <= 64, memory-bound) the hold would keep buffers busy longer for no tensor gain.
+// The launch plan's choice of DenseDecodeFp8Params::hold_pv_r (docs/dense-decode.md, decision dense-fp8-v2): never,
+// since holding WG1's P V_R measured 3-4 % slower on every row (kept as an option for the A/B).
 bool dense_fp8_hold_pv_r(int num_m_blocks);
 // `args` must have passed validate_dense_decode_fp8 (which gave num_sm_parts).
 DenseDecodeFp8Call prepare_dense_decode_fp8(const DenseDecodeProblem& problem, const DenseDecodeFp8Args& args,

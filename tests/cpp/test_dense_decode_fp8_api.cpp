@@ -178,9 +178,12 @@ TEST(DenseDecodeFp8Api, ParamsOfAValidCall) {
   EXPECT_FLOAT_EQ(call.params.scale_log2, 0.1f * 1.4426950408889634f);
   EXPECT_EQ(call.combine.h_kv, 1);
   EXPECT_EQ(call.combine.merged_in_kernel, 1);  // every split chunk leaves a partial for the combine
-  EXPECT_FALSE(call.params.hold_pv_r);  // one m-block: the plan does not hold P V_R (decision dense-fp8-v2)
+  EXPECT_FALSE(call.params.hold_pv_r);  // the plan does not hold P V_R (decision dense-fp8-v2)
   EXPECT_TRUE(detail::prepare_dense_decode_fp8(p, a, parts, {.hold_pv_r = detail::HoldPvR::kOn}).params.hold_pv_r);
-  EXPECT_TRUE(detail::dense_fp8_hold_pv_r(2));
+  EXPECT_FALSE(call.params.early_qk);
+  EXPECT_FALSE(call.params.k_l1_no_allocate);
+  EXPECT_TRUE(detail::prepare_dense_decode_fp8(p, a, parts, {.early_qk = true}).params.early_qk);
+  EXPECT_FALSE(detail::dense_fp8_hold_pv_r(2));  // measured slower: never by default
   EXPECT_FALSE(detail::dense_fp8_hold_pv_r(1));
   // s_q = 1: no causal mask.
   p.s_q = 1;

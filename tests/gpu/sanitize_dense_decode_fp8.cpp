@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "api/dense_decode_fp8_internal.h"
 #include "device_buffer.h"
 #include "openmla/dense_decode_fp8.h"
 #include "sanitize_random.h"
@@ -46,6 +47,7 @@ struct Case {
   int b, s_q, h_q, page;
   bool causal, q_fp8, scale_tensors;
   int num_sms;  // 0: the device's (requests split); 1: one partition
+  openmla::detail::DenseDecodeFp8Options options = {};  // the kernel variants of the benchmark's A/Bs
 };
 
 template <typename T>
@@ -145,7 +147,7 @@ int run_case(const Case& c) {
   a.out = openmla::make_tensor(d_out.ptr, DType::kBFloat16, {c.b, c.s_q, c.h_q, kDv});
   a.lse = openmla::make_tensor(d_lse.ptr, DType::kFloat32, {c.b, c.h_q, c.s_q},
                                {static_cast<int64_t>(c.s_q) * c.h_q, 1, c.h_q});
-  if (s.is_ok()) s = openmla::dense_decode_fp8(p, a, nullptr);
+  if (s.is_ok()) s = openmla::detail::run_dense_decode_fp8(p, a, c.options, nullptr);
   if (!s.is_ok()) {
     std::printf("  %s: %s\n", c.name, s.message().c_str());
     return 1;
@@ -213,6 +215,10 @@ int run_dense_decode_fp8_sanitize_cases() {
       {"b4 sq1 hq128 p64 qfp8 split", 4, 1, 128, 64, false, true, true, 0},
       {"b5 sq2 hq40 p7 causal one partition", 5, 2, 40, 7, true, false, false, 1},
       {"b7 sq1 hq16 p64 qfp8 host scales 3 partitions", 7, 1, 16, 64, false, true, false, 3},
+      {"b4 sq2 hq64 p64 causal early Q K^T held split", 4, 2, 64, 64, true, false, true, 0,
+       {.hold_pv_r = openmla::detail::HoldPvR::kOn, .early_qk = true}},
+      {"b5 sq1 hq16 p7 early Q K^T not held, no L1 allocation", 5, 1, 16, 7, false, true, true, 0,
+       {.hold_pv_r = openmla::detail::HoldPvR::kOff, .k_l1_no_allocate = true, .early_qk = true}},
   };
   int failed = 0;
   for (const Case& c : cases) failed += run_case(c);

@@ -114,6 +114,9 @@ def run_fp8(q, k_fp8, bt, lens, dq, dk, causal, sched=None, scale_as_tensor=True
 # request of one token: lse = its logit; measured up to 7.6e-5 on H100). The fp32 reference (exact values) keeps the
 # dense decode tolerances.
 LSE_TOL_ROUNDED_BF16 = dict(abs_tol=2e-4, rel_tol=8.01 / 65536)
+# ... and out: the same perturbation moves a weight of P by up to ~2^-9 relative (one element of 6.4M measured 8.5e-4 off
+# at b = 98 on H200; the fp32 reference keeps 8e-4).
+OUT_TOL_ROUNDED_BF16 = dict(abs_tol=2e-3, rel_tol=2.01 / 128, cos_diff_tol=5e-6)
 
 
 def check_against_bf16_and_reference(q_deq, k_deq32, bt, lens, causal, out, lse, what, softmax_scale=None,
@@ -138,7 +141,7 @@ def check_against_bf16_and_reference(q_deq, k_deq32, bt, lens, causal, out, lse,
         if exact:
             ref.check_dense_decode(out, lse, bf_out, bf_lse, what=tag)
         else:
-            ref.check_is_allclose(f"out{tag}", out, bf_out, **ref.OUT_TOL)
+            ref.check_is_allclose(f"out{tag}", out, bf_out, **OUT_TOL_ROUNDED_BF16)
             ref.check_is_allclose(f"lse{tag}", lse, bf_lse, **LSE_TOL_ROUNDED_BF16)
 
 
@@ -172,25 +175,30 @@ def test_fp8_dense_decode_matches_bf16_decode_and_reference(case):
 
 
 @gpu
-@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[8]], ids=["sq2-hq32", "sq2-hq128-qfp8", "long"])
+@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[8], CASES[6], CASES[9]],
+                         ids=["sq2-hq32", "sq2-hq128-qfp8", "long", "p100-causal", "sq3-hq9-p32"])
 def test_pv_r_beside_pv_l(case):
-    """The kernel with WG1's P V_R issued as soon as P is ready, and with the token loads skipping L1 (the benchmark's
-    A/Bs) computes the same results."""
+    """The kernel with WG1's P V_R issued as soon as P is ready, with the token loads skipping L1, and the early-Q K^T
+    kernels (the benchmark's A/Bs) compute the same results, bit for bit."""
     b, s_q, h_q, s_k, page, causal, q_fp8, pow2 = case
     lens = [s_k + 13 * i for i in range(b)]
     q, q_deq, k_fp8, k_deq32, bt, lens_t, dq, dk = make_inputs(b, s_q, h_q, lens, page, q_fp8, pow2, seed=5)
     results = []
     try:
-        for hold, no_alloc in ((False, False), (True, False), (True, True)):
+        for hold, no_alloc, early in ((False, False, False), (True, False, False), (True, True, False),
+                                      (True, False, True), (False, False, True)):
             C._set_dense_fp8_hold_pv_r(hold)
             C._set_dense_fp8_k_l1_no_allocate(no_alloc)
+            C._set_dense_fp8_early_qk(early)
             results.append(run_fp8(q, k_fp8, bt, lens_t, dq, dk, causal))
     finally:
         C._set_dense_fp8_hold_pv_r(None)
         C._set_dense_fp8_k_l1_no_allocate(False)
-    (out, lse), (held, held_lse), (na, na_lse) = results
-    _torch().testing.assert_close(na, out, rtol=0, atol=0)  # loads without L1 allocation: the same bytes
-    _torch().testing.assert_close(na_lse, lse, rtol=0, atol=0)
+        C._set_dense_fp8_early_qk(None)
+    (out, lse), (held, held_lse) = results[:2]
+    for i, (o_i, l_i) in enumerate(results[2:]):  # no L1 allocation; early Q K^T held and not: the same arithmetic
+        _torch().testing.assert_close(o_i, out, rtol=0, atol=0, msg=lambda m: f"variant {i + 2}: {m}")
+        _torch().testing.assert_close(l_i, lse, rtol=0, atol=0, msg=lambda m: f"variant {i + 2}: {m}")
     check_against_bf16_and_reference(q_deq, k_deq32, bt, lens_t, causal, out, lse, f"{case} no hold")
     _torch().testing.assert_close(held, out, rtol=0, atol=0)  # the same arithmetic in another order of issue
     _torch().testing.assert_close(held_lse, lse, rtol=0, atol=0)
@@ -221,7 +229,7 @@ def test_short_prompts_and_every_batch_size():
         bf_out, bf_lse = om.flash_mla_with_kvcache(q_deq.to(torch.bfloat16), k_deq32.to(torch.bfloat16), bt, lens_t,
                                                    D_V, sched)
         assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"b={b}: unwritten outputs"
-        ref.check_is_allclose(f"out (b={b}, bf16 decode)", out, bf_out, **ref.OUT_TOL)
+        ref.check_is_allclose(f"out (b={b}, bf16 decode)", out, bf_out, **OUT_TOL_ROUNDED_BF16)
         ref.check_is_allclose(f"lse (b={b}, bf16 decode)", lse, bf_lse, **LSE_TOL_ROUNDED_BF16)
         n = min(b, 4)  # the fp32 reference on a few requests
         r_out, r_lse = ref.dense_decode_ref(q_deq[:n], k_deq32, bt[:n], lens_t[:n])

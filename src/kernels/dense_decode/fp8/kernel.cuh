@@ -208,7 +208,7 @@ __device__ __forceinline__ void load_q_tile(const DenseDecodeFp8Params& p, Share
   } else {
     constexpr int kChunksPerRow = Cfg::kHeadDimQK / 16;  // 36 chunks of 16 e4m3 -> 2 bf16 chunks each
     constexpr int kTotal = Cfg::kBlockM * kChunksPerRow;
-    constexpr int kBatch = 6;  // loads in flight per thread before the first conversion
+    constexpr int kBatch = 4;  // loads in flight per thread before the first conversion (6 spilled the early-Q K^T producer)
 #pragma unroll 1
     for (int base = ptx::launder32(first); base < kTotal; base += kBatch * stride) {
       uint4 raw[kBatch];
@@ -347,7 +347,7 @@ __device__ __forceinline__ void store_token(const TokenData& d, uint32_t k_base,
 // ---------------------------------------------------------------------------------------------------
 // Consumers: kWg = 0 (S = Q K^T, softmax, O_L) or 1 (O_R)
 // ---------------------------------------------------------------------------------------------------
-template <bool kQFp8, int kWg, typename InitSync>
+template <bool kQFp8, bool kEarlyQK, int kWg, typename InitSync>
 __device__ __forceinline__ void consume(const DenseDecodeFp8Params& p, SharedStorage& smem,
                                         const DecodeScheduleRecord& rec, int tid, InitSync&& init_sync) {
   constexpr int wg = kWg;
@@ -402,38 +402,58 @@ __device__ __forceinline__ void consume(const DenseDecodeFp8Params& p, SharedSto
     float m_run[2] = {Cfg::kMaxInit, Cfg::kMaxInit};
     float l_run[2] = {0.f, 0.f};
 
+    // WG0: S = Q K^T of the block in k[qbuf] into s (issued and committed, not waited for), and what follows its
+    // completion: qk_done for WG1, and q_free after the request's last Q K^T (its Q tile may be overwritten).
+    float s[32];
+    auto issue_qk = [&](int qbuf) {
+      const uint64_t q_desc = ptx::launder(desc_k_major(smem.q[0]));
+      const uint64_t k_desc = ptx::launder(desc_k_group(smem.k[qbuf]));
+      const uint64_t r_desc = ptx::launder(desc_k_major(smem.k[qbuf] + Cfg::kGroupBytes));
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < Cfg::kNumTiles; ++t) {
+#pragma unroll
+        for (int kk = 0; kk < Cfg::kTileCols / 16; ++kk) {
+          const uint64_t kd = t < Cfg::kGroupTiles
+                                  ? desc_advance(k_desc, (t / Cfg::kHalfTiles) * Cfg::kHalfBytes +
+                                                             (t % Cfg::kHalfTiles) * Cfg::kSwizzleAtomBytes + kk * 32)
+                                  : desc_advance(r_desc, (t - Cfg::kGroupTiles) * Cfg::kTileBytes + kk * 32);
+          ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_advance(q_desc, t * Cfg::kTileBytes + kk * 32), kd, (t | kk) != 0);
+        }
+      }
+      ptx::wgmma_commit();
+    };
+    auto qk_finished = [&](int qblk, int qbuf) {
+      ptx::fence_registers(s);
+      // WG1 may now run the previous block's P V_R: it fills the tensor cores while this warpgroup exponentiates.
+      ptx::mbarrier_arrive(&smem.qk_done[qbuf]);
+      if (qblk == w.blk_end - 1) {
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(&smem.q_free);
+      }
+    };
+    // kEarlyQK (decision dense-fp8-v4): WG0 issues the next block's Q K^T right behind its P V_L, so the tensor cores
+    // never wait for WG0's release / full wait / issue between the two; the request's first Q K^T comes here.
+    if constexpr (kEarlyQK && wg == 0) {
+      if (has_blocks) {
+        ptx::mbarrier_wait_parity(&smem.full[KRing::slot(it)], KRing::parity(it));
+        issue_qk(KRing::slot(it));
+        ptx::wgmma_wait<0>();
+        qk_finished(w.blk_begin, KRing::slot(it));
+      }
+    }
+
     for (int blk = w.blk_begin; blk < w.blk_end; ++blk, ++it) {
       const int buf = KRing::slot(it);
       const uint32_t phase = KRing::parity(it);
       const Fragment frag = make_fragment(ptx::launder32(tid) % Cfg::kWarpgroupThreads);
       uint8_t* p_tile = smem.k[buf] + Cfg::kGroupBytes;  // the RoPE tile, dead after Q K^T
       if constexpr (wg == 0) {
-        ptx::mbarrier_wait_parity(&smem.full[buf], phase);
-        float s[32];
-        const uint64_t q_desc = ptx::launder(desc_k_major(smem.q[0]));
-        const uint64_t k_desc = ptx::launder(desc_k_group(smem.k[buf]));
-        const uint64_t r_desc = ptx::launder(desc_k_major(smem.k[buf] + Cfg::kGroupBytes));
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int t = 0; t < Cfg::kNumTiles; ++t) {
-#pragma unroll
-          for (int kk = 0; kk < Cfg::kTileCols / 16; ++kk) {
-            const uint64_t kd = t < Cfg::kGroupTiles
-                                    ? desc_advance(k_desc, (t / Cfg::kHalfTiles) * Cfg::kHalfBytes +
-                                                               (t % Cfg::kHalfTiles) * Cfg::kSwizzleAtomBytes + kk * 32)
-                                    : desc_advance(r_desc, (t - Cfg::kGroupTiles) * Cfg::kTileBytes + kk * 32);
-            ptx::wgmma_m64n64k16_ss_bf16<0>(s, desc_advance(q_desc, t * Cfg::kTileBytes + kk * 32), kd, (t | kk) != 0);
-          }
-        }
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(s);
-        // WG1 may now run the previous block's P V_R: it fills the tensor cores while this warpgroup exponentiates.
-        ptx::mbarrier_arrive(&smem.qk_done[buf]);
-        // The request's last Q K^T: its Q tile may be overwritten.
-        if (blk == w.blk_end - 1) {
-          __syncwarp();
-          if (lane == 0) ptx::mbarrier_arrive(&smem.q_free);
+        if constexpr (!kEarlyQK) {
+          ptx::mbarrier_wait_parity(&smem.full[buf], phase);
+          issue_qk(buf);
+          ptx::wgmma_wait<0>();
+          qk_finished(blk, buf);
         }
         // Keys at or past a row's border: -inf (overwrite, never add).
         const int tok0 = blk * Cfg::kBlockN;
@@ -486,17 +506,33 @@ __device__ __forceinline__ void consume(const DenseDecodeFp8Params& p, SharedSto
         for (int kk = 0; kk < 4; ++kk)
           ptx::wgmma_m64n256k16_rs_bf16<1>(o, pa[kk], desc_advance(v_desc, kk * 2 * Cfg::kGroupStride), 1);
         ptx::wgmma_commit();
+        if constexpr (kEarlyQK) {
+          if (blk + 1 < w.blk_end) {
+            const int nbuf = KRing::slot(it + 1);
+            ptx::mbarrier_wait_parity(&smem.full[nbuf], KRing::parity(it + 1));
+            issue_qk(nbuf);
+            ptx::wgmma_wait<1>();  // P V_L done (groups complete in order); the next Q K^T may still run
+            ptx::fence_registers(o);
+            release_buffer(buf);
+            ptx::wgmma_wait<0>();
+            qk_finished(blk + 1, nbuf);
+            continue;
+          }
+        }
         ptx::wgmma_wait<0>();
         ptx::fence_registers(o);
         release_buffer(buf);
       } else {
         ptx::mbarrier_wait_parity(&smem.p_ready[buf], phase);
         ptx::mbarrier_wait_parity(&smem.full[buf], phase);
-        // Hold this block's P V_R until WG0's next Q K^T is done, so that it runs during WG0's softmax instead of
-        // beside WG0's P V_L (the tensor cores idle otherwise while WG0 exponentiates; docs/dense-decode.md, "FP8
-        // cache", decision dense-fp8-v2). The request's last block has no next Q K^T in this loop.
-        if (p.hold_pv_r && blk + 1 < w.blk_end)
-          ptx::mbarrier_wait_parity(&smem.qk_done[buf ^ 1], KRing::parity(it + 1));
+        // qk_done completes once per block (WG0's Q K^T) and WG1 waits for every completion once, in order (an
+        // arrival on a phase nobody waited for is a synccheck error): this block's here unless it was waited for at
+        // the previous block (already complete: WG0 handed P over after it). With the hold (decision dense-fp8-v2),
+        // this block's P V_R waits for WG0's next Q K^T, so that it runs during WG0's softmax instead of beside WG0's
+        // P V_L; the request's last block has no next Q K^T in this loop.
+        const bool hold = p.hold_pv_r && blk + 1 < w.blk_end;
+        if (!p.hold_pv_r || blk == w.blk_begin) ptx::mbarrier_wait_parity(&smem.qk_done[buf], phase);
+        if (hold) ptx::mbarrier_wait_parity(&smem.qk_done[buf ^ 1], KRing::parity(it + 1));
         scale_rows(o, smem.scale[buf][frag.row[0]], smem.scale[buf][frag.row[1]]);
         ptx::mbarrier_arrive(&smem.scale_free[buf]);
         const uint64_t p_desc = ptx::launder(desc_k_major(p_tile));
@@ -571,7 +607,7 @@ __device__ __forceinline__ void consume(const DenseDecodeFp8Params& p, SharedSto
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
-template <bool kQFp8>
+template <bool kQFp8, bool kEarlyQK>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     dense_decode_fp8_kernel(const __grid_constant__ DenseDecodeFp8Params p) {
   SharedStorage& smem = cta::shared_storage<SharedStorage>();
@@ -602,9 +638,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kInit), Cfg::kThreads);
   };
 
+  // kEarlyQK: WG0 holds the next S beside O_L and the P fragments of the running P V_L; with 200 registers ptxas
+  // serialised every wgmma (C7512), so that variant moves registers from WG1 (O_R only) and the producer.
+  constexpr int kRegsWg0 = kEarlyQK ? 216 : Cfg::kRegsWg0;
+  constexpr int kRegsWg1 = kEarlyQK ? 160 : Cfg::kRegsWg1;
+  constexpr int kRegsProducer = kEarlyQK ? 128 : Cfg::kRegsProducer;
+  static_assert(kRegsWg0 + kRegsWg1 + kRegsProducer <= 3 * Cfg::kLaunchRegs, "setmaxnreg only redistributes");
   if (wg == 2) {
     // =================================================================== producer
-    ptx::setmaxnreg_dec<Cfg::kRegsProducer>();
+    ptx::setmaxnreg_dec<kRegsProducer>();
     const int lane4 = wg_tid % Cfg::kThreadsPerToken;
     const int tok_in_round = wg_tid / Cfg::kThreadsPerToken;
     uint32_t q_gen = 0;
@@ -668,11 +710,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     return;
   } else if (wg == 0) {
-    ptx::setmaxnreg_inc<Cfg::kRegsWg0>();
-    consume<kQFp8, 0>(p, smem, rec, tid, init_sync);
+    ptx::setmaxnreg_inc<kRegsWg0>();
+    consume<kQFp8, kEarlyQK, 0>(p, smem, rec, tid, init_sync);
     return;
   } else {
-    consume<kQFp8, 1>(p, smem, rec, tid, init_sync);
+    if constexpr (kRegsWg1 < Cfg::kLaunchRegs) ptx::setmaxnreg_dec<kRegsWg1>();
+    consume<kQFp8, kEarlyQK, 1>(p, smem, rec, tid, init_sync);
     return;
   }
 }

@@ -4,8 +4,11 @@
 namespace openmla::kernels {
 
 Status launch_dense_decode_fp8(const DenseDecodeFp8Params& params, bool q_fp8, cudaStream_t stream) {
-  return q_fp8 ? dense_decode_fp8::launch_variant<true>(params, stream)
-               : dense_decode_fp8::launch_variant<false>(params, stream);
+  if (params.early_qk)
+    return q_fp8 ? dense_decode_fp8::launch_variant<true, true>(params, stream)
+                 : dense_decode_fp8::launch_variant<false, true>(params, stream);
+  return q_fp8 ? dense_decode_fp8::launch_variant<true, false>(params, stream)
+               : dense_decode_fp8::launch_variant<false, false>(params, stream);
 }
 
 }  // namespace openmla::kernels

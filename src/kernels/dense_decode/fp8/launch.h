@@ -14,8 +14,9 @@ namespace openmla::kernels {
 Status launch_dense_decode_fp8(const DenseDecodeFp8Params& params, bool q_fp8, cudaStream_t stream);
 
 namespace dense_decode_fp8 {
-// One compiled variant each: instantiations/q_bf16.cu, instantiations/q_fp8.cu (launch_variant.cuh).
-template <bool kQFp8>
+// One compiled variant each: instantiations/q_{bf16,fp8}[_early_qk].cu (launch_variant.cuh); params.early_qk picks
+// the _early_qk kernels (decision dense-fp8-v4).
+template <bool kQFp8, bool kEarlyQK>
 Status launch_variant(const DenseDecodeFp8Params& params, cudaStream_t stream);
 }  // namespace dense_decode_fp8
 

@@ -9,11 +9,11 @@
 
 namespace openmla::kernels::dense_decode_fp8 {
 
-template <bool kQFp8>
+template <bool kQFp8, bool kEarlyQK>
 Status launch_variant(const DenseDecodeFp8Params& p, cudaStream_t stream) {
   static detail::DynamicSmemLimit smem_limit;  // set once per device (common/dynamic_smem.h)
   constexpr int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
-  const auto kernel = dense_decode_fp8_kernel<kQFp8>;
+  const auto kernel = dense_decode_fp8_kernel<kQFp8, kEarlyQK>;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(p.num_m_blocks, 1, p.num_sm_parts);
   config.blockDim = dim3(Cfg::kThreads);

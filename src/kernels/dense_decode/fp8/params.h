@@ -60,6 +60,9 @@ struct DenseDecodeFp8Params {
   // read once per CTA and L1 shares its SRAM with the shared memory the consumers' wgmma read (decision dense-fp8-v3:
   // an A/B, off by default; detail::DenseDecodeFp8Options).
   bool k_l1_no_allocate = false;
+  // True: the _early_qk kernels, where WG0 issues the next block's Q K^T right behind its P V_L (decision
+  // dense-fp8-v4: an A/B, off by default; detail::DenseDecodeFp8Options). Host-side only (picks the kernel).
+  bool early_qk = false;
 };
 
 }  // namespace openmla::kernels

@@ -2,5 +2,5 @@
 #include "kernels/dense_decode/fp8/launch_variant.cuh"
 
 namespace openmla::kernels::dense_decode_fp8 {
-template Status launch_variant<false>(const DenseDecodeFp8Params& params, cudaStream_t stream);
+template Status launch_variant<false, false>(const DenseDecodeFp8Params& params, cudaStream_t stream);
 }  // namespace openmla::kernels::dense_decode_fp8
