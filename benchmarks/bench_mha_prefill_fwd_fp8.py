@@ -8,7 +8,8 @@ exact in bf16 and both kernels see the same numbers). Both are timed with CUDA e
 (harness.time_cuda), median of 50; FLOPs as the bf16 suite.
 
 Columns: time_us (FP8), bf16_time_us, ratio_to_bf16 = bf16 time / FP8 time (the target of the row: > 1 is faster;
-the goal is >= 1.3 on the s >= 4096 rows), max_abs_diff_vs_bf16 (the two outputs on every row).
+the goal is >= 1.3 on the s >= 4096 rows), max_abs_diff_vs_bf16 (the two outputs on every row); on four long rows
+also turns_time_us / turns_ratio_to_bf16 with the FP8 kernel's experiment switch OPENMLA_FP8_TURNS=1.
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ DEFAULT = False
 K = 1024
 QUANT = 32.0
 SMOKE_TIMEOUT_S = 90
+# Rows also timed with OPENMLA_FP8_TURNS=1 (turns_time_us, turns_ratio_to_bf16: the experiment switch of the FP8
+# kernel, GEMM turns between its consumer warpgroups).
+TURN_ROWS = ("b2_s4k_d192_causal_h128_fp8", "b2_s4k_d192_full_h128_fp8", "b1_s8k_d192_causal_h128_fp8",
+             "b2_s4k_d128_causal_h128_fp8")
 
 
 def cases(quick=False):
@@ -106,6 +111,15 @@ def run(case, harness):
     t = harness.time_cuda(ours_fp8)
     harness.rest_before_timing(ours_bf16)
     tb = harness.time_cuda(ours_bf16)
+    # The FP8 kernel's experiment switch (GEMM turns between the consumer warpgroups), on the long rows.
+    t_turns = None
+    if case["name"] in TURN_ROWS:
+        os.environ["OPENMLA_FP8_TURNS"] = "1"
+        try:
+            harness.rest_before_timing(ours_fp8)
+            t_turns = harness.time_cuda(ours_fp8)
+        finally:
+            os.environ.pop("OPENMLA_FP8_TURNS", None)
     flops = harness.formulas.dense_prefill_fwd_flops(lengths, lengths, h_q, d_qk, d_v, causal)
     record = {
         "params": {k: case[k] for k in ("b", "s_q", "s_k", "h_q", "h_kv", "d_qk", "d_v", "causal")},
@@ -120,6 +134,9 @@ def run(case, harness):
         "max_abs_diff_vs_bf16": float((out.float() - out_b.float()).abs().max()),
         "max_abs_diff_lse_vs_bf16": float((lse - lse_b).abs().max()),
     }
+    if t_turns is not None:
+        record["turns_time_us"] = t_turns.median_us
+        record["turns_ratio_to_bf16"] = tb.median_us / t_turns.median_us
     if case["varlen"]:
         record["params"]["lengths"] = lengths
     del q8, k8, v8, qb, kb, vb, out, lse, out_b, lse_b

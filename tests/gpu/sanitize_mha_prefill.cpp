@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <vector>
 
@@ -449,12 +450,17 @@ int run_mha_prefill_sanitize_cases() {
       {"FP8 varlen causal GQA, persistent loop", 192, false, 4, 2, true, {1, 130, 0, 257}, {5, 300, 7, 257}, 3, 2, 2},
       {"FP8 d128 non-causal, fp16 out, s_q > s_k", 128, true, 2, 2, false, {200, 64}, {129, 0}, 1, 0, 3},
   };
-  for (const Fp8Case& c : fp8_cases) {
-    if (!run_fp8_case(c)) {
-      ++failed;
-      std::printf("  FAILED: dense MHA prefill FP8 case '%s' (d_qk %d, h_q %d, h_kv %d, causal %d, sms %d)\n", c.name,
-                  c.d_qk, c.h_q, c.h_kv, c.causal, c.num_sms);
+  // Each FP8 case also with the experiment switch of GEMM turns between the consumer warpgroups (named barriers).
+  for (const bool turns : {false, true}) {
+    if (turns) setenv("OPENMLA_FP8_TURNS", "1", 1);
+    for (const Fp8Case& c : fp8_cases) {
+      if (!run_fp8_case(c)) {
+        ++failed;
+        std::printf("  FAILED: dense MHA prefill FP8 case '%s' (d_qk %d, h_q %d, h_kv %d, causal %d, sms %d, turns %d)\n",
+                    c.name, c.d_qk, c.h_q, c.h_kv, c.causal, c.num_sms, turns);
+      }
     }
+    if (turns) unsetenv("OPENMLA_FP8_TURNS");
   }
   return failed;
 }

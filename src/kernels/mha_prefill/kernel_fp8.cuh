@@ -102,6 +102,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, u
                : "r"(addr)
                : "memory");
 }
+// Arrives on named barrier `id` (of `threads` threads) without waiting.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -373,6 +377,20 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
     if (lane == 0) ptx::mbarrier_arrive(bar);
   };
   auto exchange = [&] { ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kExchange), kExchangeThreadsFp8); };
+  // Optional GEMM turns (p.turns, an experiment switch: the launcher reads OPENMLA_FP8_TURNS): the two warpgroups
+  // issue their GEMMs alternately (WG0 first), FA3's ping-pong, so that one's softmax runs while the other's GEMMs
+  // do and the two do not share the exponential pipe at the same time. Named barriers kTurn0 + w (256 threads: WG w
+  // waits, the other warpgroup arrives after its issue). Every tile has the same n_end + 1 issue points in both
+  // warpgroups; WG0 takes WG1's last arrival after the last tile.
+  constexpr int kTurn0 = static_cast<int>(NamedBarrier::kOStage0);  // the staged-O ids, unused by this kernel
+  const bool turns = p.turns;
+  auto turn_wait = [&] {
+    if (turns) ptx::named_barrier_sync(kTurn0 + kWg, 2 * T::kWarpgroupThreads);
+  };
+  auto turn_pass = [&] {
+    if (turns) named_barrier_arrive(kTurn0 + (1 - kWg), 2 * T::kWarpgroupThreads);
+  };
+  if (kWg == 1) turn_pass();
   auto write_out = [&](const TileInfo& info, const float (&o)[64], const int (&row)[2], const float (&lse)[2]) {
     if (p.out_fp16)
       store_rows<true>(p.base, info, o, row, lse, lane);
@@ -383,7 +401,10 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
   for (uint32_t tile_iter = 0;; ++tile_iter) {
     const TileRecord rec = smem.tile[tile_iter & 1];
     const TileInfo& info = rec.info;
-    if (!info.valid) break;
+    if (!info.valid) {
+      if (kWg == 0) turn_wait();  // WG1's last arrival
+      break;
+    }
     ptx::mbarrier_wait_parity(&smem.q_full, Ring<1>::parity(tile_iter));
     int row[2];
     row[0] = info.m_block * T::kBlockM + kWg * T::kRowsPerWarpgroup + frag.row[0];
@@ -412,9 +433,11 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
     {
       const int ks = KvRing::slot(k_iter);
       ptx::mbarrier_wait_parity(&smem.k_full[ks], KvRing::parity(k_iter));
+      turn_wait();
       ptx::wgmma_fence();
       issue_qk<T>(s, q_rows, smem.k[ks][0]);
       ptx::wgmma_commit();
+      turn_pass();
       ptx::wgmma_wait<0>();
       ptx::fence_registers(s);
       release(&smem.k_free[ks]);
@@ -431,6 +454,7 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       const int ks = KvRing::slot(k_iter), vs = KvRing::slot(v_iter);
       ptx::mbarrier_wait_parity(&smem.k_full[ks], KvRing::parity(k_iter));
       ptx::mbarrier_wait_parity(&smem.vt_full[vs], KvRing::parity(v_iter));
+      turn_wait();
       ptx::wgmma_fence();
       issue_qk<T>(s, q_rows, smem.k[ks][0]);
       ptx::wgmma_commit();
@@ -438,6 +462,7 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       ptx::wgmma_fence();
       issue_pv<T>(o, pa, smem.vt[vs]);
       ptx::wgmma_commit();
+      turn_pass();
       ptx::wgmma_wait<1>();
       ptx::fence_registers(s);
       release(&smem.k_free[ks]);
@@ -457,9 +482,11 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       const int vs = KvRing::slot(v_iter);
       ptx::mbarrier_wait_parity(&smem.vt_full[vs], KvRing::parity(v_iter));
       tile::scale_rows_if_changed(o, a[0], a[1]);
+      turn_wait();
       ptx::wgmma_fence();
       issue_pv<T>(o, pa, smem.vt[vs]);
       ptx::wgmma_commit();
+      turn_pass();
       ptx::wgmma_wait<0>();
       ptx::fence_registers(o);
       release(&smem.vt_free[vs]);

@@ -23,6 +23,9 @@ struct MhaPrefillFp8Params {
   int64_t k_descale_stride_b, k_descale_stride_h;
   const float* v_descale;
   int64_t v_descale_stride_b, v_descale_stride_h;
+  // Experiment switch (default off): the consumer warpgroups issue their GEMMs in turns (kernel_fp8.cuh, consume).
+  // The launcher sets it from the environment variable OPENMLA_FP8_TURNS=1, read at each launch.
+  bool turns;
 };
 
 // Launches the FP8 kernel on `stream` (grid params.base.grid, 384 threads). Builds the Q, K and V tensor maps.
