@@ -3,17 +3,18 @@
 # kernel"): the decode_page_size suite's page-1 rows (each with its page-64 time, same process) once per value of
 # OPENMLA_DENSE_GATHER_FLAGS (bits 0-1: prefetch distance in block pairs, 4: evict_normal gathers), on one warm GPU.
 #
-#   bash tools/diag/gather_flags_sweep.sh [FLAGS...]        # default: 4 5 2 (the built-in default 6 is the suite's)
-#   PAGE_FILTER='page(1|8)$' bash tools/diag/gather_flags_sweep.sh 6
+#   bash tools/diag/gather_flags_sweep.sh [FLAGS...]   # default: "default 4 5 2"; "default" = the built-in flags,
+#                                                      # on pages 1, 8 and 64 (the others: page 1 only)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 flags=("$@")
-[[ ${#flags[@]} -eq 0 ]] && flags=(4 5 2)
+[[ ${#flags[@]} -eq 0 ]] && flags=(default 4 5 2)
 out=${OUT:-/tmp}
 for f in "${flags[@]}"; do
   echo "=== OPENMLA_DENSE_GATHER_FLAGS=$f"
-  OPENMLA_DENSE_GATHER_FLAGS=$f PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} python3 benchmarks/run.py \
-    --suite decode_page_size --filter "${PAGE_FILTER:-page1\$}" --reps "${REPS:-20}" --warmup 5 \
+  if [[ $f == default ]]; then env_flags=(); filter='page(1|8|64)$'; else env_flags=(OPENMLA_DENSE_GATHER_FLAGS=$f); filter='page1$'; fi
+  env "${env_flags[@]}" PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} python3 benchmarks/run.py \
+    --suite decode_page_size --filter "${PAGE_FILTER:-$filter}" --reps "${REPS:-20}" --warmup 5 \
     --json "$out/gather_flags_$f.json" > "$out/gather_flags_$f.log" 2>&1 || { echo "run failed:"; tail -5 "$out/gather_flags_$f.log"; }
   python3 - "$out/gather_flags_$f.json" <<'PY'
 import json, sys
