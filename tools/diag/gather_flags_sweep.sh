@@ -4,7 +4,7 @@
 # OPENMLA_DENSE_GATHER_FLAGS (bits 0-1: prefetch distance in block pairs, 4: evict_normal gathers), on one warm GPU.
 #
 #   bash tools/diag/gather_flags_sweep.sh [FLAGS...]   # default: "default 4 5 2"; "default" = the built-in flags,
-#                                                      # on pages 1, 8 and 64 (DEFAULT_FILTER), the others on page 1
+#                                                      # on pages 1, 8 and 64 (DEFAULT_FILTER), the others on page 1, 32K
 #                                                      # (FLAG_FILTER, a regex on the suite's case names)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,7 +14,7 @@ out=${OUT:-/tmp}
 for f in "${flags[@]}"; do
   echo "=== OPENMLA_DENSE_GATHER_FLAGS=$f"
   if [[ $f == default ]]; then env_flags=(); filter=${DEFAULT_FILTER:-'page(1|8|64)$'}
-  else env_flags=(OPENMLA_DENSE_GATHER_FLAGS=$f); filter=${FLAG_FILTER:-'page1$'}; fi
+  else env_flags=(OPENMLA_DENSE_GATHER_FLAGS=$f); filter=${FLAG_FILTER:-'sk32768_varlen_page1$'}; fi
   env "${env_flags[@]}" PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} python3 benchmarks/run.py \
     --suite decode_page_size --filter "$filter" --reps "${REPS:-20}" --warmup 5 \
     --json "$out/gather_flags_$f.json" > "$out/gather_flags_$f.log" 2>&1 || { echo "run failed:"; tail -5 "$out/gather_flags_$f.log"; }
