@@ -3,12 +3,17 @@
 // they are gathered by 16-byte cp.async into the 128B-swizzled tiles the TMA would have written, by the warpgroup
 // that refills the tile group, completing on the same K barriers through cp.async.mbarrier.arrive.noinc.
 //
-// Thread roles: thread `wg_tid` of either warpgroup owns row wg_tid / 2 of every block and, in every 64-column tile,
-// the 16-byte chunks of parity wg_tid % 2 (chunks h, h + 2, h + 4, h + 6). One warp instruction then reads 32
-// contiguous bytes of each of 16 rows (whole 32-byte sectors), a thread needs one page id per block, and every copy of
-// a tile group is [register + immediate] on both sides: the global row pointer plus tile * 128 + k * 32, the shared
-// row address XOR k * 32 plus tile * 8192 (the 128-byte swizzle XORs the chunk index with row % 8: chunk h + 2k of the
-// row lands at byte ((h + 2k) ^ (row % 8)) << 4 = ((h ^ row % 8) << 4) ^ (k << 5) of its 128-byte tile row).
+// Thread roles (either warpgroup): warp w owns rows 16 w .. 16 w + 15 of every block; lane l copies the 16-byte chunk
+// l % 8 of rows 16 w + 4 j + l / 8 (j = 0..3), in every 64-column tile of the group. One warp instruction then reads
+// four whole 128-byte lines (as the sparse kernels' gathers do): four L2 requests per instruction, not sixteen.
+//
+// Page ids travel in one register per lane for a pair of blocks ("PairIds"): lane l holds the page of row
+// 16 w + l % 16 of block l / 16 of the pair (-1: past the length, outside the cache, or past the CTA's range); a copy
+// takes its row's id by a shuffle.
+//
+// L2 look-ahead (the kernel's gather_flags, params.h): each token row of a pair further ahead is pulled into L2 as one
+// 1,152-byte bulk prefetch, so the DRAM sees whole rows instead of three 512 / 128-byte pieces at three times, and the
+// gathers, issued by the compute warpgroups, hit L2.
 #pragma once
 
 #include <cstdint>
@@ -19,10 +24,6 @@
 
 namespace openmla::kernels::dense_decode::gather {
 
-// The page sizes the gather kernel takes: below the any-page kernel's TMA boxes (a box of fewer than 8 rows breaks the
-// swizzle atom's alignment, and 64 / P copies per tile would be issued).
-inline constexpr int kMaxPageSize = 8;
-
 // 16-byte cp.async with an L2 cache policy and a 128-byte L2 fetch (a token row is 9 x 128 bytes: nothing of a
 // neighbouring row is pulled in); src_bytes = 0 zero-fills the destination without reading `src`.
 __device__ __forceinline__ void cp_async_16_hint(uint32_t smem_dst, const void* src, uint32_t src_bytes,
@@ -32,62 +33,99 @@ __device__ __forceinline__ void cp_async_16_hint(uint32_t smem_dst, const void* 
                : "memory");
 }
 
+__device__ __forceinline__ uint64_t make_l2_evict_normal_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// The gathers' L2 policy (gather_flags bit kGatherEvictNormal: evict_normal, else the TMA kernels' evict_last).
+__device__ __forceinline__ uint64_t policy_of(int flags) {
+  return (flags & kGatherEvictNormal) ? make_l2_evict_normal_policy() : ptx::make_l2_evict_last_policy();
+}
+
 // Waits for this thread's committed cp.async groups (the Q tile) only: the KV gathers are never committed (they
 // complete on the K barriers), so a wait_all would also wait for the first two blocks.
 __device__ __forceinline__ void cp_async_wait_committed() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-// The row of a 64-token block this thread gathers (either warpgroup), and the parity of its chunks.
-__device__ __forceinline__ int row_of(int wg_tid) { return wg_tid >> 1; }
-
-// The page holding row `row` of block `blk` of request `req`, or -1: a row at or past the sequence's length (the entry
-// is never read; the row is zero-filled, as TMA fills out-of-bounds boxes, then masked) or an entry outside the cache
+// The page holding token `tok` of request `req`, or -1: a token at or past `limit` (the length; the entry is never
+// read, the row is zero-filled, as TMA fills out-of-bounds boxes, then masked) or an entry outside the cache
 // [0, num_cache_blocks) (zero-filled, never an address: the page-64 kernel's TMA bounds give the same zeros).
-__device__ __forceinline__ int page_of_row(const DenseDecodeParams& p, int req, int blk, int row, int seqlen,
-                                           int log2_page) {
-  const int tok = blk * Traits::kBlockN + row;
-  if (tok >= seqlen) return -1;
+__device__ __forceinline__ int page_of_token(const DenseDecodeParams& p, int req, int tok, int limit, int log2_page) {
+  if (tok >= limit) return -1;
   const int page = p.block_table[static_cast<int64_t>(req) * p.block_table_stride + (tok >> log2_page)];
   return page >= 0 && page < p.num_cache_blocks ? page : -1;
 }
 
-// Gathers this thread's row (page `page`, -1: zeros) of tiles [t_begin, t_end) (whole tile groups) into K buffer
-// `buf`, and after each group arrives on that group's barrier once its copies have landed (.noinc: the barrier counts
-// the 128 threads of the warpgroup that refills the group). `page_size` is a power of two <= 8: the row's place in its
-// page is row % page_size.
-__device__ __forceinline__ void gather_kv_tiles(SharedStorage& smem, const DenseDecodeParams& p, int page,
-                                                int page_size, int wg_tid, int kv_head, int buf, int t_begin, int t_end,
-                                                uint64_t policy) {
-  const int row = row_of(wg_tid), half = wg_tid & 1;
-  const uint8_t* src = static_cast<const uint8_t*>(p.k_cache);
-  const uint32_t src_bytes = page >= 0 ? 16u : 0u;
-  if (page >= 0)
-    src += 2 * (static_cast<int64_t>(page) * p.k_stride_block + static_cast<int64_t>(row & (page_size - 1)) * p.k_stride_row +
-                static_cast<int64_t>(kv_head) * p.k_stride_head) +
-           half * 16;
-  const uint32_t dst = ptx::smem_addr(smem.k[buf][0]) + row * Traits::kRowBytes + ((half ^ (row & 7)) << 4);
+// This lane's id of the pair of blocks starting at `blk` (lane l: row 16 w + l % 16 of block blk + l / 16); blocks at
+// or past `blk_end` get -1 (never gathered, never prefetched).
+__device__ __forceinline__ int pair_ids(const DenseDecodeParams& p, int req, int blk, int blk_end, int seqlen,
+                                        int log2_page, int wg_tid) {
+  const int lane = wg_tid % 32, b = blk + lane / 16;
+  if (b >= blk_end) return -1;
+  return page_of_token(p, req, b * Traits::kBlockN + (wg_tid / 32) * 16 + lane % 16, seqlen, log2_page);
+}
+
+// Address of token row `row_in_page` of page `page` (kv head `kv_head`) in the cache.
+__device__ __forceinline__ const uint8_t* row_address(const DenseDecodeParams& p, int page, int row_in_page,
+                                                      int kv_head) {
+  return static_cast<const uint8_t*>(p.k_cache) +
+         2 * (static_cast<int64_t>(page) * p.k_stride_block + static_cast<int64_t>(row_in_page) * p.k_stride_row +
+              static_cast<int64_t>(kv_head) * p.k_stride_head);
+}
+
+// Gathers this warp's 16 rows of block `half` (0 or 1) of the pair whose ids are `ids` (PairIds), tiles
+// [t_begin, t_end) (whole tile groups), into K buffer `buf`; after each group, arrives on that group's barrier once its
+// copies have landed (.noinc: the barrier counts the 128 threads of the warpgroup that refills the group). `page_size`
+// is a power of two <= 8: a row's place in its page is row % page_size.
+__device__ __forceinline__ void gather_kv_tiles(SharedStorage& smem, const DenseDecodeParams& p, int ids, int half,
+                                                int page_size, int wg_tid, int kv_head, int buf, int t_begin,
+                                                int t_end, uint64_t policy) {
+  const int lane = wg_tid % 32, warp = wg_tid / 32, lr = lane / 8, chunk = lane % 8;
+  const uint32_t buf_base = ptx::smem_addr(smem.k[buf][0]);
+  const uint8_t* src[4];
+  uint32_t dst[4], bytes[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int row = warp * 16 + 4 * j + lr;
+    const int page = __shfl_sync(0xffffffffu, ids, half * 16 + 4 * j + lr);
+    bytes[j] = page >= 0 ? 16u : 0u;
+    src[j] = (page >= 0 ? row_address(p, page, row & (page_size - 1), kv_head) : static_cast<const uint8_t*>(p.k_cache)) +
+             chunk * 16;
+    dst[j] = buf_base + row * Traits::kRowBytes + ((chunk ^ (row & 7)) << 4);
+  }
   for (int t = t_begin; t < t_end;) {
     const int g = t / Traits::kVTilesPerHalf;
     const int n = g == 2 ? 1 : Traits::kVTilesPerHalf;
 #pragma unroll
-    for (int i = 0; i < Traits::kVTilesPerHalf; ++i) {
-      if (i >= n) break;
+    for (int j = 0; j < 4; ++j) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
-        cp_async_16_hint((dst ^ (k << 5)) + (t + i) * Traits::kTileBytes, src + (t + i) * Traits::kRowBytes + k * 32,
-                         src_bytes, policy);
+      for (int i = 0; i < Traits::kVTilesPerHalf; ++i) {
+        if (i >= n) break;
+        cp_async_16_hint(dst[j] + (t + i) * Traits::kTileBytes, src[j] + (t + i) * Traits::kRowBytes, bytes[j], policy);
+      }
     }
     ptx::cp_async_mbarrier_arrive_noinc(&smem.k_bar[buf][g]);
     t += n;
   }
 }
 
+// L2 prefetch of this lane's row of a pair (PairIds): one 1,152-byte bulk prefetch.
+__device__ __forceinline__ void prefetch_pair_rows_l2(const DenseDecodeParams& p, int ids, int page_size, int wg_tid,
+                                                      int kv_head) {
+  if (ids < 0) return;
+  const int row = (wg_tid / 32) * 16 + wg_tid % 16;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row_address(p, ids, row & (page_size - 1), kv_head)),
+               "r"(Traits::kHeadDimQK * 2)
+               : "memory");
+}
+
 // L2 prefetch of one token row (1,152 bytes) of the cache: the epilogue's look-ahead at the next request's first
 // blocks (the page-64 kernel prefetches their pages through the tensor map).
 __device__ __forceinline__ void prefetch_row_l2(const DenseDecodeParams& p, int page, int row_in_page, int kv_head) {
-  const uint8_t* src = static_cast<const uint8_t*>(p.k_cache) +
-                       2 * (static_cast<int64_t>(page) * p.k_stride_block + static_cast<int64_t>(row_in_page) * p.k_stride_row +
-                            static_cast<int64_t>(kv_head) * p.k_stride_head);
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(Traits::kHeadDimQK * 2) : "memory");
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row_address(p, page, row_in_page, kv_head)),
+               "r"(Traits::kHeadDimQK * 2)
+               : "memory");
 }
 
 }  // namespace openmla::kernels::dense_decode::gather

@@ -226,7 +226,7 @@ template <bool kIsFp16, bool kAnyPage, bool kChunked, bool kGather = false, bool
 __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& params, const CUtensorMap& k_map,
                                                   const CUtensorMap& k_map_rope, const CUtensorMap& q_map,
                                                   const DensePageGeometry& pg,
-                                                  const DenseVarlenQ& vq = DenseVarlenQ{}) {
+                                                  const DenseVarlenQ& vq = DenseVarlenQ{}, int gather_flags = 0) {
   SharedStorage& smem = cta::shared_storage<SharedStorage>();
 
   const int tid = threadIdx.x;
@@ -276,18 +276,23 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
   const bool is_issuer = wg_tid == 0;
   // Any page size: the threads that issue a block's copies (lane 0 of warps 0 .. pages_per_block - 1 of the refilling
   // warpgroup; one warp for P >= 64) and the page each of them loads (`slot`: its warp in the warpgroup).
-  // kGather: every thread of the refilling warpgroup gathers its row (gather.cuh), with the page id of that row.
+  // kGather: every thread of the refilling warpgroup gathers (gather.cuh); `page` is then the pair's ids (PairIds) and
+  // the block's half of the pair is its buffer (K0 = even block).
   const int slot = wg_tid / 32;
   const bool is_page_issuer = kGather || (kAnyPage && lane == 0 && slot < pg.pages_per_block);
   auto refill_any_page = [&](int page, int blk, int buf, int t_begin, int t_end) {
     if constexpr (kGather)
-      gather::gather_kv_tiles(smem, params, page, pg.page_size, wg_tid, kv_head, buf, t_begin, t_end, policy);
+      gather::gather_kv_tiles(smem, params, page, buf, pg.page_size, wg_tid, kv_head, buf, t_begin, t_end,
+                              gather::policy_of(gather_flags));  // (one createpolicy: not held across the loop)
     else
       load_kv_tiles_any_page(smem, &k_map, &k_map_rope, pg, page, blk, slot, wg_tid == 0, kv_head, buf, t_begin, t_end,
                              policy);
   };
-  // kGather: log2 of the page size (block-table entry of token t: t >> log2_page).
+  // kGather: log2 of the page size (block-table entry of token t: t >> log2_page), the L2 look-ahead distance in pairs,
+  // and the page ids (PairIds) of the pairs after the current one: ids1 = the pair this one refills, ids2 = the next.
   const int log2_page = kGather ? 31 - __clz(pg.page_size) : 0;
+  const int prefetch_pairs = kGather ? gather_flags & kGatherPrefetchMask : 0;
+  int ids1 = -1, ids2 = -1;
   // Parity of each K buffer's tile-group barriers: they complete once per fill of the buffer (one per pair for K0;
   // K1 is not filled in a pair without it).
   pipeline::PhaseBit k_phase[2];
@@ -397,17 +402,20 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         // are never committed; they complete on the K barriers). Each tile group is gathered by the warpgroup that
         // refills it in the pair loop (the barrier counts its 128 threads).
         if (!q_issued) issue_q(req, tid, T::kThreads);
-        const int page0 = gather::page_of_row(params, req, blk_begin, gather::row_of(wg_tid), seqlen, log2_page);
+        const int ids0 = gather::pair_ids(params, req, blk_begin, blk_end, seqlen, log2_page, wg_tid);
+        ids1 = gather::pair_ids(params, req, blk_begin + 2, blk_end, seqlen, log2_page, wg_tid);
+        ids2 = gather::pair_ids(params, req, blk_begin + 4, blk_end, seqlen, log2_page, wg_tid);
         const bool two = blk_begin + 1 < blk_end;
-        const int page1 = two ? gather::page_of_row(params, req, blk_begin + 1, gather::row_of(wg_tid), seqlen, log2_page)
-                              : -1;
         if (wg == 0) {
-          refill_any_page(page0, blk_begin, 0, 0, T::kVTilesPerHalf);
-          if (two) refill_any_page(page1, blk_begin + 1, 1, 0, T::kVTilesPerHalf);
-          if (two) refill_any_page(page1, blk_begin + 1, 1, T::kRopeTile, T::kNumTiles);
+          refill_any_page(ids0, blk_begin, 0, 0, T::kVTilesPerHalf);
+          if (two) refill_any_page(ids0, blk_begin + 1, 1, 0, T::kVTilesPerHalf);
+          if (two) refill_any_page(ids0, blk_begin + 1, 1, T::kRopeTile, T::kNumTiles);
         } else {
-          refill_any_page(page0, blk_begin, 0, T::kVTilesPerHalf, T::kNumTiles);
-          if (two) refill_any_page(page1, blk_begin + 1, 1, T::kVTilesPerHalf, 2 * T::kVTilesPerHalf);
+          refill_any_page(ids0, blk_begin, 0, T::kVTilesPerHalf, T::kNumTiles);
+          if (two) refill_any_page(ids0, blk_begin + 1, 1, T::kVTilesPerHalf, 2 * T::kVTilesPerHalf);
+          // The loop prefetches `prefetch_pairs` pairs ahead from its first pair on; at distance 2 the second pair's
+          // rows (refilled during the first) are prefetched here.
+          if (prefetch_pairs == 2) gather::prefetch_pair_rows_l2(params, ids1, pg.page_size, wg_tid, kv_head);
         }
       } else if constexpr (kAnyPage) {
         if (tid < T::kWarpgroupThreads && is_page_issuer) {
@@ -455,13 +463,19 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       // The any-page kernel's own loop lands at 0x30 modulo 128 with one line, at 0x40 with two (its speed at other
       // offsets is not measured: docs/dense-decode.md, "Page sizes").
       if constexpr (kAnyPage) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
+      // The gather kernel's loop (below for its batch-invariant twin) lands at 0x40 modulo 128 with kGatherLines more
+      // (6: 0x20, 8: 0x40, 11: 0x70, 14: 0x20; its speed at other offsets is not measured).
+      if constexpr (kGather && !kChunked) {
+        constexpr int kGatherLines = 8;
+#pragma unroll
+        for (int i = 0; i < kGatherLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
+      }
       // The batch-invariant kernels' loops (their speed at any offset is not measured): three more lines put the
       // any-page one at 0x40 modulo 128; no count tried puts the page-64 one there (0: 0x70, 3: 0x20, 4: 0x30, 5: 0x50,
       // 6: 0x60), five leave it at 0x50 until tools/placement_sweep.sh says better.
-      // The gather kernels' loops: the default one lands at 0x40 modulo 128 with the any-page kernel's lines, the
-      // invariant one at 0x00 with three and at 0x40 with six (speed at other offsets not measured).
+      // The gather kernel's batch-invariant twin: at 0x40 modulo 128 with ten lines (four: 0x60, seven: 0x10).
       if constexpr (kChunked) {
-        constexpr int kLines = kGather ? 6 : kAnyPage ? 3 : 5;
+        constexpr int kLines = kGather ? 10 : kAnyPage ? 3 : 5;
 #pragma unroll
         for (int i = 0; i < kLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
       }
@@ -490,10 +504,10 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       const bool k1_partial = tok1 + T::kBlockN > seqlen;
       // Pages of the next pair, loaded now so the refills below never wait on global memory.
       int next_page0, next_page1;
-      if constexpr (kGather) {  // this thread's row of each next block
-        next_page0 = has_next ? gather::page_of_row(params, req, blk0 + 2, gather::row_of(wg_tid), seqlen, log2_page) : -1;
-        next_page1 =
-            next_has_k1 ? gather::page_of_row(params, req, blk0 + 3, gather::row_of(wg_tid), seqlen, log2_page) : -1;
+      int ids3 = -1;
+      if constexpr (kGather) {  // the next pair's ids (loaded two pairs ago); the ids three pairs ahead requested now
+        next_page0 = next_page1 = ids1;
+        ids3 = gather::pair_ids(params, req, blk0 + 6, blk_end, seqlen, log2_page, wg_tid);
       } else if constexpr (kAnyPage) {  // this warp's page of each next block
         next_page0 = has_next ? page_of_any(params, pg, req, blk0 + 2, slot, seqlen) : 0;
         next_page1 = next_has_k1 ? page_of_any(params, pg, req, blk0 + 3, slot, seqlen) : 0;
@@ -550,6 +564,11 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
           }
         }
       } else {
+        // kGather: the L2 look-ahead (gather.cuh), one bulk prefetch per row of the pair `prefetch_pairs` ahead.
+        if constexpr (kGather) {
+          if (prefetch_pairs != 0)
+            gather::prefetch_pair_rows_l2(params, prefetch_pairs == 1 ? ids1 : ids2, pg.page_size, wg_tid, kv_head);
+        }
         // Step 1: S1 = Q K1^T, starting with the tiles WG1 itself refilled first.
         float mx[2] = {-INFINITY, -INFINITY};
         if (has_k1) {
@@ -598,6 +617,10 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       k_phase[0].flip();
       if (has_k1) k_phase[1].flip();
       handoff.next_step();
+      if constexpr (kGather) {
+        ids1 = ids2;
+        ids2 = ids3;
+      }
     }
 
     // ---------------------------------------------------------------- epilogue
@@ -633,8 +656,8 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         if (tid < 2 * T::kBlockN) {
           const int nreq = kChunked ? next_req : req + 1;
           next_len = min(max(params.cache_seqlens[nreq], 0), params.max_blocks_per_seq * pg.page_size);
-          next_page[0] = gather::page_of_row(params, nreq, (kChunked ? next_begin : 0) + tid / T::kBlockN,
-                                             tid % T::kBlockN, next_len, log2_page);
+          next_page[0] = gather::page_of_token(params, nreq, ((kChunked ? next_begin : 0) + tid / T::kBlockN) * T::kBlockN +
+                                                             tid % T::kBlockN, next_len, log2_page);
         }
       } else if (tid == 0) {
         if constexpr (kChunked) {
@@ -902,8 +925,10 @@ template <bool kIsFp16>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     dense_decode_gather_kernel(const __grid_constant__ DenseDecodeParams params,
                                const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
-                               const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
-  dense_decode_body<kIsFp16, true, false, true>(params, k_map, k_map_rope, q_map, pages);
+                               const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages,
+                               const int gather_flags) {
+  dense_decode_body<kIsFp16, true, false, true>(params, k_map, k_map_rope, q_map, pages, DenseVarlenQ{},
+                                                gather_flags);
 }
 
 // The gather kernel's batch-invariant twin (chunk walk as below; instantiations/*_gather_invariant.cu).
@@ -912,8 +937,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     dense_decode_gather_invariant_kernel(const __grid_constant__ DenseDecodeParams params,
                                          const __grid_constant__ CUtensorMap k_map,
                                          const __grid_constant__ CUtensorMap k_map_rope,
-                                         const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages) {
-  dense_decode_body<kIsFp16, true, true, true>(params, k_map, k_map_rope, q_map, pages);
+                                         const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages,
+                                         const int gather_flags) {
+  dense_decode_body<kIsFp16, true, true, true>(params, k_map, k_map_rope, q_map, pages, DenseVarlenQ{},
+                                               gather_flags);
 }
 
 // Batch-invariant schedules (docs/decode-schedule.md, "Batch invariance"): the page-64 and any-page kernels walking

@@ -2,6 +2,8 @@
 // themselves are compiled in instantiations/*.cu.
 #include "kernels/dense_decode/launch.h"
 
+#include <cstdlib>
+
 #if defined(OPENMLA_HAS_TRACE)
 #include "kernels/dense_decode/config.h"
 #endif
@@ -15,14 +17,28 @@ bool g_last_fp16 = false;
 }  // namespace
 #endif
 
+namespace {
+// Diagnostics (docs/dense-decode.md, "Small pages: the gather kernel"): OPENMLA_DENSE_GATHER_FLAGS, an integer, replaces
+// the gather kernel's gather_flags (L2 look-ahead distance and policy; params.h) to compare them on one
+// machine. Read once.
+int gather_flags_override() {
+  static const int flags = [] {
+    const char* e = std::getenv("OPENMLA_DENSE_GATHER_FLAGS");
+    return e != nullptr && *e != 0 ? std::atoi(e) & (kGatherPrefetchMask | kGatherEvictNormal) : -1;
+  }();
+  return flags;
+}
+}  // namespace
+
 Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream) {
+  const int gather_flags = gather_flags_override() >= 0 ? gather_flags_override() : kGatherDefaultFlags;
 #if defined(OPENMLA_HAS_TRACE)
   g_last_fp16 = params.is_fp16;
 #endif
   if (params.chunk_blocks > 0) {  // batch-invariant schedule: the chunk-walking kernels
     if (pages.page_size < kDenseMinTmaPageSize)
-      return params.is_fp16 ? dense_decode::launch_gather_variant<true, true>(params, pages, stream)
-                            : dense_decode::launch_gather_variant<false, true>(params, pages, stream);
+      return params.is_fp16 ? dense_decode::launch_gather_variant<true, true>(params, pages, gather_flags, stream)
+                            : dense_decode::launch_gather_variant<false, true>(params, pages, gather_flags, stream);
     if (pages.page_size != 64)
       return params.is_fp16 ? dense_decode::launch_invariant_variant<true, true>(params, pages, stream)
                             : dense_decode::launch_invariant_variant<false, true>(params, pages, stream);
@@ -30,8 +46,8 @@ Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeome
                           : dense_decode::launch_invariant_variant<false, false>(params, pages, stream);
   }
   if (pages.page_size < kDenseMinTmaPageSize)
-    return params.is_fp16 ? dense_decode::launch_gather_variant<true, false>(params, pages, stream)
-                          : dense_decode::launch_gather_variant<false, false>(params, pages, stream);
+    return params.is_fp16 ? dense_decode::launch_gather_variant<true, false>(params, pages, gather_flags, stream)
+                          : dense_decode::launch_gather_variant<false, false>(params, pages, gather_flags, stream);
   if (pages.page_size != 64)
     return params.is_fp16 ? dense_decode::launch_any_page_variant<true>(params, pages, stream)
                           : dense_decode::launch_any_page_variant<false>(params, pages, stream);

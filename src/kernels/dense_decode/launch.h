@@ -41,8 +41,10 @@ template <bool kIsFp16>
 Status launch_any_page_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
 // The gather kernel's variants (page sizes 1-8): instantiations/<dtype>_gather[_invariant].cu (kChunked: the
 // batch-invariant twin).
+// gather_flags: its L2 look-ahead and policy (params.h, kGatherDefaultFlags).
 template <bool kIsFp16, bool kChunked>
-Status launch_gather_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);
+Status launch_gather_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, int gather_flags,
+                             cudaStream_t stream);
 // The batch-invariant kernels' variants (params.chunk_blocks > 0): instantiations/<dtype>[_any_page]_invariant.cu.
 template <bool kIsFp16, bool kAnyPage>
 Status launch_invariant_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream);

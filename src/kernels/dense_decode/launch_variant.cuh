@@ -117,7 +117,8 @@ Status launch_any_page_variant(const DenseDecodeParams& p, const DensePageGeomet
 // q's map is built (the cache maps are passed empty and never read).
 // kChunked: the batch-invariant twin (params.chunk_blocks > 0).
 template <bool kIsFp16, bool kChunked>
-Status launch_gather_variant(const DenseDecodeParams& p, const DensePageGeometry& pages, cudaStream_t stream) {
+Status launch_gather_variant(const DenseDecodeParams& p, const DensePageGeometry& pages, int gather_flags,
+                             cudaStream_t stream) {
   CUtensorMap k_map{}, k_map_rope{}, q_map{};
   OPENMLA_RETURN_IF_ERROR(encode_q_map<kIsFp16>(p, &q_map));
   auto kernel = [] {  // (if constexpr: each unit compiles one of the two kernels)
@@ -131,7 +132,7 @@ Status launch_gather_variant(const DenseDecodeParams& p, const DensePageGeometry
                                           "dense decode (small pages): setting the shared-memory size",
                                           "dense decode kernel (small pages) launch", [&] {
                                             kernel<<<grid, Traits::kThreads, smem_bytes, stream>>>(
-                                                p, k_map, k_map_rope, q_map, pages);
+                                                p, k_map, k_map_rope, q_map, pages, gather_flags);
                                             return cudaPeekAtLastError();
                                           });
 }

@@ -76,6 +76,12 @@ struct DensePageGeometry {
   int pages_per_block = 1;        // 64 / P for P < 64, else 1 (the gather kernel, P <= 8, reads only page_size)
   int blocks_per_page_log2 = 0;   // log2(P / 64) for P > 64, else 0
 };
+// The gather kernel's own argument `gather_flags` (P <= 8; docs/dense-decode.md, "Small pages: the gather kernel"):
+// bits 0-1 = how many block pairs ahead it pulls whole token rows into L2 (0: none, 1: the pair the current pair
+// refills, 2: the one after it); kGatherEvictNormal: the gathers with L2 evict_normal instead of the TMA kernels'
+// evict_last (the prefetches are evict_normal either way).
+inline constexpr int kGatherPrefetchMask = 3, kGatherEvictNormal = 4;
+inline constexpr int kGatherDefaultFlags = 2 | kGatherEvictNormal;
 
 // Per-request query lengths (docs/dense-decode.md, "Per-request query lengths"): the varlen kernels' own argument
 // after the page geometry (a DenseDecodeParams field would move the default kernels' parameters).

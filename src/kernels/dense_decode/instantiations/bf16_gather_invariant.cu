@@ -4,7 +4,7 @@
 
 namespace openmla::kernels::dense_decode {
 
-template Status launch_gather_variant<false, true>(const DenseDecodeParams& params, const DensePageGeometry& pages,
+template Status launch_gather_variant<false, true>(const DenseDecodeParams& params, const DensePageGeometry& pages, int gather_flags,
                                                   cudaStream_t stream);
 
 }  // namespace openmla::kernels::dense_decode
