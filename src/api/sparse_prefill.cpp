@@ -2,12 +2,12 @@
 //
 // Every argument check runs before the first CUDA call, so a bad call launches nothing and the checks can be
 // tested without a GPU (args.num_sms > 0: no CUDA call at all before the launch).
-#include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "api/checked.h"
 #include "api/families.h"
+#include "api/sparse_prefill_checks.h"
 #include "api/sparse_prefill_internal.h"
 #include "api/validate.h"
 #include "kernels/sparse_prefill/params.h"
@@ -16,37 +16,6 @@
 namespace openmla {
 
 namespace detail {
-
-namespace {
-
-constexpr int64_t kHeadDimV = 512;
-constexpr int64_t kHeadTile = 64;
-
-// A bf16 operand read or written in 16-byte units: last dim contiguous, other strides whole 16-byte units (the
-// stride of a size-1 dimension is never used), base 16-byte aligned.
-Status check_bf16_rows(const TensorRef& t, const char* name) {
-  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(t, name));
-  OPENMLA_RETURN_IF_ERROR(check_strides_multiple(t, name, 8, "rows are moved in 16-byte units"));
-  for (int i = 0; i + 1 < t.ndim; ++i) {
-    if (t.shape[i] > 1 && t.stride[i] <= 0) {
-      MessageStream os;
-      os << "argument '" << name << "' has stride " << t.stride[i] << " in dimension " << i
-         << "; strides must be positive; strides " << stride_string(t);
-      return invalid(os.str());
-    }
-  }
-  return check_pointer_aligned(t, name, 16);
-}
-
-// A float32 (s_q, h_q) side output: any strides, 4-byte aligned.
-Status check_row_stats(const TensorRef& t, const char* name, int64_t s_q, int64_t h_q) {
-  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(t, name, {DType::kFloat32}, 2));
-  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 0, s_q, "s_q"));
-  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 1, h_q, "h_q"));
-  return check_pointer_aligned(t, name, 4);
-}
-
-}  // namespace
 
 // Every tensor argument with the strides of its size-1 dimensions replaced (api/validate.h, canonical()).
 SparsePrefillArgs canonical_args(const SparsePrefillArgs& args) {
@@ -84,74 +53,15 @@ Status validate_sparse_prefill(const SparsePrefillArgs& args, kernels::SparsePre
   if (s_kv > kInt32Max) return invalid("argument 'kv' has more than 2^31 - 1 rows (indices are int32)");
   OPENMLA_RETURN_IF_ERROR(check_bf16_rows(a.kv, "kv"));
 
-  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.indices, "indices", {DType::kInt32}, 3));
-  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.indices, "indices"));
-  OPENMLA_RETURN_IF_ERROR(check_dim(a.indices, "indices", 0, s_q, "s_q"));
-  OPENMLA_RETURN_IF_ERROR(check_dim(a.indices, "indices", 1, 1, "h_kv"));
-  const int64_t topk = a.indices.shape[2];
-  if (topk < 1) return invalid("argument 'indices' must have topk >= 1 slots, got shape " + shape_string(a.indices));
-  if (topk > kInt32Max - kHeadTile) return invalid("argument 'indices' has too many slots (topk must fit in int32)");
-  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(a.indices, "indices"));
-  OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.indices, "indices", 4));
-  const int64_t idx_stride_s = s_q > 1 ? a.indices.stride[0] : topk;
-
-  // ---- optional inputs
-  if (a.topk_length.defined()) {
-    OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.topk_length, "topk_length", {DType::kInt32}, 1));
-    OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.topk_length, "topk_length"));
-    OPENMLA_RETURN_IF_ERROR(check_dim(a.topk_length, "topk_length", 0, s_q, "s_q: one length per query token"));
-    OPENMLA_RETURN_IF_ERROR(check_contiguous(a.topk_length, "topk_length"));
-    OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.topk_length, "topk_length", 4));
-  }
-  if (a.attn_sink.defined()) {
-    OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.attn_sink, "attn_sink", {DType::kFloat32}, 1));
-    OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.attn_sink, "attn_sink"));
-    OPENMLA_RETURN_IF_ERROR(check_dim(a.attn_sink, "attn_sink", 0, h_q, "h_q"));
-    OPENMLA_RETURN_IF_ERROR(check_contiguous(a.attn_sink, "attn_sink"));
-    OPENMLA_RETURN_IF_ERROR(check_pointer_aligned(a.attn_sink, "attn_sink", 4));
-  }
-
-  // ---- scalars
-  if (a.d_v != kHeadDimV) {
-    MessageStream os;
-    os << "argument 'd_v' is " << a.d_v << "; sparse prefill requires d_v = 512 (V = the first 512 dims of kv)";
-    return invalid(os.str());
-  }
-  const double scale = a.softmax_scale == 0.f ? 1.0 / std::sqrt(static_cast<double>(d_qk)) : a.softmax_scale;
-  if (!(scale > 0.0) || !std::isfinite(scale)) {
-    MessageStream os;
-    os << "argument 'softmax_scale' is " << a.softmax_scale << "; it must be a positive finite number (0: d_qk ** -0.5)";
-    return invalid(os.str());
-  }
-  const int64_t head_tiles = (h_q + kHeadTile - 1) / kHeadTile;
-  if (s_q * head_tiles > kInt32Max / 2) {
-    MessageStream os;
-    os << "argument 'q' has " << s_q << " tokens x " << head_tiles
-       << " head tiles of 64; at most 2^30 tiles per call are supported (split the call)";
-    return invalid(os.str());
-  }
-
-  // ---- outputs
-  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(a.out, "out", {DType::kBFloat16}, 3));
-  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.out, "out"));
-  OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 0, s_q, "s_q"));
-  OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 1, h_q, "h_q"));
-  OPENMLA_RETURN_IF_ERROR(check_dim(a.out, "out", 2, kHeadDimV, "d_v"));
-  OPENMLA_RETURN_IF_ERROR(check_bf16_rows(a.out, "out"));
-  OPENMLA_RETURN_IF_ERROR(check_row_stats(a.max_logits, "max_logits", s_q, h_q));
-  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.max_logits, "max_logits"));
-  OPENMLA_RETURN_IF_ERROR(check_row_stats(a.lse, "lse", s_q, h_q));
-  OPENMLA_RETURN_IF_ERROR(check_same_device(a.q, "q", a.lse, "lse"));
-  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.out, "out"));
-  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.max_logits, "max_logits"));
-  OPENMLA_RETURN_IF_ERROR(check_no_self_overlap(a.lse, "lse"));
-  OPENMLA_RETURN_IF_ERROR(check_disjoint({{&a.out, "out"}, {&a.max_logits, "max_logits"}, {&a.lse, "lse"}},
-                                         {{&a.q, "q"},
-                                          {&a.kv, "kv"},
-                                          {&a.indices, "indices"},
-                                          {&a.topk_length, "topk_length"},
-                                          {&a.attn_sink, "attn_sink"}}));
-  if (a.num_sms < 0) return invalid("argument 'num_sms' must be >= 0 (0: the current device's SM count)");
+  // ---- indices, optional inputs, scalars, outputs (api/sparse_prefill_checks.h)
+  SparsePrefillShape shape;
+  OPENMLA_RETURN_IF_ERROR(check_sparse_prefill_common(
+      {.q = &a.q, .kv = &a.kv, .kv_name = "kv", .indices = &a.indices, .topk_length = &a.topk_length,
+       .attn_sink = &a.attn_sink, .out = &a.out, .max_logits = &a.max_logits, .lse = &a.lse, .d_v = a.d_v,
+       .softmax_scale = a.softmax_scale, .num_sms = a.num_sms},
+      s_q, h_q, d_qk, &shape));
+  const int64_t topk = shape.topk, idx_stride_s = shape.idx_stride_s, head_tiles = shape.head_tiles;
+  const double scale = shape.scale;
 
   if (params != nullptr) {
     kernels::SparsePrefillParams& p = *params;
