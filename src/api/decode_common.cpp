@@ -123,6 +123,31 @@ DecodeSplitBuffers canonical(const DecodeSplitBuffers& split) {
   return DecodeSplitBuffers{.partial_o = canonical(split.partial_o), .partial_lse = canonical(split.partial_lse)};
 }
 
+Status check_dense_block_table(const TensorRef& block_table, const TensorRef& cache_seqlens, int64_t batch,
+                               const DenseDecodeProblem& problem) {
+  const TensorRef& bt = block_table;
+  OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(bt, "block_table", {DType::kInt32}, 2));
+  OPENMLA_RETURN_IF_ERROR(check_dim(bt, "block_table", 0, batch, "batch"));
+  if (bt.shape[1] < 1) return invalid("argument 'block_table' has no columns; shape " + shape_string(bt));
+  if (bt.shape[1] > dense_max_blocks_per_seq(problem.page_block_size)) {
+    MessageStream os;
+    os << "argument 'block_table' has " << bt.shape[1] << " columns; at most "
+       << dense_max_blocks_per_seq(problem.page_block_size) << " are supported at page size "
+       << problem.page_block_size << " (max_blocks_per_seq * page size tokens must fit in int32)";
+    return invalid(os.str());
+  }
+  if (problem.max_blocks_per_seq > 0 && bt.shape[1] != problem.max_blocks_per_seq) {
+    MessageStream os;
+    os << "argument 'block_table' has " << bt.shape[1] << " columns but problem.max_blocks_per_seq is "
+       << problem.max_blocks_per_seq << "; the schedule clamps lengths to the capacity it was planned with";
+    return invalid(os.str());
+  }
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(bt, "block_table"));
+  OPENMLA_RETURN_IF_ERROR(check_fits_int32(bt, "block_table"));
+  OPENMLA_RETURN_IF_ERROR(check_lengths(cache_seqlens, "cache_seqlens", batch));
+  return Status::ok();
+}
+
 Status check_decode_outputs(const DecodeGeometry& g, const TensorRef& out, const TensorRef& lse, DType dtype) {
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(out, "out", {dtype}, 4));
   OPENMLA_RETURN_IF_ERROR(check_dim(out, "out", 0, g.batch, "batch"));

@@ -54,6 +54,11 @@ Status resolve_num_sm_parts(const Problem& problem, int device_id, int* num_sm_p
   return Status::ok();
 }
 
+// A dense decode's block_table (b, max_blocks_per_seq) int32 and cache_seqlens (b,) int32: the table's columns within
+// what page_block_size allows and equal to problem.max_blocks_per_seq when that is given, its last dim contiguous.
+Status check_dense_block_table(const TensorRef& block_table, const TensorRef& cache_seqlens, int64_t batch,
+                               const DenseDecodeProblem& problem);
+
 // out (b, s_q, h_q, d_v) of `dtype` and lse (b, h_q, s_q) float32: the caller-visible results of every decode.
 Status check_decode_outputs(const DecodeGeometry& g, const TensorRef& out, const TensorRef& lse, DType dtype);
 
