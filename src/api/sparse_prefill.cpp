@@ -54,41 +54,18 @@ Status validate_sparse_prefill(const SparsePrefillArgs& args, kernels::SparsePre
   OPENMLA_RETURN_IF_ERROR(check_bf16_rows(a.kv, "kv"));
 
   // ---- indices, optional inputs, scalars, outputs (api/sparse_prefill_checks.h)
+  const SparsePrefillCommonArgs common{.q = &a.q, .kv = &a.kv, .kv_name = "kv", .indices = &a.indices,
+                                       .topk_length = &a.topk_length, .attn_sink = &a.attn_sink, .out = &a.out,
+                                       .max_logits = &a.max_logits, .lse = &a.lse, .d_v = a.d_v,
+                                       .softmax_scale = a.softmax_scale, .num_sms = a.num_sms};
   SparsePrefillShape shape;
-  OPENMLA_RETURN_IF_ERROR(check_sparse_prefill_common(
-      {.q = &a.q, .kv = &a.kv, .kv_name = "kv", .indices = &a.indices, .topk_length = &a.topk_length,
-       .attn_sink = &a.attn_sink, .out = &a.out, .max_logits = &a.max_logits, .lse = &a.lse, .d_v = a.d_v,
-       .softmax_scale = a.softmax_scale, .num_sms = a.num_sms},
-      s_q, h_q, d_qk, &shape));
-  const int64_t topk = shape.topk, idx_stride_s = shape.idx_stride_s, head_tiles = shape.head_tiles;
-  const double scale = shape.scale;
+  OPENMLA_RETURN_IF_ERROR(check_sparse_prefill_common(common, s_q, h_q, d_qk, &shape));
 
   if (params != nullptr) {
     kernels::SparsePrefillParams& p = *params;
-    p = kernels::SparsePrefillParams{};
-    p.s_q = static_cast<int>(s_q);
-    p.s_kv = static_cast<int>(s_kv);
-    p.h_q = static_cast<int>(h_q);
-    p.d_qk = static_cast<int>(d_qk);
-    p.topk = static_cast<int>(topk);
-    p.num_head_tiles = static_cast<int>(head_tiles);
-    p.num_tiles = s_q * head_tiles;
-    p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-    p.q = a.q.data;
-    p.q_stride_s = a.q.stride[0];
-    p.q_stride_h = a.q.stride[1];
+    p = sparse_prefill_params(common, s_q, h_q, d_qk, s_kv, shape);
     p.kv = a.kv.data;
     p.kv_stride_s = s_kv > 1 ? a.kv.stride[0] : d_qk;
-    p.indices = static_cast<const int32_t*>(a.indices.data);
-    p.indices_stride_s = idx_stride_s;
-    p.topk_length = a.topk_length.defined() ? static_cast<const int32_t*>(a.topk_length.data) : nullptr;
-    p.attn_sink = a.attn_sink.defined() ? static_cast<const float*>(a.attn_sink.data) : nullptr;
-    p.output = kernels::OutputView::for_tokens(a.out.data, a.out.stride[0], a.out.stride[1],
-                                               static_cast<float*>(a.lse.data), a.lse.stride[0], a.lse.stride[1]);
-    p.max_logits = static_cast<float*>(a.max_logits.data);
-    p.max_logits_stride_s = a.max_logits.stride[0];
-    p.max_logits_stride_h = a.max_logits.stride[1];
-    p.grid = static_cast<int>(std::min<int64_t>(p.num_tiles, a.num_sms > 0 ? a.num_sms : 1));
   }
   return Status::ok();
 }

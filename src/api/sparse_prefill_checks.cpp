@@ -1,6 +1,7 @@
 // Argument checks shared by the two sparse prefill entries (api/sparse_prefill_checks.h).
 #include "api/sparse_prefill_checks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -111,6 +112,35 @@ Status check_sparse_prefill_common(const SparsePrefillCommonArgs& a, int64_t s_q
   shape->head_tiles = head_tiles;
   shape->scale = scale;
   return Status::ok();
+}
+
+kernels::SparsePrefillParams sparse_prefill_params(const SparsePrefillCommonArgs& a, int64_t s_q, int64_t h_q,
+                                                   int64_t d_qk, int64_t s_kv, const SparsePrefillShape& shape) {
+  kernels::SparsePrefillParams p{};
+  p.s_q = static_cast<int>(s_q);
+  p.s_kv = static_cast<int>(s_kv);
+  p.h_q = static_cast<int>(h_q);
+  p.d_qk = static_cast<int>(d_qk);
+  p.topk = static_cast<int>(shape.topk);
+  p.num_head_tiles = static_cast<int>(shape.head_tiles);
+  p.num_tiles = s_q * shape.head_tiles;
+  p.scale_log2 = static_cast<float>(shape.scale * 1.4426950408889634);
+  p.q = a.q->data;
+  p.q_stride_s = a.q->stride[0];
+  p.q_stride_h = a.q->stride[1];
+  p.kv = nullptr;
+  p.kv_stride_s = 0;
+  p.indices = static_cast<const int32_t*>(a.indices->data);
+  p.indices_stride_s = shape.idx_stride_s;
+  p.topk_length = a.topk_length->defined() ? static_cast<const int32_t*>(a.topk_length->data) : nullptr;
+  p.attn_sink = a.attn_sink->defined() ? static_cast<const float*>(a.attn_sink->data) : nullptr;
+  p.output = kernels::OutputView::for_tokens(a.out->data, a.out->stride[0], a.out->stride[1],
+                                             static_cast<float*>(a.lse->data), a.lse->stride[0], a.lse->stride[1]);
+  p.max_logits = static_cast<float*>(a.max_logits->data);
+  p.max_logits_stride_s = a.max_logits->stride[0];
+  p.max_logits_stride_h = a.max_logits->stride[1];
+  p.grid = static_cast<int>(std::min<int64_t>(p.num_tiles, a.num_sms > 0 ? a.num_sms : 1));
+  return p;
 }
 
 }  // namespace openmla::detail

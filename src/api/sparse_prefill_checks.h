@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/sparse_prefill/params.h"
 #include "openmla/status.h"
 #include "openmla/types.h"
 
@@ -49,5 +50,11 @@ struct SparsePrefillCommonArgs {
 // outputs disjoint from every input and from each other, num_sms >= 0.
 Status check_sparse_prefill_common(const SparsePrefillCommonArgs& a, int64_t s_q, int64_t h_q, int64_t d_qk,
                                    SparsePrefillShape* shape);
+
+// The kernel parameters both entries fill alike (after check_sparse_prefill_common): everything but the kv operand
+// (kv = nullptr, kv_stride_s = 0; the caller sets them or its own cache fields). `s_kv` is the number of
+// addressable kv rows (slots). grid = min(tiles, num_sms), 1 when num_sms == 0 (the launcher resolves it).
+kernels::SparsePrefillParams sparse_prefill_params(const SparsePrefillCommonArgs& a, int64_t s_q, int64_t h_q,
+                                                   int64_t d_qk, int64_t s_kv, const SparsePrefillShape& shape);
 
 }  // namespace openmla::detail
