@@ -80,6 +80,33 @@ MhaPrefillArgs canonical_args(const MhaPrefillArgs& args) {
   return c;
 }
 
+// The layout part of a (rows, heads, cols) operand's checks: its heads and cols, at most 2^30 rows, last dim
+// contiguous, the other strides positive multiples of `stride_elems` elements (16 bytes; `why` says so in the
+// message) below kMaxRowStride, 16-byte aligned.
+Status check_rows_layout(const TensorRef& t, const char* name, int64_t heads, const char* heads_what, int64_t cols,
+                         const char* cols_what, int64_t stride_elems, const char* why) {
+  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 1, heads, heads_what));
+  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 2, cols, cols_what));
+  if (t.shape[0] > kMaxRows) {
+    MessageStream os;
+    os << "argument '" << name << "' has " << t.shape[0] << " rows; at most 2^30 are supported (shape "
+       << shape_string(t) << ")";
+    return invalid(os.str());
+  }
+  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(t, name));
+  for (int i = 0; i < 2; ++i) {
+    const int64_t s = used_stride(t, i);
+    if (s <= 0 || s % stride_elems != 0 || s >= kMaxRowStride) {
+      MessageStream os;
+      os << "argument '" << name << "' has stride " << t.stride[i] << " in dimension " << i
+         << ", which must be a positive multiple of " << stride_elems << " elements (" << why
+         << ") below 2^32; strides " << stride_string(t);
+      return invalid(os.str());
+    }
+  }
+  return check_pointer_aligned(t, name, 16);
+}
+
 constexpr const char* kFp8OutRule = "the output of float8_e4m3fn q, k, v is bfloat16 or float16";
 
 // An FP8 (rows, heads, cols) operand loaded by TMA: float8_e4m3fn, last dim contiguous, the other strides positive
@@ -97,27 +124,8 @@ Status check_rows_operand_e4m3(const TensorRef& given, const char* name, int64_t
     return invalid(os.str());
   }
   OPENMLA_RETURN_IF_ERROR(check_cuda_tensor(t, name, {DType::kFloat8E4M3}, 3));
-  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 1, heads, heads_what));
-  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 2, cols, cols_what));
-  if (t.shape[0] > kMaxRows) {
-    MessageStream os;
-    os << "argument '" << name << "' has " << t.shape[0] << " rows; at most 2^30 are supported (shape "
-       << shape_string(t) << ")";
-    return invalid(os.str());
-  }
-  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(t, name));
-  for (int i = 0; i < 2; ++i) {
-    const int64_t s = used_stride(t, i);
-    if (s <= 0 || s % 16 != 0 || s >= kMaxRowStride) {
-      MessageStream os;
-      os << "argument '" << name << "' has stride " << t.stride[i] << " in dimension " << i
-         << ", which must be a positive multiple of 16 elements (16 bytes of float8_e4m3fn: rows are moved by TMA) "
-            "below 2^32; strides "
-         << stride_string(t);
-      return invalid(os.str());
-    }
-  }
-  return check_pointer_aligned(t, name, 16);
+  return check_rows_layout(t, name, heads, heads_what, cols, cols_what, 16,
+                           "16 bytes of float8_e4m3fn: rows are moved by TMA");
 }
 
 // A descale of the FP8 forward: absent, or float32 on q's device of shape (batch, h_kv) (any strides) or one value.
@@ -177,27 +185,8 @@ Status check_rows_operand(const TensorRef& given, const char* name, DType dtype,
        << " (" << dtype_rule << ")";
     return invalid(os.str());
   }
-  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 1, heads, heads_what));
-  OPENMLA_RETURN_IF_ERROR(check_dim(t, name, 2, cols, cols_what));
-  if (t.shape[0] > kMaxRows) {
-    MessageStream os;
-    os << "argument '" << name << "' has " << t.shape[0] << " rows; at most 2^30 are supported (shape "
-       << shape_string(t) << ")";
-    return invalid(os.str());
-  }
-  OPENMLA_RETURN_IF_ERROR(check_last_dim_contiguous(t, name));
-  for (int i = 0; i < 2; ++i) {
-    const int64_t s = used_stride(t, i);
-    if (s <= 0 || s % 8 != 0 || s >= kMaxRowStride) {
-      MessageStream os;
-      os << "argument '" << name << "' has stride " << t.stride[i] << " in dimension " << i
-         << ", which must be a positive multiple of 8 elements (16 bytes: rows are moved by TMA and 16-byte stores) "
-            "below 2^32; strides "
-         << stride_string(t);
-      return invalid(os.str());
-    }
-  }
-  return check_pointer_aligned(t, name, 16);
+  return check_rows_layout(t, name, heads, heads_what, cols, cols_what, 8,
+                           "16 bytes: rows are moved by TMA and 16-byte stores");
 }
 
 namespace {
