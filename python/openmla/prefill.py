@@ -34,6 +34,32 @@ else:  # pragma: no cover - depends on the machine
     _is_compiling = None
 
 
+def _check_q(torch, q):
+    """q of both sparse prefill entries: a (s_q, h_q, d_qk) torch.Tensor (the binding checks the rest)."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"argument 'q' must be a (s_q, h_q, d_qk) torch.Tensor, got "
+                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+
+
+def _checked_scale(sm_scale):
+    scale = float(sm_scale)
+    if not (scale > 0.0 and math.isfinite(scale)):
+        raise ValueError(f"argument 'sm_scale' must be a positive finite number, got {sm_scale!r}")
+    return scale
+
+
+def _outputs(torch, q, d_v, out, max_logits, lse):
+    """The given outputs, or new ones: out (s_q, h_q, d_v) of q's dtype, max_logits and lse (s_q, h_q) float32."""
+    s_q, h_q = int(q.shape[0]), int(q.shape[1])
+    if out is None:
+        out = torch.empty((s_q, h_q, int(d_v)), dtype=q.dtype, device=q.device)
+    if max_logits is None:
+        max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
+    if lse is None:
+        lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
+    return out, max_logits, lse
+
+
 def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None, *, out=None,
                          max_logits=None, lse=None):
     """Sparse top-k MLA prefill (flash_mla-compatible): every query token attends to its own selected kv rows.
@@ -75,19 +101,9 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
         if res is not None:
             return res
     torch = require_torch("flash_mla_sparse_fwd")
-    if not isinstance(q, torch.Tensor) or q.dim() != 3:
-        raise ValueError(f"argument 'q' must be a (s_q, h_q, d_qk) torch.Tensor, got "
-                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
-    scale = float(sm_scale)
-    if not (scale > 0.0 and math.isfinite(scale)):
-        raise ValueError(f"argument 'sm_scale' must be a positive finite number, got {sm_scale!r}")
-    s_q, h_q = int(q.shape[0]), int(q.shape[1])
-    if out is None:
-        out = torch.empty((s_q, h_q, int(d_v)), dtype=q.dtype, device=q.device)
-    if max_logits is None:
-        max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
-    if lse is None:
-        lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
+    _check_q(torch, q)
+    scale = _checked_scale(sm_scale)
+    out, max_logits, lse = _outputs(torch, q, d_v, out, max_logits, lse)
     _C.sparse_prefill(q, kv, indices, out, max_logits, lse, topk_length=topk_length, attn_sink=attn_sink,
                       softmax_scale=scale, d_v=int(d_v), stream=stream_of(q))
     return out, max_logits, lse
@@ -126,9 +142,7 @@ def flash_mla_sparse_fwd_fp8(q, kv_cache, indices, sm_scale, d_v=512, attn_sink=
       ValueError: a bad argument (the message names it). RuntimeError: a CUDA error.
     """
     torch = require_torch("flash_mla_sparse_fwd_fp8")
-    if not isinstance(q, torch.Tensor) or q.dim() != 3:
-        raise ValueError(f"argument 'q' must be a (s_q, h_q, d_qk) torch.Tensor, got "
-                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+    _check_q(torch, q)
     if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 4:
         raise ValueError("argument 'kv_cache' must be a (num_blocks, page_size, 1, bytes_per_token) torch.Tensor, "
                          f"got {tuple(kv_cache.shape) if isinstance(kv_cache, torch.Tensor) else type(kv_cache).__name__}")
@@ -138,16 +152,8 @@ def flash_mla_sparse_fwd_fp8(q, kv_cache, indices, sm_scale, d_v=512, attn_sink=
             raise ValueError(f"argument 'kv_cache' has {bpt} bytes per token (shape {tuple(kv_cache.shape)}); an FP8 "
                              "cache has 656 (V3.2) or 584 (MODEL1)")
         kv_cache_format = _FP8_FORMATS[bpt]
-    scale = float(sm_scale)
-    if not (scale > 0.0 and math.isfinite(scale)):
-        raise ValueError(f"argument 'sm_scale' must be a positive finite number, got {sm_scale!r}")
-    s_q, h_q = int(q.shape[0]), int(q.shape[1])
-    if out is None:
-        out = torch.empty((s_q, h_q, int(d_v)), dtype=q.dtype, device=q.device)
-    if max_logits is None:
-        max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
-    if lse is None:
-        lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
+    scale = _checked_scale(sm_scale)
+    out, max_logits, lse = _outputs(torch, q, d_v, out, max_logits, lse)
     _C.sparse_prefill_fp8(q, as_byte_view(kv_cache), str(kv_cache_format), indices, out, max_logits, lse,
                           topk_length=topk_length, attn_sink=attn_sink, softmax_scale=scale, d_v=int(d_v),
                           stream=stream_of(q))
