@@ -111,6 +111,17 @@ TEST(DecodeVarlenQ, NotWithBatchInvariance) {
   EXPECT_EQ(get_decode_workspace_sizes(s, &ws).code(), StatusCode::kUnsupported);
 }
 
+TEST(DecodeVarlenQ, DenseNotWithPagesBelow16) {
+  DenseDecodeProblem d = dense_problem(16);
+  d.page_block_size = 8;
+  DecodeWorkspaceSizes ws;
+  const Status st = get_decode_workspace_sizes(d, &ws);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.message();
+  EXPECT_NE(st.message().find("'problem.page_block_size'"), std::string::npos) << st.message();
+  d.page_block_size = 16;
+  EXPECT_TRUE(get_decode_workspace_sizes(d, &ws).is_ok());
+}
+
 TEST(DecodeVarlenQ, SparseCallIsTheOneRowView) {
   const SparseDecodeProblem p{.batch = 3, .s_q = 4, .h_q = 64, .topk = 128, .num_sms = kSms, .varlen_q = true};
   DecodeWorkspaceSizes ws;

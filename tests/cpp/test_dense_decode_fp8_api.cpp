@@ -94,6 +94,14 @@ struct Mutation {
   std::vector<std::string> needles;
 };
 
+TEST(DenseDecodeFp8Api, NotWithPerRequestQueryLengths) {
+  DenseDecodeProblem p = fp8_problem();
+  p.varlen_q = true;
+  const Status s = validate(p, fp8_args(p));
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.message();
+  EXPECT_NE(s.message().find("'problem.varlen_q'"), std::string::npos) << s.message();
+}
+
 TEST(DenseDecodeFp8Api, EveryBadArgumentIsNamed) {
   const std::vector<Mutation> mutations = {
       {"bf16 format", [](auto& p, auto&) { p.cache_format = KVCacheFormat::kBFloat16; },

@@ -55,6 +55,12 @@ def test_not_with_batch_invariant():
             C.get_decode_workspace_sizes(**p)
 
 
+def test_dense_not_with_pages_below_16():
+    with pytest.raises(NotImplementedError, match="'problem.page_block_size'.*16"):
+        C.get_decode_workspace_sizes(**dense_problem(page_block_size=8))
+    assert C.get_decode_workspace_sizes(**dense_problem(page_block_size=16))["varlen_ints"] == 4
+
+
 def _plan_args(p, sizes, **overrides):
     b = p["batch"]
     make = dict(
