@@ -68,6 +68,14 @@ source "$root/tools/stages.sh"
 
 echo "gpu_check: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $jobs cores"
 
+# The peer's build (GPU_CHECK_PEER=1) starts now, beside ours, and stage 6 waits for it.
+peer_pid=
+if [[ ${GPU_CHECK_PEER:-0} == 1 ]]; then
+  peer_env_file=$(mktemp); peer_msg=$(mktemp)
+  bash tools/peer_flashmla.sh >"$peer_env_file" 2>"$peer_msg" &
+  peer_pid=$!
+fi
+
 # ---- 1. dependencies (offline: from the carried wheels) ---------------------------------------------
 begin deps
 if bash tools/setup_deps.sh --offline >"$logs/build.log" 2>&1; then
@@ -240,9 +248,9 @@ done
 bench_timeout=${BENCH_TIMEOUT:-300}
 if [[ ${GPU_CHECK_PEER:-0} == 1 ]]; then
   begin peer
-  peer_msg=$(mktemp)
-  peer_env=$(bash tools/peer_flashmla.sh 2>"$peer_msg")
+  wait "$peer_pid"
   rc=$?
+  peer_env=$(cat "$peer_env_file")
   { echo "===== tools/peer_flashmla.sh (rc $rc)"; cat "$peer_msg"; } >>"$logs/build.log"
   if (( rc == 0 )); then
     eval "$peer_env"
@@ -251,7 +259,7 @@ if [[ ${GPU_CHECK_PEER:-0} == 1 ]]; then
   else
     record FAIL "tools/peer_flashmla.sh: $(tail -1 "$peer_msg" | cut -c1-120); see build.log"
   fi
-  rm -f "$peer_msg"
+  rm -f "$peer_msg" "$peer_env_file"
 fi
 
 # ---- 7. benchmarks ----------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ def main():
     ap.add_argument("--s-k", type=int, default=8192)
     ap.add_argument("--h-q", type=int, default=128)
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--peer", action="store_true", help="call FlashMLA (flash_mla) instead of openmla, same inputs")
     a = ap.parse_args()
     torch.manual_seed(0)
     page = 64
@@ -33,9 +35,12 @@ def main():
     cache = (torch.randn(num_blocks, page, 1, 576, device="cuda") / 10).to(torch.bfloat16)
     table = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(a.b, blocks_per_seq)
     q = (torch.randn(a.b, a.s_q, a.h_q, 576, device="cuda") / 10).to(torch.bfloat16)
-    meta, _ = openmla.get_mla_metadata()
+    mod = openmla
+    if a.peer:
+        import flash_mla as mod
+    meta, _ = mod.get_mla_metadata()
     for _ in range(a.iters):
-        openmla.flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta, causal=False)
+        mod.flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta, causal=a.causal)
     torch.cuda.synchronize()
     print("profile_dense_decode: done")
 

@@ -22,6 +22,7 @@ def add_case_arguments(ap):
     ap.add_argument("--h-q", type=int, default=128)
     ap.add_argument("--topk", type=int, default=2048)
     ap.add_argument("--s-k", type=int, default=32768)
+    ap.add_argument("--peer", action="store_true", help="call FlashMLA (flash_mla) instead of openmla, same inputs")
 
 
 def run_case(args, calls, flush_last=False):
@@ -33,12 +34,15 @@ def run_case(args, calls, flush_last=False):
     import openmla
 
     q, k_cache, indices, sink, _, _ = bsd.make_inputs(args.b, args.s_q, args.h_q, args.topk, args.s_k)
-    meta, _ = openmla.get_mla_metadata()
+    mod = openmla
+    if getattr(args, "peer", False):
+        import flash_mla as mod
+    meta, _ = mod.get_mla_metadata()
     for i in range(calls):
         if flush_last and i == calls - 1:
             torch.cuda.synchronize()
             torch.empty(256 << 20, dtype=torch.uint8, device="cuda").zero_()
-        openmla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices,
+        mod.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices,
                                        attn_sink=sink)
     torch.cuda.synchronize()
 
