@@ -54,7 +54,6 @@ template <bool kIsFp16>
 using Element = tile::Element16<kIsFp16>;
 using tile::gemm_pv_rs;
 using tile::gemm_pv_ss;
-using tile::store_p;
 using tile::to_a_fragments;
 
 // ---------------------------------------------------------------------------------------------------
@@ -75,6 +74,11 @@ static_assert(T::kTileBytes == tile::kTileBytes && T::kRowBytes == tile::kRowByt
 // ---------------------------------------------------------------------------------------------------
 // Building blocks of the pair step
 // ---------------------------------------------------------------------------------------------------
+// How the pair loop forms its wgmma descriptors (common/tile_gemm.cuh, "Desc policies"; decision dense-v23): the
+// low word of each buffer's descriptor broadcast from lane 0 (warp-uniform, so it stays on the uniform datapath) and
+// the tile offset added to the 64-bit descriptor, instead of the full descriptor from the address per wgmma.
+using Desc = tile::DescUniform64;
+
 __device__ __forceinline__ constexpr int tile_group(int t) { return t / T::kVTilesPerHalf; }  // 0, 1 or 2
 
 // S = Q K^T over the 9 tiles of one KV buffer, waiting tile by tile so the GEMM starts on the first
@@ -83,6 +87,8 @@ __device__ __forceinline__ constexpr int tile_group(int t) { return t / T::kVTil
 // them before the wgmma reads (no instruction on sm_90a).
 template <bool kIsFp16, int kFirstTile, bool kGather = false>
 __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int buf, uint32_t phase) {
+  const uint32_t q_desc = Desc::base<tile::kLboKMajor>(smem.q[0]);
+  const uint32_t k_desc = Desc::base<tile::kLboKMajor>(smem.k[buf][0]);
   ptx::wgmma_fence();
 #pragma unroll
   for (int i = 0; i < T::kNumTiles; ++i) {
@@ -93,8 +99,8 @@ __device__ __forceinline__ void gemm_qk(float (&s)[32], SharedStorage& smem, int
     }
 #pragma unroll
     for (int kk = 0; kk < T::kTileCols / 16; ++kk) {
-      Element<kIsFp16>::template mma_ss<64, 0>(s, desc_k_major(smem.q[t] + kk * 32), desc_k_major(smem.k[buf][t] + kk * 32),
-                                           (i | kk) != 0);
+      const uint32_t off = static_cast<uint32_t>(t * T::kTileBytes + kk * 32);
+      Element<kIsFp16>::template mma_ss<64, 0>(s, Desc::at(q_desc, off), Desc::at(k_desc, off), (i | kk) != 0);
     }
   }
   ptx::wgmma_commit();
@@ -222,6 +228,23 @@ __device__ __forceinline__ int varlen_q_len(const DenseVarlenQ& vq, int req, int
 // `req` has q_len = clamp(vq.seqused_q[req], 0, s_q) query rows; the causal border of its row s_idx is
 // seqlen - (q_len - 1 - s_idx), rows at or past q_len see no key (out 0, lse +inf), and a request without rows
 // walks no block (the plan gave it none).
+// The placement shim's length per kernel variant: the number of never-taken prefetch lines (16 bytes each) that puts
+// the variant's pair loop at 0x40 modulo 128 (docs/dense-decode.md, "Code placement"). Measured fast at that offset:
+// the page-64 loop (dense-v17, and again after dense-v23 changed the loop); the other variants' loops are aligned the
+// same way, their speed at other offsets not measured. ptxas does not move the loop linearly with the count: retune
+// with `tools/sass_loops.py --offsets` after any change above a loop.
+#ifndef OPENMLA_SHIM_TUNE
+template <bool kAnyPage, bool kChunked, bool kGather, bool kVarlenQ>
+__host__ __device__ constexpr int placement_shim_lines() {
+  if constexpr (kGather) return kChunked ? 14 : 16;
+  else if constexpr (kAnyPage) return kChunked ? 8 : kVarlenQ ? 9 : 4;
+  else return 13;  // page 64: the default, batch-invariant and per-request query length loops alike
+}
+#else  // tools: -DOPENMLA_SHIM_TUNE=<lines> sets every variant's count
+template <bool, bool, bool, bool>
+__host__ __device__ constexpr int placement_shim_lines() { return OPENMLA_SHIM_TUNE; }
+#endif
+
 template <bool kIsFp16, bool kAnyPage, bool kChunked, bool kGather = false, bool kVarlenQ = false>
 __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& params, const CUtensorMap& k_map,
                                                   const CUtensorMap& k_map_rope, const CUtensorMap& q_map,
@@ -459,33 +482,9 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
     // `tools/sass_loops.py --offsets` and adjust the number of prefetch lines here (each moves the loop 16 bytes;
     // tools/placement_sweep.sh measures).
     if (params.batch < 0) {
-      asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
-      // The any-page kernel's own loop lands at 0x30 modulo 128 with one line, at 0x40 with two (its speed at other
-      // offsets is not measured: docs/dense-decode.md, "Page sizes").
-      if constexpr (kAnyPage) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
-      // The gather kernel's loop (below for its batch-invariant twin) lands at 0x40 modulo 128 with kGatherLines more
-      // (6: 0x20, 8: 0x40, 11: 0x70, 14: 0x20; its speed at other offsets is not measured).
-      if constexpr (kGather && !kChunked) {
-        constexpr int kGatherLines = 8;
+      constexpr int kShimLines = placement_shim_lines<kAnyPage, kChunked, kGather, kVarlenQ>();
 #pragma unroll
-        for (int i = 0; i < kGatherLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
-      }
-      // The batch-invariant kernels' loops (their speed at any offset is not measured): three more lines put the
-      // any-page one at 0x40 modulo 128; no count tried puts the page-64 one there (0: 0x70, 3: 0x20, 4: 0x30, 5: 0x50,
-      // 6: 0x60), five leave it at 0x50 until tools/placement_sweep.sh says better.
-      // The gather kernel's batch-invariant twin: at 0x40 modulo 128 with ten lines (four: 0x60, seven: 0x10).
-      if constexpr (kChunked) {
-        constexpr int kLines = kGather ? 10 : kAnyPage ? 3 : 5;
-#pragma unroll
-        for (int i = 0; i < kLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
-      }
-      // The per-request query length kernels' loops (their speed at any offset is not measured): these counts aim at
-      // 0x40 modulo 128 (docs/dense-decode.md, "Per-request query lengths").
-      if constexpr (kVarlenQ) {
-        constexpr int kLines = kAnyPage ? 1 : 6;
-#pragma unroll
-        for (int i = 0; i < kLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
-      }
+      for (int i = 0; i < kShimLines; ++i) asm volatile("prefetch.global.L2 [%0+0];" ::"l"(params.q) : "memory");
     }
     float o[128];
 #pragma unroll
@@ -531,7 +530,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         to_a_fragments<kIsFp16>(s, pa);
         // (kGather: rows past the length were zero-filled by the gathers.)
         if (!kGather && k0_partial) zero_tail_rows(smem.k[0][0], seqlen - tok0, wg_tid, NamedBarrier::kWg0Local);
-        gemm_pv_rs<kIsFp16>(o, pa, smem.k[0][0]);
+        gemm_pv_rs<kIsFp16, Desc>(o, pa, smem.k[0][0]);
         if constexpr (kAnyPage) {
           if (has_next && is_page_issuer) refill_any_page(next_page0, blk0 + 2, 0, 0, T::kVTilesPerHalf);
         } else if (has_next && is_issuer) {
@@ -543,7 +542,8 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         float a1[2];
         seesaw::wg0_receive(smem, frag, m_run, l_run, a1);
         scale_rows(s, a1[0], a1[1]);
-        store_p<kIsFp16>(s, smem.k[0][T::kRopeTile], frag);
+        tile::stmatrix_tile<kIsFp16, 0>(s, ptx::smem_addr(smem.k[0][T::kRopeTile]), wg_tid);
+        ptx::fence_proxy_async_shared();
         handoff.arrive(Handoff::kP0Ready);
 
         // Step 6: O_L = a1 O_L + P1 V1_L.
@@ -552,7 +552,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
           if (!kGather && k1_partial) zero_tail_rows(smem.k[1][0], seqlen - tok1, wg_tid, NamedBarrier::kWg0Local);
           ptx::mbarrier_wait_parity(&smem.k_bar[1][0], k_phase[1].bit);  // V1_L = group 0
           if constexpr (kGather) ptx::fence_proxy_async_acquire_shared();
-          gemm_pv_ss<kIsFp16>(o, smem.k[1][T::kRopeTile], smem.k[1][0]);
+          gemm_pv_ss<kIsFp16, Desc>(o, smem.k[1][T::kRopeTile], smem.k[1][0]);
           if constexpr (kAnyPage) {
             if (next_has_k1 && is_page_issuer) {
               refill_any_page(next_page1, blk0 + 3, 1, 0, T::kVTilesPerHalf);
@@ -582,16 +582,17 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         seesaw::wg1_rescale(mx, params.scale_log2, m_run, smem, frag, lane, m1, a1, a01);
         if (has_k1) {
           exponentiate(s, params.scale_log2, m1, sum);
-          store_p<kIsFp16>(s, smem.k[1][T::kRopeTile], frag);
+          to_a_fragments<kIsFp16>(s, pa);
+          tile::stmatrix_tile_packed(pa, ptx::smem_addr(smem.k[1][T::kRopeTile]), wg_tid);
+          ptx::fence_proxy_async_shared();
         }
         handoff.arrive(Handoff::kScale1Ready);
         softmax::update_row_sums(l_run, a01, sum);
         scale_rows(o, a01[0], a01[1]);
         if (has_k1) {
-          to_a_fragments<kIsFp16>(s, pa);
           if (!kGather && k1_partial)
             zero_tail_rows(smem.k[1][T::kVTilesPerHalf], seqlen - tok1, wg_tid, NamedBarrier::kWg1Local);
-          gemm_pv_rs<kIsFp16>(o, pa, smem.k[1][T::kVTilesPerHalf]);
+          gemm_pv_rs<kIsFp16, Desc>(o, pa, smem.k[1][T::kVTilesPerHalf]);
           if constexpr (kAnyPage) {
             if (next_has_k1 && is_page_issuer)
               refill_any_page(next_page1, blk0 + 3, 1, T::kVTilesPerHalf, 2 * T::kVTilesPerHalf);
@@ -607,7 +608,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
           zero_tail_rows(smem.k[0][T::kVTilesPerHalf], seqlen - tok0, wg_tid, NamedBarrier::kWg1Local);
         ptx::mbarrier_wait_parity(&smem.k_bar[0][1], k_phase[0].bit);  // V0_R = group 1
         if constexpr (kGather) ptx::fence_proxy_async_acquire_shared();
-        gemm_pv_ss<kIsFp16>(o, smem.k[0][T::kRopeTile], smem.k[0][T::kVTilesPerHalf]);
+        gemm_pv_ss<kIsFp16, Desc>(o, smem.k[0][T::kRopeTile], smem.k[0][T::kVTilesPerHalf]);
         if constexpr (kAnyPage) {
           if (has_next && is_page_issuer) refill_any_page(next_page0, blk0 + 2, 0, T::kVTilesPerHalf, T::kNumTiles);
         } else if (has_next && is_issuer) {
