@@ -171,19 +171,6 @@ __device__ __forceinline__ void to_a_fragments(const float (&s)[kElems], uint32_
   }
 }
 
-// Stores P (16-bit) into a 128B-swizzled 64 x 64 tile by scalar stores, and fences them for the async proxy (the
-// hand-off barrier that follows publishes them). Dense decode's form (its P store interleaves with the pair loop).
-template <bool kIsFp16>
-__device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* tile, const Fragment& f) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int col = j * 8 + f.col;
-    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[0], col)) = Element16<kIsFp16>::pack(s[j * 4 + 0], s[j * 4 + 1]);
-    *reinterpret_cast<uint32_t*>(tile + swizzled_offset(f.row[1], col)) = Element16<kIsFp16>::pack(s[j * 4 + 2], s[j * 4 + 3]);
-  }
-  ptx::fence_proxy_async_shared();
-}
-
 // Stores 64 columns of a 64 x N fragment, columns 64 kPart .. 64 kPart + 63 (fragment words 32 kPart ..), as 16-bit
 // values into the 128B-swizzled 64 x 64 tile at shared address `tile` (the K-major operand layout, and the layout of
 // a 64 x 64 TMA box), with four stmatrix.x4 per thread (16 scalar stores otherwise; docs/sparse-prefill.md,
@@ -224,15 +211,15 @@ __device__ __forceinline__ void stmatrix_tile_packed(const uint32_t (&a)[4][4], 
 // Desc policies: how a wgmma's descriptor is formed. base<kLbo>(p) is computed once per buffer from its shared address
 // (kLbo: the distance to the next 64 columns, 16 for a K-major operand, one tile for an MN-major view); at(base, off)
 // is the descriptor of the operand `off` bytes further. Each style is the one measured best for its kernels:
-//   DescAddress: the full descriptor from the address per wgmma (make_smem_desc_sw128). Dense decode, whose pair
-//       loop's SASS is the decode guard's (docs/dense-decode.md, decision dense-v17).
+//   DescAddress: the full descriptor from the address per wgmma (make_smem_desc_sw128). No kernel uses it since dense
+//       decode moved to DescUniform64 (docs/dense-decode.md, decision dense-v23); kept for A/Bs.
 //   DescLowWord: the base is the descriptor's low word (mma_tile.cuh, desc_lo_*) and the offset >> 4 is added to it
 //       (one 32-bit add per operand; the low word never carries, shared memory lies below 256 KB). Sparse prefill,
 //       where the 64-bit form lengthened the consumer loop (docs/sparse-prefill.md, decision sparse-prefill-v8).
 //   DescUniform64: the low word broadcast from lane 0 (so ptxas knows it warp-uniform and keeps it, and the add, on
 //       the uniform datapath: no R2UR per wgmma), the offset added to the full 64-bit descriptor (one UIADD3.64 per
 //       operand; adding to the low word made ptxas rewrite the constant high word per operand). Dense MHA prefill
-//       (docs/mha-prefill.md, decisions mha-v0.13 and mha-v0.17).
+//       (docs/mha-prefill.md, decisions mha-v0.13 and mha-v0.17) and dense decode (decision dense-v23).
 inline constexpr uint32_t kLboKMajor = 16;
 struct DescAddress {
   template <uint32_t kLbo>
