@@ -116,7 +116,8 @@ Status check_partition_sizes(const DecodeGeometry& g, int num_sm_parts, int64_t 
 DecodeSchedule canonical(const DecodeSchedule& schedule) {
   return DecodeSchedule{.metadata = canonical(schedule.metadata),
                         .num_splits = canonical(schedule.num_splits),
-                        .merge_counters = canonical(schedule.merge_counters)};
+                        .merge_counters = canonical(schedule.merge_counters),
+                        .varlen_lengths = canonical(schedule.varlen_lengths)};
 }
 
 DecodeSplitBuffers canonical(const DecodeSplitBuffers& split) {

@@ -254,6 +254,28 @@ def test_checked_mode_reports_a_length_past_s_q():
 
 
 @gpu
+def test_checked_mode_accepts_a_valid_varlen_call():
+    """Checked mode checks a per-request schedule against the lengths it was planned from (schedule.varlen_lengths):
+    a valid call, lengths 0 and s_q among them, reports nothing, and the output is the unchecked call's."""
+    torch = _torch()
+    om = _openmla()
+    b, s_q = 4, 3
+    seqlens, _ = _lengths(b, s_q, 300, seed=4)
+    inp, _ = dense_inputs(b, s_q, 64, 1, seqlens, [s_q] * b)
+    used = torch.tensor([3, 0, 1, 2], dtype=torch.int32, device=DEVICE)
+    plain = dense_call(inp, used, True)
+    om.set_checked_mode(True)
+    try:
+        om.check_status()
+        checked = dense_call(inp, used, True)
+        torch.cuda.synchronize()
+        om.check_status()
+    finally:
+        om.set_checked_mode(False)
+    assert torch.equal(plain[0], checked[0]) and torch.equal(plain[1], checked[1])
+
+
+@gpu
 @pytest.mark.parametrize("h_q,s_q", [(128, 3), (16, 4)])
 def test_dense_cuda_graph_replay_with_other_lengths(h_q, s_q):
     """One step (plan + two layers) captured at (b, s_q); replays with other query lengths (0 and 1 among them) and
