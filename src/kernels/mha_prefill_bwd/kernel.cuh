@@ -21,6 +21,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/barrier_ring.cuh"
 #include "common/cta.cuh"
@@ -315,7 +316,8 @@ __device__ __forceinline__ void finish_reductions(const MhaPrefillBwdParams& p, 
 }
 
 template <int kDQK, bool kFp16, int kWg>
-__device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStorage<kDQK, kFp16>& smem, int tid,
+__device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStorage<kDQK, kFp16>& smem,
+                                        SharedStorage<kDQK, kFp16>& sd, int tid,
                                         const CUtensorMap* q_map, const CUtensorMap* k_map, const CUtensorMap* v_map,
                                         const CUtensorMap* do_map) {
   using T = Traits<kDQK, kFp16>;
@@ -355,7 +357,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
       }
       int ticket = 0;
       if (lane == 0) {
-        smem.tile[tile_iter & 1] = found;
+        sd.tile[tile_iter & 1] = found;
         if (found.valid && !p.deterministic) ticket = ptx::atomic_add_relaxed_gpu(p.tile_counter, smem.zero, 1);
       }
       if (!p.deterministic) tile = __shfl_sync(0xffffffffu, ticket, 0) + p.grid;
@@ -363,7 +365,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
     ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kTileStart), kConsumerThreads);
     // The record is read where it is used (after the barriers and fences of each step the compiler reloads it
     // instead of keeping its fields live: registers are the kernel's limit).
-    const TileInfo& info = smem.tile[tile_iter & 1];
+    const TileInfo& info = sd.tile[tile_iter & 1];
     if (!info.valid) break;
     const int steps = p.heads_per_kv * (info.m_end - info.m_begin);
     if (tid == 0) {
@@ -394,53 +396,61 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         // dP^T = V dO^T with dV += P^T dO; then dS^T = P^T o (dP^T - D) packed, and dK += dS^T Q (register A
         // fragments; dO and Q viewed MN-major). Three phases, so that at most one fp32 score fragment is live beside
         // dK and dV (160 or 128 registers).
-        float st[32];
+        float st[32], dpt[32];
         ptx::wgmma_fence();
         issue_transposed_scores<kFp16, T::kQKTiles, T::kKTileBytes, T::kQTileBytes>(st, k_rows, smem.q[s][0]);
         ptx::wgmma_commit();
+        // dP^T = V dO^T needs no P: issued now, it runs while the exponentials are formed.
+        issue_transposed_scores<kFp16, T::kVTiles, T::kKTileBytes, T::kQTileBytes>(dpt, v_rows, smem.dout[s][0]);
+        ptx::wgmma_commit();
         // Deterministic: the previous step's reductions complete while this GEMM runs; their count is raised now
         // (the next key block of that query block may be waiting for it).
-        if (stage_leader) raise_pending(p, smem.pending_order[kWg]);
+        if (stage_leader) raise_pending(p, sd.pending_order[kWg]);
         __syncwarp();
-        ptx::wgmma_wait<0>();
+        ptx::wgmma_wait<1>();
         ptx::fence_registers(st);
-        const bool masked = Tiles::block_needs_mask(info.s_q, info.s_k, m, info.n_block, p.causal);
+        // Two copies of the exponentials: the mask's per-element tests (a branch each) only on the blocks that need
+        // them (the diagonal and the key tail), the other blocks run the bare loop.
+        auto softmax = [&](auto kMasked) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = 8 * j + col + e;
-            const float l2 = smem.lse[s][c];
+            for (int e = 0; e < 2; ++e) {
+              const int c = 8 * j + col + e;
+              const float l2 = sd.lse[s][c];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const int x = 4 * j + 2 * i + e;
-              float pv = ptx::exp2_approx(fmaf(st[x], p.scale_log2, -l2));
-              if (masked) {
-                const int row = m * T::kBlockM + c;
-                const int key = key0 + 8 * i;
-                if (key >= info.s_k || (p.causal && key > row + info.s_k - info.s_q)) pv = 0.f;
+              for (int i = 0; i < 2; ++i) {
+                const int x = 4 * j + 2 * i + e;
+                float pv = ptx::exp2_approx(fmaf(st[x], p.scale_log2, -l2));
+                if constexpr (decltype(kMasked)::value) {
+                  const int row = m * T::kBlockM + c;
+                  const int key = key0 + 8 * i;
+                  if (key >= info.s_k || (p.causal && key > row + info.s_k - info.s_q)) pv = 0.f;
+                }
+                st[x] = pv;
               }
-              st[x] = pv;
             }
           }
-        }
+        };
+        if (Tiles::block_needs_mask(info.s_q, info.s_k, m, info.n_block, p.causal))
+          softmax(std::true_type{});
+        else
+          softmax(std::false_type{});
         uint32_t pa[4][4], dsa[4][4];
         tile::to_a_fragments<kFp16>(st, pa);
-        float dpt[32];
         ptx::wgmma_fence();
-        issue_transposed_scores<kFp16, T::kVTiles, T::kKTileBytes, T::kQTileBytes>(dpt, v_rows, smem.dout[s][0]);
         tile::issue_pv_rs<kFp16, Desc, T::kQTileBytes, T::kHeadDimV, 4>(dv, pa, smem.dout[s][0]);
         ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
+        // dP^T only: dV += P^T dO runs on while dS is formed (dV and P^T's fragments, its A operand, are left alone
+        // until the wait after dK's GEMM; P^T's fragments are only read).
+        ptx::wgmma_wait<1>();
         ptx::fence_registers(dpt);
-        ptx::fence_registers(dv);
-        ptx::fence_registers(pa);
         // P^T again from its 16-bit fragments (the values dV used).
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float dd = smem.dsum[s][8 * j + col + e];
+            const float dd = sd.dsum[s][8 * j + col + e];
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
               const int x = 4 * j + 2 * i + e;
@@ -455,7 +465,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         ptx::wgmma_commit();
         // ---- dS^T into shared memory once the previous step's dQ GEMMs (its readers) and this warpgroup's previous
         // reductions (readers of the staging sub-blocks) are done
-        if (stage_leader) finish_reductions(p, smem.pending_order[kWg], false);
+        if (stage_leader) finish_reductions(p, sd.pending_order[kWg], false);
         ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kDsFree), kConsumerThreads);
         tile::stmatrix_tile_packed(dsa, ds_rows, t);
         ptx::fence_proxy_async_shared();
@@ -463,6 +473,8 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         ptx::wgmma_wait<0>();
         ptx::fence_registers(dk);
         ptx::fence_registers(dsa);
+        ptx::fence_registers(dv);
+        ptx::fence_registers(pa);
         release(&smem.step_free[s]);  // Q, dO, lse and D of the step are read
         // ---- dQ = dS K: 64-column sub-blocks, g = kWg + step (mod 2): one each (d_qk 128), or two and one (192)
         const int g0 = __shfl_sync(0xffffffffu, static_cast<int>((kWg + step_iter) & 1u), 0);
@@ -475,7 +487,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
           ptx::wgmma_commit();
           ptx::wgmma_wait<0>();
           ptx::fence_registers(dq);
-          stage_dq(dq, smem.dq_stage[g], t);
+          stage_dq(dq, sd.dq_stage[g], t);
         };
         dq_sub_block(g0);
         if constexpr (T::kQKTiles == 3) {
@@ -503,12 +515,12 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
             ptx::fence_proxy_async_global();
           }
           constexpr uint32_t kBytes = kSubBlockFloats * 4;
-          ptx::bulk_reduce_add_f32(dst + g0 * kSubBlockFloats, ptx::smem_addr(smem.dq_stage[g0]), kBytes);
-          if (two) ptx::bulk_reduce_add_f32(dst + 2 * kSubBlockFloats, ptx::smem_addr(smem.dq_stage[2]), kBytes);
+          ptx::bulk_reduce_add_f32(dst + g0 * kSubBlockFloats, ptx::smem_addr(sd.dq_stage[g0]), kBytes);
+          if (two) ptx::bulk_reduce_add_f32(dst + 2 * kSubBlockFloats, ptx::smem_addr(sd.dq_stage[2]), kBytes);
           ptx::bulk_commit_group();
           // The count is raised once the reductions completed: early in this warpgroup's next step, behind its first
           // GEMM (raise_pending), so the wait for their completion is off the step's path.
-          if (p.deterministic) smem.pending_order[kWg] = static_cast<int>(block);
+          if (p.deterministic) sd.pending_order[kWg] = static_cast<int>(block);
         }
         __syncwarp();
       }
@@ -529,7 +541,18 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
       epilogue::store_row<kFp16, false>(dv, i, q4, dv_row, 0, live);
     }
   }
-  if (stage_leader) finish_reductions(p, smem.pending_order[kWg], true);  // also before the CTA's shared memory goes
+  if (stage_leader) finish_reductions(p, sd.pending_order[kWg], true);  // also before the CTA's shared memory goes
+}
+
+// The kernel's shared storage at the first 1024-byte boundary of the dynamic shared memory, as cta::shared_storage
+// places it, but reached by pointer arithmetic on the shared array itself (not through an integer): the compiler then
+// knows every access shared (LDS / STS with 32-bit addresses). Through the integer round trip every record, lse / D
+// and dq staging access was a generic LD.E / ST.E with a 64-bit address (about 60 per step, and the registers).
+template <class Storage>
+__device__ __forceinline__ Storage& shared_storage_in_shared() {
+  extern __shared__ __align__(1024) uint8_t bwd_smem_raw[];
+  const uint32_t pad = (1024u - (ptx::smem_addr(bwd_smem_raw) & 1023u)) & 1023u;
+  return *reinterpret_cast<Storage*>(bwd_smem_raw + pad);
 }
 
 template <int kDQK, bool kFp16>
@@ -539,7 +562,8 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
                    const __grid_constant__ CUtensorMap do_map) {
   using T = Traits<kDQK, kFp16>;
   using Smem = SharedStorage<kDQK, kFp16>;
-  Smem& smem = cta::shared_storage<Smem>();
+  Smem& smem = cta::shared_storage<Smem>();  // addresses for the descriptors, TMA and barriers
+  Smem& sd = shared_storage_in_shared<Smem>();  // the same storage, for the data the threads read and write
   const int tid = threadIdx.x;
   const int wg = cta::warpgroup(tid);
   if (tid == 0) {
@@ -558,9 +582,9 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
   }
   __syncthreads();
   if (wg == 0)
-    consume<kDQK, kFp16, 0>(p, smem, tid, &q_map, &k_map, &v_map, &do_map);
+    consume<kDQK, kFp16, 0>(p, smem, sd, tid, &q_map, &k_map, &v_map, &do_map);
   else
-    consume<kDQK, kFp16, 1>(p, smem, tid, &q_map, &k_map, &v_map, &do_map);
+    consume<kDQK, kFp16, 1>(p, smem, sd, tid, &q_map, &k_map, &v_map, &do_map);
 }
 
 }  // namespace openmla::kernels::mha_prefill_bwd
