@@ -138,6 +138,8 @@ struct alignas(1024) SharedStorage {
   int zero;
   int pending_order[2];  // deterministic: warpgroup w's reduced block whose count is not raised yet (-1: none)
   int pad_;
+  int order_target[2];   // deterministic: the count warpgroup w's step must still wait for before its reductions (-1:
+                         // seen at the step's start)
   uint64_t kv_full;
   uint64_t step_full[T::kStages];
   uint64_t step_free[T::kStages];

@@ -315,6 +315,19 @@ __device__ __forceinline__ void finish_reductions(const MhaPrefillBwdParams& p, 
     ptx::bulk_wait_group_read0();
 }
 
+// Deterministic: the count query block m's accumulator must show before this tile's two reductions (one per
+// warpgroup) add to it: 2 x the tile's rank in the fixed order of the key blocks' additions. Causal: from the last
+// block that reaches the query block down to block 0 (the order in which the diagonal-first walks reach it anyway,
+// so a CTA rarely waits); non-causal: the order in which the rotated walks reach it (config.h, rotated_rank), or
+// block 0 first.
+__device__ __forceinline__ int dq_order_target(const MhaPrefillBwdParams& p, const TileInfo& info, int m) {
+  const int rank = p.causal       ? Tiles::key_block_end(info.s_q, info.s_k, m, true) - 1 - info.n_block
+                   : info.rotated ? rotated_rank(info.n_block, m - info.m_begin, Tiles::num_n_blocks(info.s_k),
+                                                 info.m_end - info.m_begin)
+                                  : info.n_block;
+  return 2 * rank;
+}
+
 template <int kDQK, bool kFp16, int kWg>
 __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStorage<kDQK, kFp16>& smem,
                                         SharedStorage<kDQK, kFp16>& sd, int tid,
@@ -405,7 +418,18 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         ptx::wgmma_commit();
         // Deterministic: the previous step's reductions complete while this GEMM runs; their count is raised now
         // (the next key block of that query block may be waiting for it).
-        if (stage_leader) raise_pending(p, sd.pending_order[kWg]);
+        // Deterministic, the stage leader: the first look at this step's block count, also behind the GEMMs (an
+        // acquire load waits for its answer, about an L2 round trip): at the reduction below the count is then
+        // usually known high enough, and the leader's warp reaches the next step's GEMMs without that wait.
+        // The count still to wait for is kept in shared memory (-1: none), not in a register across the step.
+        if (stage_leader) {
+          raise_pending(p, sd.pending_order[kWg]);
+          if (p.deterministic) {
+            const int target = dq_order_target(p, info, m);
+            const int* order = p.dq_order + static_cast<int64_t>(head) * p.pad_blocks + info.pad_block + m;
+            sd.order_target[kWg] = ptx::ld_acquire_gpu(order) >= target ? -1 : target;
+          }
+        }
         __syncwarp();
         ptx::wgmma_wait<1>();
         ptx::fence_registers(st);
@@ -500,17 +524,12 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
           float* dst = p.dq_accum + block * T::kQKTiles * kSubBlockFloats;
           int* order = p.dq_order + block;
           if (p.deterministic) {
-            // The fixed order of the key blocks' additions to a query block (two reductions each, one per
-            // warpgroup): causal, from the last block that reaches the query block down to block 0 (the order in
-            // which the diagonal-first walks reach it anyway, so a CTA rarely waits); non-causal, the order in which
-            // the rotated walks reach it (config.h, rotated_rank), or block 0 first.
-            const int rank =
-                p.causal       ? Tiles::key_block_end(info.s_q, info.s_k, m, true) - 1 - info.n_block
-                : info.rotated ? rotated_rank(info.n_block, m - info.m_begin, Tiles::num_n_blocks(info.s_k),
-                                              info.m_end - info.m_begin)
-                               : info.n_block;
-            const int target = 2 * rank;
-            while (ptx::ld_acquire_gpu(order) < target) {
+            // The fixed order of the key blocks' additions (dq_order_target); the count was first read at the
+            // step's start.
+            const int target = sd.order_target[kWg];
+            if (target >= 0) {
+              while (ptx::ld_acquire_gpu(order) < target) {
+              }
             }
             ptx::fence_proxy_async_global();
           }
