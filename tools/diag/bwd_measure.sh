@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The dense MHA backward's measurement for one GPU call after tools/gpu_check.sh (its build-gpu extension in place):
-# the benchmark rows whose names match BWD_FILTER against cuDNN in the same process (default: the b=2 s=4096 and
-# b=16 s=1024 rows, default and deterministic), then, unless BWD_NCU=0, ncu's full set on one launch of the main
+# the benchmark rows whose names match BWD_FILTER against cuDNN in the same process (default: the b=2 s=4096 rows
+# and b=16 s=1024 h=128, default and deterministic), then, unless BWD_NCU=0, ncu's full set on one launch of the main
 # kernel of the row BWD_NCU_ROW (clocks untouched: --clock-control none). Everything goes into ONE text file,
 # $OUT/extra/bwd.txt (the bench log, its JSON records, the ncu details).
 set -uo pipefail
@@ -12,7 +12,7 @@ out=${OUT:-$root/build-gpu}/extra
 mkdir -p "$out"
 txt=$out/bwd.txt
 tmp=$(mktemp -d)
-filter=${BWD_FILTER:-b2_s4k|b16_s1k}
+filter=${BWD_FILTER:-b2_s4k|b16_s1k_d192_causal_h128}
 timeout "${BWD_BENCH_TIMEOUT:-400}" python3 benchmarks/run.py --suite mha_prefill_bwd --filter "$filter" \
   --json "$tmp/bwd.json" >"$tmp/bench.log" 2>&1
 echo "bench rc=$?" >>"$tmp/bench.log"
