@@ -285,6 +285,21 @@ __device__ __forceinline__ void issue_dq(float (&dq)[32], const uint8_t* ds, con
                                                            Desc::at(b, kk * 16 * tile::kRowBytes), kk == 0 ? 0 : 1);
 }
 
+// dQ sub-blocks 0 and 2 (d_qk 192) in one m64n128 GEMM: K's tiles 0 and 2 read MN-major as one 128-column operand
+// (LBO: two tiles); accumulator words 0-31 are sub-block 0's m64n64 fragment, 32-63 sub-block 2's.
+template <bool kFp16, int kKTileBytes>
+__device__ __forceinline__ void issue_dq_pair(float (&dq)[64], const uint8_t* ds, const uint8_t* k_tile0) {
+  const uint32_t a = Desc::base<kKTileBytes>(ds), b = Desc::base<2 * kKTileBytes>(k_tile0);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint64_t da = Desc::at(a, kk * 16 * tile::kRowBytes), db = Desc::at(b, kk * 16 * tile::kRowBytes);
+    if constexpr (kFp16)
+      ptx::wgmma_m64n128k16_ss_ta_f16<1>(dq, da, db, kk == 0 ? 0 : 1);
+    else
+      ptx::wgmma_m64n128k16_ss_ta_bf16<1>(dq, da, db, kk == 0 ? 0 : 1);
+  }
+}
+
 // Stores a 64 x 64 fp32 fragment into a staging sub-block in the accumulator's order (config.h, dq_accum_index):
 // float4 j of thread t at j * 512 + 4 t.
 __device__ __forceinline__ void stage_dq(const float (&dq)[32], float* stage, int wg_tid) {
@@ -513,9 +528,24 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
           ptx::fence_registers(dq);
           stage_dq(dq, sd.dq_stage[g], t);
         };
-        dq_sub_block(g0);
         if constexpr (T::kQKTiles == 3) {
-          if (two) dq_sub_block(2);
+          // d_qk 192, the warpgroup with two sub-blocks (0 and 2): one m64n128 GEMM over both (K's tiles 0 and 2 as
+          // one MN-major operand, 32 KB apart): dS^T is read once, one drain instead of two. Each branch issues and
+          // waits for its own GEMMs (no accumulator in flight across the join).
+          if (two) {
+            float dq[64];
+            ptx::wgmma_fence();
+            issue_dq_pair<kFp16, T::kKTileBytes>(dq, smem.ds, smem.k[0]);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<0>();
+            ptx::fence_registers(dq);
+            stage_dq(*reinterpret_cast<const float(*)[32]>(&dq[0]), sd.dq_stage[0], t);
+            stage_dq(*reinterpret_cast<const float(*)[32]>(&dq[32]), sd.dq_stage[2], t);
+          } else {
+            dq_sub_block(g0);
+          }
+        } else {
+          dq_sub_block(g0);
         }
         ptx::fence_proxy_async_shared();
         ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kStage0) + kWg, T::kWarpgroupThreads);
