@@ -4,15 +4,16 @@
 //   preprocess: per query row and head, D = rowsum(dO o O) and the lse in base 2, into the workspace at the row's
 //       padded position (config.h); padded rows keep a huge lse (P = 0) and D = 0.
 //   main: persistent CTAs over tiles (sequence, kv head, 128 keys), taken in order through an atomic counter (the
-//       varlen walk by key blocks, common/varlen_walk.cuh). Three warpgroups:
-//       WG2, the producer (one warp): K and V of the tile once, then per step (query head of the group, query block
-//           of 64 rows) Q, dO, the block's lse and D through a two-stage ring, all by TMA.
-//       WG0, WG1, the consumers: 64 keys each. Per step: S^T = K Q^T and dP^T = V dO^T (SS wgmma, N = 64 query rows),
-//           P^T = 2^(S^T scale_log2 - lse), dS^T = P^T o (dP^T - D); dV += P^T dO and dK += dS^T Q with P^T and dS^T
-//           as register A fragments (RS wgmma); dS^T into shared memory, then dQ = dS K (SS wgmma with the
-//           transposed A form) split by 64-column sub-blocks between the warpgroups, staged in shared memory and
-//           added to the fp32 accumulator by bulk reductions (in key-block order when deterministic).
-//           dK (scaled) and dV leave from the registers at the end of the tile, summed over the group's heads.
+//       varlen walk by key blocks, common/varlen_walk.cuh). Two warpgroups, no producer warpgroup:
+//       WG0, WG1: 64 keys each. Per step (query head of the group, query block of 64 rows): S^T = K Q^T and
+//           dP^T = V dO^T (SS wgmma, N = 64 query rows), P^T = 2^(S^T scale_log2 - lse), dS^T = P^T o (dP^T - D);
+//           dV += P^T dO and dK += dS^T Q with P^T and dS^T as register A fragments (RS wgmma); dS^T into shared
+//           memory, then dQ = dS K (SS wgmma with the transposed A form) split by 64-column sub-blocks between the
+//           warpgroups, staged in shared memory and added to the fp32 accumulator by bulk reductions (in a fixed
+//           order when deterministic). dK (scaled) and dV leave from the registers at the end of the tile, summed
+//           over the group's heads.
+//       One thread (kLoaderThread) issues the TMA loads: K and V of the tile once, then Q, dO, the block's lse and D
+//           one step ahead through a two-stage ring; warp 0 walks the tiles.
 //   dq conversion: dq = scale * the accumulator, in the operands' type.
 // Design note with the pipeline, the barriers and the numerics: docs/mha-prefill-bwd.md.
 #pragma once
@@ -173,7 +174,7 @@ __global__ void __launch_bounds__(256) mha_bwd_zero_key_tail_kernel(const __grid
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Main kernel: tile scheduling (warp 0) and loads (thread 0)
+// Main kernel: tile scheduling (warp 0) and loads (the loader, kLoaderThread)
 // ---------------------------------------------------------------------------------------------------
 __device__ __forceinline__ bool find_tile(const MhaPrefillBwdParams& p, int t, varlen::SeqWindow& w, int lane,
                                           TileInfo& info) {
@@ -225,7 +226,7 @@ __device__ __forceinline__ StepCoord step_coord(const MhaPrefillBwdParams& p, co
   return StepCoord{info.kv_head * p.heads_per_kv + hh, info.m_begin + i};
 }
 
-// Thread 0: K and V of the tile (they are free: every thread passed the tile-start barrier after the previous tile's
+// The loader: K and V of the tile (they are free: every thread passed the tile-start barrier after the previous tile's
 // last GEMM).
 template <int kDQK, bool kFp16>
 __device__ __forceinline__ void load_kv(SharedStorage<kDQK, kFp16>& smem, const TileInfo& info,
@@ -239,7 +240,7 @@ __device__ __forceinline__ void load_kv(SharedStorage<kDQK, kFp16>& smem, const 
                    info.n_block * T::kBlockN, policy);
 }
 
-// Thread 0: the loads of the CTA's step number `it` (step j of the tile) into its ring slot, once both warpgroups
+// The loader: the loads of the CTA's step number `it` (step j of the tile) into its ring slot, once both warpgroups
 // released the slot's previous step.
 template <int kDQK, bool kFp16>
 __device__ __forceinline__ void load_step(const MhaPrefillBwdParams& p, SharedStorage<kDQK, kFp16>& smem,
@@ -396,11 +397,11 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
     const TileInfo& info = sd.tile[tile_iter & 1];
     if (!info.valid) break;
     const int steps = p.heads_per_kv * (info.m_end - info.m_begin);
-    if (tid == 0) {
+    if (tid == kLoaderThread) {
       load_kv(smem, info, k_map, v_map);
       if (steps > 0) load_step(p, smem, info, step_iter, 0, q_map, do_map);
     }
-    __syncwarp();  // warp 0 reconverges before the warp-wide wgmma instructions
+    __syncwarp();  // the loader's warp reconverges before the warp-wide wgmma instructions
     float dk[kDQK / 2], dv[64];
 #pragma unroll
     for (int i = 0; i < kDQK / 2; ++i) dk[i] = 0.f;
@@ -408,9 +409,6 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
     for (int i = 0; i < 64; ++i) dv[i] = 0.f;
     ptx::mbarrier_wait_parity(&smem.kv_full, Ring<1>::parity(tile_iter));
     for (int j = 0; j < steps; ++j, ++step_iter) {
-      // The next step's loads go out now (its slot was released by the step before this one).
-      if (tid == 0 && j + 1 < steps) load_step(p, smem, info, step_iter + 1, j + 1, q_map, do_map);
-      __syncwarp();
       const StepCoord sc = step_coord(p, info, j);
       const int head = sc.head, m = sc.m;
       {
@@ -431,6 +429,10 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         // dP^T = V dO^T needs no P: issued now, it runs while the exponentials are formed.
         issue_transposed_scores<kFp16, T::kVTiles, T::kKTileBytes, T::kQTileBytes>(dpt, v_rows, smem.dout[s][0]);
         ptx::wgmma_commit();
+        // The next step's loads go out now, behind this step's first GEMMs (the loader's warp would wait for them
+        // anyway; at the step's start they held up its warpgroup's GEMMs). Its slot was released by the step
+        // before this one.
+        if (tid == kLoaderThread && j + 1 < steps) load_step(p, smem, info, step_iter + 1, j + 1, q_map, do_map);
         // Deterministic: the previous step's reductions complete while this GEMM runs; their count is raised now
         // (the next key block of that query block may be waiting for it).
         // Deterministic, the stage leader: the first look at this step's block count, also behind the GEMMs (an
@@ -574,7 +576,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         __syncwarp();
       }
     }
-    // (The tile's last GEMMs are done; the next tile's barrier lets thread 0 reload K and V.)
+    // (The tile's last GEMMs are done; the next tile's barrier lets the loader reload K and V.)
     // ---- dK (times the scale) and dV of this warpgroup's keys
 #pragma unroll
     for (int i = 0; i < kDQK / 2; ++i) dk[i] *= p.scale;
