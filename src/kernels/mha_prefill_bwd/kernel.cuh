@@ -213,12 +213,23 @@ __device__ __forceinline__ bool find_tile(const MhaPrefillBwdParams& p, int t, v
   return true;
 }
 
-// Step j of a tile: query head kv_head * heads_per_kv + j / blocks, query block m_begin + j % blocks.
+// Step j of a tile: query head kv_head * heads_per_kv + j / blocks, query block m_begin + j % blocks (from walk_from
+// when rotated). GQA under the key-block-major order (default mode only): the query blocks outer, from the last one
+// down, the group's heads inner, rotated by the key block: the tiles of a kv head started together (the order starts
+// several key blocks of every kv head at once) then stay on the same query block, step for step, and share its Q, dO
+// and dq accumulator in L2 (in the head-outer walk, key block n reaches a head hh 2n steps later than key block 0),
+// on different heads at any one step (no two reductions into the same block at once).
 struct StepCoord {
   int head;
   int m;
 };
 __device__ __forceinline__ StepCoord step_coord(const MhaPrefillBwdParams& p, const TileInfo& info, int j) {
+  if (p.key_block_major) {
+    const int b = j / p.heads_per_kv;
+    int hh = j - b * p.heads_per_kv + info.n_block % p.heads_per_kv;
+    if (hh >= p.heads_per_kv) hh -= p.heads_per_kv;
+    return StepCoord{info.kv_head * p.heads_per_kv + hh, info.m_end - 1 - b};
+  }
   const int blocks = info.m_end - info.m_begin;
   const int hh = j / blocks;
   int i = j - hh * blocks + info.walk_from;
