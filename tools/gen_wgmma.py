@@ -17,6 +17,8 @@ ADDED_SHAPES = [128]
 # (dQ = dS K with dS stored key-major, i.e. MN-major as the A operand).
 BWD_SHAPES = [192]
 TRANS_A_SHAPES = [64]
+# ... and at N = 128 (the d_qk 192 backward's two dQ sub-blocks of one warpgroup in one GEMM), emitted last.
+TRANS_A_ADDED_SHAPES = [128]
 TYPES = [("bf16", "bf16"), ("f16", "f16")]
 # The FP8 prefill (docs/fp8-prefill-design.md): e4m3 x e4m3 -> f32, m64nNk32, shared-memory A (Q K^T) and register A
 # (P V). 8-bit wgmma has no transpose immediates: both operands are K-major in shared memory. N = 64 (sparse prefill's
@@ -128,6 +130,10 @@ def main():
             parts.append(gen_rs(n, t))
             parts.append("")
         for n in TRANS_A_SHAPES:
+            parts.append(gen_ss(n, t, trans_a=True))
+            parts.append("")
+    for t, _ in TYPES:
+        for n in TRANS_A_ADDED_SHAPES:
             parts.append(gen_ss(n, t, trans_a=True))
             parts.append("")
     parts.append("// e4m3 x e4m3 -> f32, k32 (32 bytes of K per slice, as 16 bf16 columns). No kTransB: 8-bit wgmma reads both")

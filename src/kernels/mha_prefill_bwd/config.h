@@ -76,8 +76,8 @@ struct Traits {
   static constexpr int kWarpgroupThreads = 128;
   // Two warpgroups (keys 0-63, 64-127), no producer warpgroup: each thread may take 255 registers (dK 64 x d_qk fp32:
   // 96 or 64, dV 64 x 128: 64, for the whole tile; per step S^T and dP^T, 32 each, their A fragments, 16 each, or
-  // the dQ sub-blocks, 32 or 64), which a third warpgroup's share would not leave (2 x 240 + 24). Thread 0 issues the
-  // loads one step ahead; warp 0 walks the tiles.
+  // the dQ sub-blocks, 32 or 64), which a third warpgroup's share would not leave (2 x 240 + 24). Thread 32 (kLoaderThread)
+  // issues the loads one step ahead; warp 0 walks the tiles.
   static constexpr int kThreads = 2 * kWarpgroupThreads;
 
   static constexpr uint32_t kKBytes = kQKTiles * kKTileBytes;
@@ -106,10 +106,10 @@ struct TileInfo {
 };
 
 // Mbarriers:
-//   kv_full:   thread 0's loads -> everyone, once per tile: 1 arrival + K's and V's bytes
-//   step_full[s]: thread 0's loads -> everyone, per step: 1 arrival + Q, dO, lse and D bytes
-//   step_free[s]: everyone -> thread 0, per step: one arrival per warp (8) after the step's last reads of Q, dO, lse
-//              and D (thread 0 waits before loading the step two ahead into the slot)
+//   kv_full:   the loader's loads -> everyone, once per tile: 1 arrival + K's and V's bytes
+//   step_full[s]: the loader's loads -> everyone, per step: 1 arrival + Q, dO, lse and D bytes
+//   step_free[s]: everyone -> the loader, per step: one arrival per warp (8) after the step's last reads of Q, dO, lse
+//              and D (the loader waits before loading the step two ahead into the slot)
 // Named barriers (id 0 is __syncthreads):
 enum class NamedBarrier : int {
   kTileStart = 1,  // both warpgroups, once per tile: the record is published and every thread is past the previous
@@ -121,6 +121,9 @@ enum class NamedBarrier : int {
   kStage1 = 5,
 };
 inline constexpr int kConsumerWarps = 8;
+// The thread that issues the TMA loads: lane 0 of warp 1 (warp 0 walks the tiles and its thread 0 leads warpgroup 0's
+// dq reductions).
+inline constexpr int kLoaderThread = 32;
 inline constexpr int kConsumerThreads = 256;
 
 template <int kDQK, bool kFp16>
@@ -138,6 +141,8 @@ struct alignas(1024) SharedStorage {
   int zero;
   int pending_order[2];  // deterministic: warpgroup w's reduced block whose count is not raised yet (-1: none)
   int pad_;
+  int order_target[2];   // deterministic: the count warpgroup w's step must still wait for before its reductions (-1:
+                         // seen at the step's start)
   uint64_t kv_full;
   uint64_t step_full[T::kStages];
   uint64_t step_free[T::kStages];

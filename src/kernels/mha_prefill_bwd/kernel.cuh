@@ -4,15 +4,16 @@
 //   preprocess: per query row and head, D = rowsum(dO o O) and the lse in base 2, into the workspace at the row's
 //       padded position (config.h); padded rows keep a huge lse (P = 0) and D = 0.
 //   main: persistent CTAs over tiles (sequence, kv head, 128 keys), taken in order through an atomic counter (the
-//       varlen walk by key blocks, common/varlen_walk.cuh). Three warpgroups:
-//       WG2, the producer (one warp): K and V of the tile once, then per step (query head of the group, query block
-//           of 64 rows) Q, dO, the block's lse and D through a two-stage ring, all by TMA.
-//       WG0, WG1, the consumers: 64 keys each. Per step: S^T = K Q^T and dP^T = V dO^T (SS wgmma, N = 64 query rows),
-//           P^T = 2^(S^T scale_log2 - lse), dS^T = P^T o (dP^T - D); dV += P^T dO and dK += dS^T Q with P^T and dS^T
-//           as register A fragments (RS wgmma); dS^T into shared memory, then dQ = dS K (SS wgmma with the
-//           transposed A form) split by 64-column sub-blocks between the warpgroups, staged in shared memory and
-//           added to the fp32 accumulator by bulk reductions (in key-block order when deterministic).
-//           dK (scaled) and dV leave from the registers at the end of the tile, summed over the group's heads.
+//       varlen walk by key blocks, common/varlen_walk.cuh). Two warpgroups, no producer warpgroup:
+//       WG0, WG1: 64 keys each. Per step (query head of the group, query block of 64 rows): S^T = K Q^T and
+//           dP^T = V dO^T (SS wgmma, N = 64 query rows), P^T = 2^(S^T scale_log2 - lse), dS^T = P^T o (dP^T - D);
+//           dV += P^T dO and dK += dS^T Q with P^T and dS^T as register A fragments (RS wgmma); dS^T into shared
+//           memory, then dQ = dS K (SS wgmma with the transposed A form) split by 64-column sub-blocks between the
+//           warpgroups, staged in shared memory and added to the fp32 accumulator by bulk reductions (in a fixed
+//           order when deterministic). dK (scaled) and dV leave from the registers at the end of the tile, summed
+//           over the group's heads.
+//       One thread (kLoaderThread) issues the TMA loads: K and V of the tile once, then Q, dO, the block's lse and D
+//           one step ahead through a two-stage ring; warp 0 walks the tiles.
 //   dq conversion: dq = scale * the accumulator, in the operands' type.
 // Design note with the pipeline, the barriers and the numerics: docs/mha-prefill-bwd.md.
 #pragma once
@@ -21,6 +22,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/barrier_ring.cuh"
 #include "common/cta.cuh"
@@ -172,7 +174,7 @@ __global__ void __launch_bounds__(256) mha_bwd_zero_key_tail_kernel(const __grid
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Main kernel: tile scheduling (warp 0) and loads (thread 0)
+// Main kernel: tile scheduling (warp 0) and loads (the loader, kLoaderThread)
 // ---------------------------------------------------------------------------------------------------
 __device__ __forceinline__ bool find_tile(const MhaPrefillBwdParams& p, int t, varlen::SeqWindow& w, int lane,
                                           TileInfo& info) {
@@ -211,12 +213,23 @@ __device__ __forceinline__ bool find_tile(const MhaPrefillBwdParams& p, int t, v
   return true;
 }
 
-// Step j of a tile: query head kv_head * heads_per_kv + j / blocks, query block m_begin + j % blocks.
+// Step j of a tile: query head kv_head * heads_per_kv + j / blocks, query block m_begin + j % blocks (from walk_from
+// when rotated). GQA under the key-block-major order (default mode only): the query blocks outer, from the last one
+// down, the group's heads inner, rotated by the key block: the tiles of a kv head started together (the order starts
+// several key blocks of every kv head at once) then stay on the same query block, step for step, and share its Q, dO
+// and dq accumulator in L2 (in the head-outer walk, key block n reaches a head hh 2n steps later than key block 0),
+// on different heads at any one step (no two reductions into the same block at once).
 struct StepCoord {
   int head;
   int m;
 };
 __device__ __forceinline__ StepCoord step_coord(const MhaPrefillBwdParams& p, const TileInfo& info, int j) {
+  if (p.key_block_major) {
+    const int b = j / p.heads_per_kv;
+    int hh = j - b * p.heads_per_kv + info.n_block % p.heads_per_kv;
+    if (hh >= p.heads_per_kv) hh -= p.heads_per_kv;
+    return StepCoord{info.kv_head * p.heads_per_kv + hh, info.m_end - 1 - b};
+  }
   const int blocks = info.m_end - info.m_begin;
   const int hh = j / blocks;
   int i = j - hh * blocks + info.walk_from;
@@ -224,7 +237,7 @@ __device__ __forceinline__ StepCoord step_coord(const MhaPrefillBwdParams& p, co
   return StepCoord{info.kv_head * p.heads_per_kv + hh, info.m_begin + i};
 }
 
-// Thread 0: K and V of the tile (they are free: every thread passed the tile-start barrier after the previous tile's
+// The loader: K and V of the tile (they are free: every thread passed the tile-start barrier after the previous tile's
 // last GEMM).
 template <int kDQK, bool kFp16>
 __device__ __forceinline__ void load_kv(SharedStorage<kDQK, kFp16>& smem, const TileInfo& info,
@@ -238,7 +251,7 @@ __device__ __forceinline__ void load_kv(SharedStorage<kDQK, kFp16>& smem, const 
                    info.n_block * T::kBlockN, policy);
 }
 
-// Thread 0: the loads of the CTA's step number `it` (step j of the tile) into its ring slot, once both warpgroups
+// The loader: the loads of the CTA's step number `it` (step j of the tile) into its ring slot, once both warpgroups
 // released the slot's previous step.
 template <int kDQK, bool kFp16>
 __device__ __forceinline__ void load_step(const MhaPrefillBwdParams& p, SharedStorage<kDQK, kFp16>& smem,
@@ -284,6 +297,21 @@ __device__ __forceinline__ void issue_dq(float (&dq)[32], const uint8_t* ds, con
                                                            Desc::at(b, kk * 16 * tile::kRowBytes), kk == 0 ? 0 : 1);
 }
 
+// dQ sub-blocks 0 and 2 (d_qk 192) in one m64n128 GEMM: K's tiles 0 and 2 read MN-major as one 128-column operand
+// (LBO: two tiles); accumulator words 0-31 are sub-block 0's m64n64 fragment, 32-63 sub-block 2's.
+template <bool kFp16, int kKTileBytes>
+__device__ __forceinline__ void issue_dq_pair(float (&dq)[64], const uint8_t* ds, const uint8_t* k_tile0) {
+  const uint32_t a = Desc::base<kKTileBytes>(ds), b = Desc::base<2 * kKTileBytes>(k_tile0);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint64_t da = Desc::at(a, kk * 16 * tile::kRowBytes), db = Desc::at(b, kk * 16 * tile::kRowBytes);
+    if constexpr (kFp16)
+      ptx::wgmma_m64n128k16_ss_ta_f16<1>(dq, da, db, kk == 0 ? 0 : 1);
+    else
+      ptx::wgmma_m64n128k16_ss_ta_bf16<1>(dq, da, db, kk == 0 ? 0 : 1);
+  }
+}
+
 // Stores a 64 x 64 fp32 fragment into a staging sub-block in the accumulator's order (config.h, dq_accum_index):
 // float4 j of thread t at j * 512 + 4 t.
 __device__ __forceinline__ void stage_dq(const float (&dq)[32], float* stage, int wg_tid) {
@@ -314,8 +342,22 @@ __device__ __forceinline__ void finish_reductions(const MhaPrefillBwdParams& p, 
     ptx::bulk_wait_group_read0();
 }
 
+// Deterministic: the count query block m's accumulator must show before this tile's two reductions (one per
+// warpgroup) add to it: 2 x the tile's rank in the fixed order of the key blocks' additions. Causal: from the last
+// block that reaches the query block down to block 0 (the order in which the diagonal-first walks reach it anyway,
+// so a CTA rarely waits); non-causal: the order in which the rotated walks reach it (config.h, rotated_rank), or
+// block 0 first.
+__device__ __forceinline__ int dq_order_target(const MhaPrefillBwdParams& p, const TileInfo& info, int m) {
+  const int rank = p.causal       ? Tiles::key_block_end(info.s_q, info.s_k, m, true) - 1 - info.n_block
+                   : info.rotated ? rotated_rank(info.n_block, m - info.m_begin, Tiles::num_n_blocks(info.s_k),
+                                                 info.m_end - info.m_begin)
+                                  : info.n_block;
+  return 2 * rank;
+}
+
 template <int kDQK, bool kFp16, int kWg>
-__device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStorage<kDQK, kFp16>& smem, int tid,
+__device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStorage<kDQK, kFp16>& smem,
+                                        SharedStorage<kDQK, kFp16>& sd, int tid,
                                         const CUtensorMap* q_map, const CUtensorMap* k_map, const CUtensorMap* v_map,
                                         const CUtensorMap* do_map) {
   using T = Traits<kDQK, kFp16>;
@@ -355,7 +397,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
       }
       int ticket = 0;
       if (lane == 0) {
-        smem.tile[tile_iter & 1] = found;
+        sd.tile[tile_iter & 1] = found;
         if (found.valid && !p.deterministic) ticket = ptx::atomic_add_relaxed_gpu(p.tile_counter, smem.zero, 1);
       }
       if (!p.deterministic) tile = __shfl_sync(0xffffffffu, ticket, 0) + p.grid;
@@ -363,14 +405,14 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
     ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kTileStart), kConsumerThreads);
     // The record is read where it is used (after the barriers and fences of each step the compiler reloads it
     // instead of keeping its fields live: registers are the kernel's limit).
-    const TileInfo& info = smem.tile[tile_iter & 1];
+    const TileInfo& info = sd.tile[tile_iter & 1];
     if (!info.valid) break;
     const int steps = p.heads_per_kv * (info.m_end - info.m_begin);
-    if (tid == 0) {
+    if (tid == kLoaderThread) {
       load_kv(smem, info, k_map, v_map);
       if (steps > 0) load_step(p, smem, info, step_iter, 0, q_map, do_map);
     }
-    __syncwarp();  // warp 0 reconverges before the warp-wide wgmma instructions
+    __syncwarp();  // the loader's warp reconverges before the warp-wide wgmma instructions
     float dk[kDQK / 2], dv[64];
 #pragma unroll
     for (int i = 0; i < kDQK / 2; ++i) dk[i] = 0.f;
@@ -378,9 +420,6 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
     for (int i = 0; i < 64; ++i) dv[i] = 0.f;
     ptx::mbarrier_wait_parity(&smem.kv_full, Ring<1>::parity(tile_iter));
     for (int j = 0; j < steps; ++j, ++step_iter) {
-      // The next step's loads go out now (its slot was released by the step before this one).
-      if (tid == 0 && j + 1 < steps) load_step(p, smem, info, step_iter + 1, j + 1, q_map, do_map);
-      __syncwarp();
       const StepCoord sc = step_coord(p, info, j);
       const int head = sc.head, m = sc.m;
       {
@@ -394,53 +433,76 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         // dP^T = V dO^T with dV += P^T dO; then dS^T = P^T o (dP^T - D) packed, and dK += dS^T Q (register A
         // fragments; dO and Q viewed MN-major). Three phases, so that at most one fp32 score fragment is live beside
         // dK and dV (160 or 128 registers).
-        float st[32];
+        float st[32], dpt[32];
         ptx::wgmma_fence();
         issue_transposed_scores<kFp16, T::kQKTiles, T::kKTileBytes, T::kQTileBytes>(st, k_rows, smem.q[s][0]);
         ptx::wgmma_commit();
+        // dP^T = V dO^T needs no P: issued now, it runs while the exponentials are formed.
+        issue_transposed_scores<kFp16, T::kVTiles, T::kKTileBytes, T::kQTileBytes>(dpt, v_rows, smem.dout[s][0]);
+        ptx::wgmma_commit();
+        // The next step's loads go out now, behind this step's first GEMMs (the loader's warp would wait for them
+        // anyway; at the step's start they held up its warpgroup's GEMMs). Its slot was released by the step
+        // before this one.
+        if (tid == kLoaderThread && j + 1 < steps) load_step(p, smem, info, step_iter + 1, j + 1, q_map, do_map);
         // Deterministic: the previous step's reductions complete while this GEMM runs; their count is raised now
         // (the next key block of that query block may be waiting for it).
-        if (stage_leader) raise_pending(p, smem.pending_order[kWg]);
-        __syncwarp();
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(st);
-        const bool masked = Tiles::block_needs_mask(info.s_q, info.s_k, m, info.n_block, p.causal);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = 8 * j + col + e;
-            const float l2 = smem.lse[s][c];
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const int x = 4 * j + 2 * i + e;
-              float pv = ptx::exp2_approx(fmaf(st[x], p.scale_log2, -l2));
-              if (masked) {
-                const int row = m * T::kBlockM + c;
-                const int key = key0 + 8 * i;
-                if (key >= info.s_k || (p.causal && key > row + info.s_k - info.s_q)) pv = 0.f;
-              }
-              st[x] = pv;
-            }
+        // Deterministic, the stage leader: the first look at this step's block count, also behind the GEMMs (an
+        // acquire load waits for its answer, about an L2 round trip): at the reduction below the count is then
+        // usually known high enough, and the leader's warp reaches the next step's GEMMs without that wait.
+        // The count still to wait for is kept in shared memory (-1: none), not in a register across the step.
+        if (stage_leader) {
+          raise_pending(p, sd.pending_order[kWg]);
+          if (p.deterministic) {
+            const int target = dq_order_target(p, info, m);
+            const int* order = p.dq_order + static_cast<int64_t>(head) * p.pad_blocks + info.pad_block + m;
+            sd.order_target[kWg] = ptx::ld_acquire_gpu(order) >= target ? -1 : target;
           }
         }
+        __syncwarp();
+        ptx::wgmma_wait<1>();
+        ptx::fence_registers(st);
+        // Two copies of the exponentials: the mask's per-element tests (a branch each) only on the blocks that need
+        // them (the diagonal and the key tail), the other blocks run the bare loop.
+        auto softmax = [&](auto kMasked) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int c = 8 * j + col + e;
+              const float l2 = sd.lse[s][c];
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const int x = 4 * j + 2 * i + e;
+                float pv = ptx::exp2_approx(fmaf(st[x], p.scale_log2, -l2));
+                if constexpr (decltype(kMasked)::value) {
+                  const int row = m * T::kBlockM + c;
+                  const int key = key0 + 8 * i;
+                  if (key >= info.s_k || (p.causal && key > row + info.s_k - info.s_q)) pv = 0.f;
+                }
+                st[x] = pv;
+              }
+            }
+          }
+        };
+        if (Tiles::block_needs_mask(info.s_q, info.s_k, m, info.n_block, p.causal))
+          softmax(std::true_type{});
+        else
+          softmax(std::false_type{});
         uint32_t pa[4][4], dsa[4][4];
         tile::to_a_fragments<kFp16>(st, pa);
-        float dpt[32];
         ptx::wgmma_fence();
-        issue_transposed_scores<kFp16, T::kVTiles, T::kKTileBytes, T::kQTileBytes>(dpt, v_rows, smem.dout[s][0]);
         tile::issue_pv_rs<kFp16, Desc, T::kQTileBytes, T::kHeadDimV, 4>(dv, pa, smem.dout[s][0]);
         ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
+        // dP^T only: dV += P^T dO runs on while dS is formed (dV and P^T's fragments, its A operand, are left alone
+        // until the wait after dK's GEMM; P^T's fragments are only read).
+        ptx::wgmma_wait<1>();
         ptx::fence_registers(dpt);
-        ptx::fence_registers(dv);
-        ptx::fence_registers(pa);
         // P^T again from its 16-bit fragments (the values dV used).
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float dd = smem.dsum[s][8 * j + col + e];
+            const float dd = sd.dsum[s][8 * j + col + e];
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
               const int x = 4 * j + 2 * i + e;
@@ -455,7 +517,7 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         ptx::wgmma_commit();
         // ---- dS^T into shared memory once the previous step's dQ GEMMs (its readers) and this warpgroup's previous
         // reductions (readers of the staging sub-blocks) are done
-        if (stage_leader) finish_reductions(p, smem.pending_order[kWg], false);
+        if (stage_leader) finish_reductions(p, sd.pending_order[kWg], false);
         ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kDsFree), kConsumerThreads);
         tile::stmatrix_tile_packed(dsa, ds_rows, t);
         ptx::fence_proxy_async_shared();
@@ -463,6 +525,8 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
         ptx::wgmma_wait<0>();
         ptx::fence_registers(dk);
         ptx::fence_registers(dsa);
+        ptx::fence_registers(dv);
+        ptx::fence_registers(pa);
         release(&smem.step_free[s]);  // Q, dO, lse and D of the step are read
         // ---- dQ = dS K: 64-column sub-blocks, g = kWg + step (mod 2): one each (d_qk 128), or two and one (192)
         const int g0 = __shfl_sync(0xffffffffu, static_cast<int>((kWg + step_iter) & 1u), 0);
@@ -475,11 +539,26 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
           ptx::wgmma_commit();
           ptx::wgmma_wait<0>();
           ptx::fence_registers(dq);
-          stage_dq(dq, smem.dq_stage[g], t);
+          stage_dq(dq, sd.dq_stage[g], t);
         };
-        dq_sub_block(g0);
         if constexpr (T::kQKTiles == 3) {
-          if (two) dq_sub_block(2);
+          // d_qk 192, the warpgroup with two sub-blocks (0 and 2): one m64n128 GEMM over both (K's tiles 0 and 2 as
+          // one MN-major operand, 32 KB apart): dS^T is read once, one drain instead of two. Each branch issues and
+          // waits for its own GEMMs (no accumulator in flight across the join).
+          if (two) {
+            float dq[64];
+            ptx::wgmma_fence();
+            issue_dq_pair<kFp16, T::kKTileBytes>(dq, smem.ds, smem.k[0]);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<0>();
+            ptx::fence_registers(dq);
+            stage_dq(*reinterpret_cast<const float(*)[32]>(&dq[0]), sd.dq_stage[0], t);
+            stage_dq(*reinterpret_cast<const float(*)[32]>(&dq[32]), sd.dq_stage[2], t);
+          } else {
+            dq_sub_block(g0);
+          }
+        } else {
+          dq_sub_block(g0);
         }
         ptx::fence_proxy_async_shared();
         ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kStage0) + kWg, T::kWarpgroupThreads);
@@ -488,32 +567,27 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
           float* dst = p.dq_accum + block * T::kQKTiles * kSubBlockFloats;
           int* order = p.dq_order + block;
           if (p.deterministic) {
-            // The fixed order of the key blocks' additions to a query block (two reductions each, one per
-            // warpgroup): causal, from the last block that reaches the query block down to block 0 (the order in
-            // which the diagonal-first walks reach it anyway, so a CTA rarely waits); non-causal, the order in which
-            // the rotated walks reach it (config.h, rotated_rank), or block 0 first.
-            const int rank =
-                p.causal       ? Tiles::key_block_end(info.s_q, info.s_k, m, true) - 1 - info.n_block
-                : info.rotated ? rotated_rank(info.n_block, m - info.m_begin, Tiles::num_n_blocks(info.s_k),
-                                              info.m_end - info.m_begin)
-                               : info.n_block;
-            const int target = 2 * rank;
-            while (ptx::ld_acquire_gpu(order) < target) {
+            // The fixed order of the key blocks' additions (dq_order_target); the count was first read at the
+            // step's start.
+            const int target = sd.order_target[kWg];
+            if (target >= 0) {
+              while (ptx::ld_acquire_gpu(order) < target) {
+              }
             }
             ptx::fence_proxy_async_global();
           }
           constexpr uint32_t kBytes = kSubBlockFloats * 4;
-          ptx::bulk_reduce_add_f32(dst + g0 * kSubBlockFloats, ptx::smem_addr(smem.dq_stage[g0]), kBytes);
-          if (two) ptx::bulk_reduce_add_f32(dst + 2 * kSubBlockFloats, ptx::smem_addr(smem.dq_stage[2]), kBytes);
+          ptx::bulk_reduce_add_f32(dst + g0 * kSubBlockFloats, ptx::smem_addr(sd.dq_stage[g0]), kBytes);
+          if (two) ptx::bulk_reduce_add_f32(dst + 2 * kSubBlockFloats, ptx::smem_addr(sd.dq_stage[2]), kBytes);
           ptx::bulk_commit_group();
           // The count is raised once the reductions completed: early in this warpgroup's next step, behind its first
           // GEMM (raise_pending), so the wait for their completion is off the step's path.
-          if (p.deterministic) smem.pending_order[kWg] = static_cast<int>(block);
+          if (p.deterministic) sd.pending_order[kWg] = static_cast<int>(block);
         }
         __syncwarp();
       }
     }
-    // (The tile's last GEMMs are done; the next tile's barrier lets thread 0 reload K and V.)
+    // (The tile's last GEMMs are done; the next tile's barrier lets the loader reload K and V.)
     // ---- dK (times the scale) and dV of this warpgroup's keys
 #pragma unroll
     for (int i = 0; i < kDQK / 2; ++i) dk[i] *= p.scale;
@@ -529,7 +603,18 @@ __device__ __forceinline__ void consume(const MhaPrefillBwdParams& p, SharedStor
       epilogue::store_row<kFp16, false>(dv, i, q4, dv_row, 0, live);
     }
   }
-  if (stage_leader) finish_reductions(p, smem.pending_order[kWg], true);  // also before the CTA's shared memory goes
+  if (stage_leader) finish_reductions(p, sd.pending_order[kWg], true);  // also before the CTA's shared memory goes
+}
+
+// The kernel's shared storage at the first 1024-byte boundary of the dynamic shared memory, as cta::shared_storage
+// places it, but reached by pointer arithmetic on the shared array itself (not through an integer): the compiler then
+// knows every access shared (LDS / STS with 32-bit addresses). Through the integer round trip every record, lse / D
+// and dq staging access was a generic LD.E / ST.E with a 64-bit address (about 60 per step, and the registers).
+template <class Storage>
+__device__ __forceinline__ Storage& shared_storage_in_shared() {
+  extern __shared__ __align__(1024) uint8_t bwd_smem_raw[];
+  const uint32_t pad = (1024u - (ptx::smem_addr(bwd_smem_raw) & 1023u)) & 1023u;
+  return *reinterpret_cast<Storage*>(bwd_smem_raw + pad);
 }
 
 template <int kDQK, bool kFp16>
@@ -539,7 +624,8 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
                    const __grid_constant__ CUtensorMap do_map) {
   using T = Traits<kDQK, kFp16>;
   using Smem = SharedStorage<kDQK, kFp16>;
-  Smem& smem = cta::shared_storage<Smem>();
+  Smem& smem = cta::shared_storage<Smem>();  // addresses for the descriptors, TMA and barriers
+  Smem& sd = shared_storage_in_shared<Smem>();  // the same storage, for the data the threads read and write
   const int tid = threadIdx.x;
   const int wg = cta::warpgroup(tid);
   if (tid == 0) {
@@ -558,9 +644,9 @@ __global__ void __launch_bounds__(Traits<kDQK, kFp16>::kThreads, 1)
   }
   __syncthreads();
   if (wg == 0)
-    consume<kDQK, kFp16, 0>(p, smem, tid, &q_map, &k_map, &v_map, &do_map);
+    consume<kDQK, kFp16, 0>(p, smem, sd, tid, &q_map, &k_map, &v_map, &do_map);
   else
-    consume<kDQK, kFp16, 1>(p, smem, tid, &q_map, &k_map, &v_map, &do_map);
+    consume<kDQK, kFp16, 1>(p, smem, sd, tid, &q_map, &k_map, &v_map, &do_map);
 }
 
 }  // namespace openmla::kernels::mha_prefill_bwd
