@@ -364,6 +364,18 @@ __device__ __forceinline__ void softmax_step(float (&s)[64], float scale_log2, f
   softmax::update_row_sums(l, a, sum);
 }
 
+// Keeps the step's exponentials ahead of the P V wait that follows them in the source. Without it ptxas hoists the
+// wait (WARPGROUP.DEPBAR) above all 66 MUFU.EX2 of the main loop, right after the row max, so the P V of block n + 1
+// ran on the step's chain instead of under the exponentials. A warp vote on the row sums (which depend on every
+// exponential) is an instruction ptxas does not move across the wait; its result is unused (the vote costs a
+// divergence check, no VOTE in the SASS). Checked in the SASS of both units: 66 MUFU.EX2, then the wait.
+__device__ __forceinline__ void exponentials_before_wait(const float (&l)[2]) {
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.eq.u32 p, %0, %1;\nvote.sync.any.pred q, p, 0xffffffff;\n}" ::"r"(__float_as_uint(l[0])),
+      "r"(__float_as_uint(l[1]))
+      : "memory");
+}
+
 template <int kDQK, int kWg>
 __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStorage<kDQK>& smem, int tid) {
   using T = Traits<kDQK>;
@@ -471,6 +483,7 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       if (Tiles::block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.base.causal))
         mask::by_key_limit(s, limit, n * T::kBlockN, frag.col);
       softmax_step(s, scale_log2, m, l, a, T::kPOffset);
+      exponentials_before_wait(l);  // the P V of block n + 1 runs under them
       ptx::wgmma_wait<0>();
       ptx::fence_registers(o);
       release(&smem.vt_free[vs]);
