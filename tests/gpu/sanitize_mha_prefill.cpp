@@ -462,5 +462,15 @@ int run_mha_prefill_sanitize_cases() {
     }
     if (turns) unsetenv("OPENMLA_FP8_TURNS");
   }
+  // And with the second experiment switch (the kernel whose P V wait follows 3/4 of the exponentials).
+  setenv("OPENMLA_FP8_VARIANT", "1", 1);
+  for (const Fp8Case& c : fp8_cases) {
+    if (!run_fp8_case(c)) {
+      ++failed;
+      std::printf("  FAILED: dense MHA prefill FP8 case '%s' (d_qk %d, h_q %d, h_kv %d, causal %d, sms %d, variant 1)\n",
+                  c.name, c.d_qk, c.h_q, c.h_kv, c.causal, c.num_sms);
+    }
+  }
+  unsetenv("OPENMLA_FP8_VARIANT");
   return failed;
 }

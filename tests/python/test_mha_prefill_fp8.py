@@ -354,6 +354,24 @@ def test_fp8_gemm_turns_give_the_same_bits(mha, case, monkeypatch):
 
 
 @gpu
+@pytest.mark.parametrize("case", [MATRIX[1], MATRIX[6], POISONED[1], EACH_LENGTH[-1]], ids=str)
+def test_fp8_variant_gives_the_same_bits(mha, case, monkeypatch):
+    """The experiment switch OPENMLA_FP8_VARIANT=1 (the P V wait after 3/4 of the exponentials) changes only the
+    schedule: the same bits as without it, and the reference check."""
+    torch = _torch()
+    q, k, v, ds, _, cu_q, _, cu_q_t, cu_k_t = make_inputs(case)
+    kw = dict(causal=case.causal, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2])
+    n = cu_q[-1]
+    base = mha.flash_attn_varlen_func(q, k, v, cu_q_t, cu_k_t, max(case.s_q), max(case.s_k), **kw)
+    monkeypatch.setenv("OPENMLA_FP8_VARIANT", "1")
+    other = mha.flash_attn_varlen_func(q, k, v, cu_q_t, cu_k_t, max(case.s_q), max(case.s_k), **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(base[0][:n].view(torch.int16), other[0][:n].view(torch.int16)), f"out differs [{case}]"
+    assert torch.equal(base[1][:n].contiguous().view(torch.int32), other[1][:n].contiguous().view(torch.int32))
+    run_and_check(mha, case)
+
+
+@gpu
 def test_fp8_default_outputs_and_out_dtype(mha):
     torch = _torch()
     case = Case((100, 200), (150, 200), h_q=8, h_kv=2, causal=False, pad=0)

@@ -346,6 +346,49 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[4]
   for (int j = 0; j < T::kPVSlices; ++j) E8::mma_rs<128>(o, pa[j], Desc::at(v, static_cast<uint32_t>(j * 32)), 1);
 }
 
+// The main loop's softmax step in two parts around the P V wait, the same arithmetic in the same order as
+// softmax_step: softmax_head takes the row max, the new running max and the factor a and exponentiates the first
+// kChunks 8-column chunks (of 16) with their partial row sums; softmax_tail the rest, then l <- l a + rowsum.
+template <int kChunks>
+__device__ __forceinline__ void softmax_head(float (&s)[64], float scale_log2, float (&m)[2], float (&a)[2],
+                                             float (&mo)[2], float (&sum)[2], float offset) {
+  float mx[2];
+  tile::row_max_tree(s, mx);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m_new = softmax::new_max(m[i], mx[i], scale_log2);
+    a[i] = softmax::rescale_factor(m[i], m_new);
+    m[i] = m_new;
+    mo[i] = m_new - offset;
+  }
+  sum[0] = sum[1] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[j * 4 + e] = ptx::exp2_approx(fmaf(s[j * 4 + e], scale_log2, -mo[0]));
+      s[j * 4 + 2 + e] = ptx::exp2_approx(fmaf(s[j * 4 + 2 + e], scale_log2, -mo[1]));
+      sum[0] += s[j * 4 + e];
+      sum[1] += s[j * 4 + 2 + e];
+    }
+  }
+}
+template <int kChunks>
+__device__ __forceinline__ void softmax_tail(float (&s)[64], float scale_log2, float (&l)[2], const float (&a)[2],
+                                             const float (&mo)[2], float (&sum)[2]) {
+#pragma unroll
+  for (int j = kChunks; j < 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[j * 4 + e] = ptx::exp2_approx(fmaf(s[j * 4 + e], scale_log2, -mo[0]));
+      s[j * 4 + 2 + e] = ptx::exp2_approx(fmaf(s[j * 4 + 2 + e], scale_log2, -mo[1]));
+      sum[0] += s[j * 4 + e];
+      sum[1] += s[j * 4 + 2 + e];
+    }
+  }
+  softmax::update_row_sums(l, a, sum);
+}
+
 // The online-softmax step with P's offset: m_new = max(m, rowmax(S) c), s <- 2^(s c - m_new + 8), l <- l a + rowsum.
 __device__ __forceinline__ void softmax_step(float (&s)[64], float scale_log2, float (&m)[2], float (&l)[2],
                                              float (&a)[2], float offset) {
@@ -366,17 +409,17 @@ __device__ __forceinline__ void softmax_step(float (&s)[64], float scale_log2, f
 
 // Keeps the step's exponentials ahead of the P V wait that follows them in the source. Without it ptxas hoists the
 // wait (WARPGROUP.DEPBAR) above all 66 MUFU.EX2 of the main loop, right after the row max, so the P V of block n + 1
-// ran on the step's chain instead of under the exponentials. A warp vote on the row sums (which depend on every
-// exponential) is an instruction ptxas does not move across the wait; its result is unused (the vote costs a
+// ran on the step's chain instead of under the exponentials. A warp vote on the partial row sums (which depend on every
+// exponential before the vote) is an instruction ptxas does not move across the wait; its result is unused (the vote costs a
 // divergence check, no VOTE in the SASS). Checked in the SASS of both units: 66 MUFU.EX2, then the wait.
-__device__ __forceinline__ void exponentials_before_wait(const float (&l)[2]) {
+__device__ __forceinline__ void exponentials_before_wait(const float (&sum)[2]) {
   asm volatile(
-      "{\n.reg .pred p, q;\nsetp.eq.u32 p, %0, %1;\nvote.sync.any.pred q, p, 0xffffffff;\n}" ::"r"(__float_as_uint(l[0])),
-      "r"(__float_as_uint(l[1]))
+      "{\n.reg .pred p, q;\nsetp.eq.u32 p, %0, %1;\nvote.sync.any.pred q, p, 0xffffffff;\n}" ::"r"(__float_as_uint(sum[0])),
+      "r"(__float_as_uint(sum[1]))
       : "memory");
 }
 
-template <int kDQK, int kWg>
+template <int kDQK, int kWg, int kExpsBeforeWait>
 __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStorage<kDQK>& smem, int tid) {
   using T = Traits<kDQK>;
   using KvRing = Ring<T::kStages>;
@@ -482,12 +525,16 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       if (n == 0) exchange();
       if (Tiles::block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.base.causal))
         mask::by_key_limit(s, limit, n * T::kBlockN, frag.col);
-      softmax_step(s, scale_log2, m, l, a, T::kPOffset);
-      exponentials_before_wait(l);  // the P V of block n + 1 runs under them
+      // The P V of block n + 1 runs under the first kExpsBeforeWait chunks of exponentials; the rest (if any) and
+      // P's pack follow the wait (the pack overwrites the A fragments that P V reads).
+      float mo[2], sum[2];
+      softmax_head<kExpsBeforeWait>(s, scale_log2, m, a, mo, sum, T::kPOffset);
+      exponentials_before_wait(sum);
       ptx::wgmma_wait<0>();
       ptx::fence_registers(o);
       release(&smem.vt_free[vs]);
       ++v_iter;
+      softmax_tail<kExpsBeforeWait>(s, scale_log2, l, a, mo, sum);
       tile::to_a_fragments_e4m3(s, pa);
     }
 
@@ -521,7 +568,9 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
   }
 }
 
-template <int kDQK>
+// kExpsBeforeWait: the main loop's 8-column chunks of exponentials (of 16) before the P V wait (16: all; 12: the
+// experiment switch's variant, params_fp8.h).
+template <int kDQK, int kExpsBeforeWait>
 __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
     mha_prefill_e4m3_kernel(const __grid_constant__ MhaPrefillFp8Params p, const __grid_constant__ CUtensorMap q_map,
                             const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
@@ -557,11 +606,11 @@ __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
     return;
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<T::kRegsConsumer>();
-    consume<kDQK, 0>(p, smem, tid);
+    consume<kDQK, 0, kExpsBeforeWait>(p, smem, tid);
     return;
   } else {
     ptx::setmaxnreg_inc<T::kRegsConsumer>();
-    consume<kDQK, 1>(p, smem, tid);
+    consume<kDQK, 1, kExpsBeforeWait>(p, smem, tid);
     return;
   }
 }

@@ -26,6 +26,9 @@ struct MhaPrefillFp8Params {
   // Experiment switch (default off): the consumer warpgroups issue their GEMMs in turns (kernel_fp8.cuh, consume).
   // The launcher sets it from the environment variable OPENMLA_FP8_TURNS=1, read at each launch.
   bool turns;
+  // Experiment switch (default 0): 1 runs the kernel whose main loop waits for P V after 3/4 of the exponentials
+  // instead of after all of them (kernel_fp8.cuh, kExpsBeforeWait). The launcher sets it from OPENMLA_FP8_VARIANT.
+  int variant;
 };
 
 // Launches the FP8 kernel on `stream` (grid params.base.grid, 384 threads). Builds the Q, K and V tensor maps.
