@@ -432,20 +432,30 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
     if (lane == 0) ptx::mbarrier_arrive(bar);
   };
   auto exchange = [&] { ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kExchange), kExchangeThreadsFp8); };
-  // Optional GEMM turns (p.turns, an experiment switch: the launcher reads OPENMLA_FP8_TURNS): the two warpgroups
-  // issue their GEMMs alternately (WG0 first), FA3's ping-pong, so that one's softmax runs while the other's GEMMs
-  // do and the two do not share the exponential pipe at the same time. Named barriers kTurn0 + w (256 threads: WG w
-  // waits, the other warpgroup arrives after its issue). Every tile has the same n_end + 1 issue points in both
-  // warpgroups; WG0 takes WG1's last arrival after the last tile.
+  // Optional turns between the two warpgroups (p.turns, an experiment switch: the launcher reads
+  // OPENMLA_FP8_TURNS). 1: GEMM turns, the warpgroups issue their GEMMs alternately (WG0 first), FA3's ping-pong, so
+  // that one's softmax runs while the other's GEMMs do; every tile has the same n_end + 1 issue points in both
+  // warpgroups. 2: softmax turns, the warpgroups take their row max and exponentials alternately (WG0 first), so
+  // that the two never share the exponential pipe (one MUFU.EX2 per 8 cycles per sub-partition, which both
+  // warpgroups' warps use); every tile has the same n_end softmax steps in both. Named barriers kTurn0 + w (256
+  // threads: WG w waits, the other warpgroup arrives after its turn); WG0 takes WG1's last arrival after the last tile.
   constexpr int kTurn0 = static_cast<int>(NamedBarrier::kOStage0);  // the staged-O ids, unused by this kernel
-  const bool turns = p.turns;
+  const int turns = p.turns;
+  auto wait_turn = [&] { ptx::named_barrier_sync(kTurn0 + kWg, 2 * T::kWarpgroupThreads); };
+  auto pass_turn = [&] { named_barrier_arrive(kTurn0 + (1 - kWg), 2 * T::kWarpgroupThreads); };
   auto turn_wait = [&] {
-    if (turns) ptx::named_barrier_sync(kTurn0 + kWg, 2 * T::kWarpgroupThreads);
+    if (turns == 1) wait_turn();
   };
   auto turn_pass = [&] {
-    if (turns) named_barrier_arrive(kTurn0 + (1 - kWg), 2 * T::kWarpgroupThreads);
+    if (turns == 1) pass_turn();
   };
-  if (kWg == 1) turn_pass();
+  auto softmax_turn_wait = [&] {
+    if (turns == 2) wait_turn();
+  };
+  auto softmax_turn_pass = [&] {
+    if (turns == 2) pass_turn();
+  };
+  if (kWg == 1 && turns != 0) pass_turn();
   auto write_out = [&](const TileInfo& info, const float (&o)[64], const int (&row)[2], const float (&lse)[2]) {
     if (p.out_fp16)
       store_rows<true>(p.base, info, o, row, lse, lane);
@@ -457,7 +467,7 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
     const TileRecord rec = smem.tile[tile_iter & 1];
     const TileInfo& info = rec.info;
     if (!info.valid) {
-      if (kWg == 0) turn_wait();  // WG1's last arrival
+      if (kWg == 0 && turns != 0) wait_turn();  // WG1's last arrival
       break;
     }
     ptx::mbarrier_wait_parity(&smem.q_full, Ring<1>::parity(tile_iter));
@@ -500,7 +510,10 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       if (n == 0) exchange();
       if (Tiles::block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.base.causal))
         mask::by_key_limit(s, limit, n * T::kBlockN, frag.col);
+      softmax_turn_wait();
       softmax_step(s, scale_log2, m, l, a, T::kPOffset);
+      exponentials_before_wait(l);  // (orders the turn's arrival after the exponentials)
+      softmax_turn_pass();
       a[0] = a[1] = 1.f;
       tile::to_a_fragments_e4m3(s, pa);
     }
@@ -528,8 +541,10 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       // The P V of block n + 1 runs under the first kExpsBeforeWait chunks of exponentials; the rest (if any) and
       // P's pack follow the wait (the pack overwrites the A fragments that P V reads).
       float mo[2], sum[2];
+      softmax_turn_wait();
       softmax_head<kExpsBeforeWait>(s, scale_log2, m, a, mo, sum, T::kPOffset);
       exponentials_before_wait(sum);
+      softmax_turn_pass();
       ptx::wgmma_wait<0>();
       ptx::fence_registers(o);
       release(&smem.vt_free[vs]);
