@@ -23,13 +23,15 @@ struct MhaPrefillFp8Params {
   int64_t k_descale_stride_b, k_descale_stride_h;
   const float* v_descale;
   int64_t v_descale_stride_b, v_descale_stride_h;
-  // Experiment switch (default 0, off): 1, the consumer warpgroups issue their GEMMs in turns; 2, they take their
-  // softmax steps in turns (kernel_fp8.cuh, consume). The launcher sets it from the environment variable
-  // OPENMLA_FP8_TURNS (1 or 2), read at each launch.
-  int turns;
-  // Experiment switch (default 0): 1 runs the kernel whose main loop waits for P V after 3/4 of the exponentials
-  // instead of after all of them (kernel_fp8.cuh, kExpsBeforeWait). The launcher sets it from OPENMLA_FP8_VARIANT.
+  // Experiment switch (default off): the consumer warpgroups issue their GEMMs in turns (kernel_fp8.cuh, consume).
+  // The launcher sets it from the environment variable OPENMLA_FP8_TURNS=1, read at each launch.
+  bool turns;
+  // Experiment switch (default 0): 1 runs the kernel whose main loop takes the quad's row max off the step's chain
+  // (kernel_fp8.cuh, kVariantDeferredMax). The launcher sets it from OPENMLA_FP8_VARIANT=1.
   int variant;
+  // Experiment switch of that kernel only (default off): its warpgroups take their softmax steps in turns. The
+  // launcher sets it from OPENMLA_FP8_TURNS=2.
+  bool softmax_turns;
 };
 
 // Launches the FP8 kernel on `stream` (grid params.base.grid, 384 threads). Builds the Q, K and V tensor maps.
