@@ -475,6 +475,15 @@ int run_mha_prefill_sanitize_cases() {
     }
     if (turns) unsetenv("OPENMLA_FP8_TURNS");
   }
+  // And the one-round row max kernel.
+  setenv("OPENMLA_FP8_VARIANT", "2", 1);
+  for (const Fp8Case& c : fp8_cases) {
+    if (!run_fp8_case(c)) {
+      ++failed;
+      std::printf("  FAILED: dense MHA prefill FP8 case '%s' (d_qk %d, h_q %d, h_kv %d, causal %d, sms %d, variant 2)\n",
+                  c.name, c.d_qk, c.h_q, c.h_kv, c.causal, c.num_sms);
+    }
+  }
   unsetenv("OPENMLA_FP8_VARIANT");
   return failed;
 }

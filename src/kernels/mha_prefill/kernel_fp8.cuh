@@ -427,11 +427,40 @@ __device__ __forceinline__ void deferred_softmax_tail(float (&s)[64], float scal
   softmax::update_row_sums(l, a, d.sum);
 }
 
+// The row max of softmax_step with the quad's exchange in one round of three shuffles (xor 1, 2, 3) instead of
+// quad_max's two dependent rounds (kernel variant bit kVariantOneRoundMax, OPENMLA_FP8_VARIANT=2): the same maxima, one
+// shuffle latency on the chain instead of two (each ~100 cycles in ncu, behind the other warpgroup's MUFU.EX2).
+inline constexpr int kVariantOneRoundMax = 2;
+__device__ __forceinline__ void row_max_one_round(const float (&s)[64], float (&mx)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float t[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) t[j] = fmaxf(s[j * 4 + 2 * i], s[j * 4 + 2 * i + 1]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) t[j] = fmaxf(t[j], t[j + 8]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) t[j] = fmaxf(t[j], t[j + 4]);
+    mx[i] = fmaxf(fmaxf(t[0], t[2]), fmaxf(t[1], t[3]));
+  }
+  float q[2][3];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int k = 0; k < 3; ++k) q[i][k] = __shfl_xor_sync(0xffffffffu, mx[i], k + 1);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) mx[i] = fmaxf(fmaxf(mx[i], q[i][0]), fmaxf(q[i][1], q[i][2]));
+}
+
 // The online-softmax step with P's offset: m_new = max(m, rowmax(S) c), s <- 2^(s c - m_new + 8), l <- l a + rowsum.
+template <bool kOneRoundMax = false>
 __device__ __forceinline__ void softmax_step(float (&s)[64], float scale_log2, float (&m)[2], float (&l)[2],
                                              float (&a)[2], float offset) {
   float mx[2];
-  tile::row_max_tree(s, mx);
+  if constexpr (kOneRoundMax)
+    row_max_one_round(s, mx);
+  else
+    tile::row_max_tree(s, mx);
   float mo[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -596,7 +625,7 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
         ++v_iter;
         deferred_softmax_tail(s, scale_log2, m, l, a, d, T::kPOffset);
       } else {
-        softmax_step(s, scale_log2, m, l, a, T::kPOffset);
+        softmax_step<(kVariant & kVariantOneRoundMax) != 0>(s, scale_log2, m, l, a, T::kPOffset);
         ptx::wgmma_wait<0>();
         ptx::fence_registers(o);
         release(&smem.vt_free[vs]);
@@ -635,7 +664,8 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
   }
 }
 
-// kVariant: 0, the default; bits of the experiment switch's kernels (params_fp8.h, variant): kVariantDeferredMax.
+// kVariant: 0, the default; the experiment switch's kernels (params_fp8.h, variant): kVariantDeferredMax (1),
+// kVariantOneRoundMax (2).
 template <int kDQK, int kVariant>
 __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
     mha_prefill_e4m3_kernel(const __grid_constant__ MhaPrefillFp8Params p, const __grid_constant__ CUtensorMap q_map,

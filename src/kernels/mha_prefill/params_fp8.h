@@ -27,7 +27,8 @@ struct MhaPrefillFp8Params {
   // The launcher sets it from the environment variable OPENMLA_FP8_TURNS=1, read at each launch.
   bool turns;
   // Experiment switch (default 0): 1 runs the kernel whose main loop takes the quad's row max off the step's chain
-  // (kernel_fp8.cuh, kVariantDeferredMax). The launcher sets it from OPENMLA_FP8_VARIANT=1.
+  // (kernel_fp8.cuh, kVariantDeferredMax), 2 the one whose row max exchanges in one round of shuffles
+  // (kVariantOneRoundMax). The launcher sets it from OPENMLA_FP8_VARIANT (1 or 2).
   int variant;
   // Experiment switch of that kernel only (default off): its warpgroups take their softmax steps in turns. The
   // launcher sets it from OPENMLA_FP8_TURNS=2.
