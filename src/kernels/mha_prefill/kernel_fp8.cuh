@@ -16,6 +16,9 @@
 //   - P is quantised to e4m3 with a fixed offset of 2^8 (p' = 2^(s c - m + 8) <= 256 < 448), so every p >= 2^-14 is
 //     a normal e4m3 value; the epilogue takes the offset out of the lse and of 1 / l.
 //   - The output (bf16 or fp16, a run-time choice) leaves straight from the registers (no staged-O kernel).
+//   - Experiment switches (params_fp8.h; design note, "Where the issue slots and the time go"): GEMM turns; two more
+//     kernels of the template, kVariant 1 (the deferred row max, with optional softmax turns) and 2 (the one-round row
+//     max). The default kernel (kVariant 0) is the measured one.
 #pragma once
 
 #include "kernels/mha_prefill/kernel.cuh"
