@@ -9,7 +9,9 @@ exact in bf16 and both kernels see the same numbers). Both are timed with CUDA e
 
 Columns: time_us (FP8), bf16_time_us, ratio_to_bf16 = bf16 time / FP8 time (the target of the row: > 1 is faster;
 the goal is >= 1.3 on the s >= 4096 rows), max_abs_diff_vs_bf16 (the two outputs on every row); on four long rows
-also turns_time_us / turns_ratio_to_bf16 with the FP8 kernel's experiment switch OPENMLA_FP8_TURNS=1.
+also turns_time_us / turns_ratio_to_bf16 with the FP8 kernel's experiment switch OPENMLA_FP8_TURNS=1 (GEMM turns),
+variant1_* with OPENMLA_FP8_VARIANT=1 (the deferred row max), variant1_softmax_turns_* with that and
+OPENMLA_FP8_TURNS=2 (softmax turns), and variant2_* with OPENMLA_FP8_VARIANT=2 (the one-round row max).
 """
 from __future__ import annotations
 
@@ -120,6 +122,28 @@ def run(case, harness):
             t_turns = harness.time_cuda(ours_fp8)
         finally:
             os.environ.pop("OPENMLA_FP8_TURNS", None)
+    # The FP8 kernel's second experiment switch (OPENMLA_FP8_VARIANT=1: the deferred row max), alone and with softmax
+    # turns (OPENMLA_FP8_TURNS=2), on the same rows.
+    t_variant = t_variant_turns = None
+    if case["name"] in TURN_ROWS:
+        os.environ["OPENMLA_FP8_VARIANT"] = "1"
+        try:
+            harness.rest_before_timing(ours_fp8)
+            t_variant = harness.time_cuda(ours_fp8)
+            os.environ["OPENMLA_FP8_TURNS"] = "2"
+            harness.rest_before_timing(ours_fp8)
+            t_variant_turns = harness.time_cuda(ours_fp8)
+        finally:
+            os.environ.pop("OPENMLA_FP8_VARIANT", None)
+            os.environ.pop("OPENMLA_FP8_TURNS", None)
+    t_variant2 = None  # OPENMLA_FP8_VARIANT=2: the row max's quad exchange in one round of shuffles
+    if case["name"] in TURN_ROWS:
+        os.environ["OPENMLA_FP8_VARIANT"] = "2"
+        try:
+            harness.rest_before_timing(ours_fp8)
+            t_variant2 = harness.time_cuda(ours_fp8)
+        finally:
+            os.environ.pop("OPENMLA_FP8_VARIANT", None)
     flops = harness.formulas.dense_prefill_fwd_flops(lengths, lengths, h_q, d_qk, d_v, causal)
     record = {
         "params": {k: case[k] for k in ("b", "s_q", "s_k", "h_q", "h_kv", "d_qk", "d_v", "causal")},
@@ -137,6 +161,14 @@ def run(case, harness):
     if t_turns is not None:
         record["turns_time_us"] = t_turns.median_us
         record["turns_ratio_to_bf16"] = tb.median_us / t_turns.median_us
+    if t_variant is not None:
+        record["variant1_time_us"] = t_variant.median_us
+        record["variant1_ratio_to_bf16"] = tb.median_us / t_variant.median_us
+        record["variant1_softmax_turns_time_us"] = t_variant_turns.median_us
+        record["variant1_softmax_turns_ratio_to_bf16"] = tb.median_us / t_variant_turns.median_us
+    if t_variant2 is not None:
+        record["variant2_time_us"] = t_variant2.median_us
+        record["variant2_ratio_to_bf16"] = tb.median_us / t_variant2.median_us
     if case["varlen"]:
         record["params"]["lengths"] = lengths
     del q8, k8, v8, qb, kb, vb, out, lse, out_b, lse_b

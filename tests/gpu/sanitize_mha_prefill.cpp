@@ -451,7 +451,7 @@ int run_mha_prefill_sanitize_cases() {
       {"FP8 d128 non-causal, fp16 out, s_q > s_k", 128, true, 2, 2, false, {200, 64}, {129, 0}, 1, 0, 3},
   };
   // Each FP8 case also with the experiment switch of GEMM turns between the consumer warpgroups (named barriers).
-  for (const bool turns : {false, true}) {
+  for (const int turns : {0, 1}) {
     if (turns) setenv("OPENMLA_FP8_TURNS", "1", 1);
     for (const Fp8Case& c : fp8_cases) {
       if (!run_fp8_case(c)) {
@@ -462,5 +462,28 @@ int run_mha_prefill_sanitize_cases() {
     }
     if (turns) unsetenv("OPENMLA_FP8_TURNS");
   }
+  // And the second experiment switch's kernel (the deferred row max), alone and with softmax turns.
+  setenv("OPENMLA_FP8_VARIANT", "1", 1);
+  for (const int turns : {0, 2}) {
+    if (turns) setenv("OPENMLA_FP8_TURNS", "2", 1);
+    for (const Fp8Case& c : fp8_cases) {
+      if (!run_fp8_case(c)) {
+        ++failed;
+        std::printf("  FAILED: dense MHA prefill FP8 case '%s' (d_qk %d, h_q %d, h_kv %d, causal %d, sms %d, variant 1, "
+                    "turns %d)\n", c.name, c.d_qk, c.h_q, c.h_kv, c.causal, c.num_sms, turns);
+      }
+    }
+    if (turns) unsetenv("OPENMLA_FP8_TURNS");
+  }
+  // And the one-round row max kernel.
+  setenv("OPENMLA_FP8_VARIANT", "2", 1);
+  for (const Fp8Case& c : fp8_cases) {
+    if (!run_fp8_case(c)) {
+      ++failed;
+      std::printf("  FAILED: dense MHA prefill FP8 case '%s' (d_qk %d, h_q %d, h_kv %d, causal %d, sms %d, variant 2)\n",
+                  c.name, c.d_qk, c.h_q, c.h_kv, c.causal, c.num_sms);
+    }
+  }
+  unsetenv("OPENMLA_FP8_VARIANT");
   return failed;
 }

@@ -336,20 +336,52 @@ def test_fp8_bitwise_identical_on_repeat(mha, causal):
 
 
 @gpu
+@pytest.mark.parametrize("variant", ["0", "1"])
 @pytest.mark.parametrize("case", [MATRIX[1], MATRIX[6], POISONED[1], EACH_LENGTH[-1]], ids=str)
-def test_fp8_gemm_turns_give_the_same_bits(mha, case, monkeypatch):
-    """The experiment switch OPENMLA_FP8_TURNS=1 (the consumer warpgroups issue their GEMMs in turns) changes only
-    the order of issue: the same bits as without it, and the reference check."""
+def test_fp8_gemm_turns_give_the_same_bits(mha, case, variant, monkeypatch):
+    """The experiment switch OPENMLA_FP8_TURNS=1 (the consumer warpgroups issue their GEMMs in turns) or 2 (they
+    take their softmax steps in turns; the deferred-max kernel only) changes only the order of work: the same bits as
+    without it, and the reference check; on the default kernel and on the OPENMLA_FP8_VARIANT=1 kernel."""
+    torch = _torch()
+    q, k, v, ds, _, cu_q, _, cu_q_t, cu_k_t = make_inputs(case)
+    kw = dict(causal=case.causal, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2])
+    n = cu_q[-1]
+    monkeypatch.setenv("OPENMLA_FP8_VARIANT", variant)
+    base = mha.flash_attn_varlen_func(q, k, v, cu_q_t, cu_k_t, max(case.s_q), max(case.s_k), **kw)
+    for mode in ("1", "2"):
+        monkeypatch.setenv("OPENMLA_FP8_TURNS", mode)
+        turns = mha.flash_attn_varlen_func(q, k, v, cu_q_t, cu_k_t, max(case.s_q), max(case.s_k), **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(base[0][:n].view(torch.int16), turns[0][:n].view(torch.int16)), f"out differs [{case}]"
+        assert torch.equal(base[1][:n].contiguous().view(torch.int32), turns[1][:n].contiguous().view(torch.int32))
+        run_and_check(mha, case)
+
+
+@gpu
+@pytest.mark.parametrize("case", [MATRIX[1], MATRIX[6], POISONED[1], EACH_LENGTH[-1]], ids=str)
+def test_fp8_one_round_max_variant_gives_the_same_bits(mha, case, monkeypatch):
+    """The experiment switch OPENMLA_FP8_VARIANT=2 (the row max's quad exchange in one round of shuffles) takes the
+    same maxima: the same bits as the default kernel, and the reference check."""
     torch = _torch()
     q, k, v, ds, _, cu_q, _, cu_q_t, cu_k_t = make_inputs(case)
     kw = dict(causal=case.causal, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2])
     n = cu_q[-1]
     base = mha.flash_attn_varlen_func(q, k, v, cu_q_t, cu_k_t, max(case.s_q), max(case.s_k), **kw)
-    monkeypatch.setenv("OPENMLA_FP8_TURNS", "1")
-    turns = mha.flash_attn_varlen_func(q, k, v, cu_q_t, cu_k_t, max(case.s_q), max(case.s_k), **kw)
+    monkeypatch.setenv("OPENMLA_FP8_VARIANT", "2")
+    other = mha.flash_attn_varlen_func(q, k, v, cu_q_t, cu_k_t, max(case.s_q), max(case.s_k), **kw)
     torch.cuda.synchronize()
-    assert torch.equal(base[0][:n].view(torch.int16), turns[0][:n].view(torch.int16)), f"out differs [{case}]"
-    assert torch.equal(base[1][:n].contiguous().view(torch.int32), turns[1][:n].contiguous().view(torch.int32))
+    assert torch.equal(base[0][:n].view(torch.int16), other[0][:n].view(torch.int16)), f"out differs [{case}]"
+    assert torch.equal(base[1][:n].contiguous().view(torch.int32), other[1][:n].contiguous().view(torch.int32))
+    run_and_check(mha, case)
+
+
+@gpu
+@pytest.mark.parametrize("case", MATRIX + [POISONED[1], EACH_LENGTH[-1]], ids=str)
+def test_fp8_deferred_max_variant(mha, case, monkeypatch):
+    """The experiment switch OPENMLA_FP8_VARIANT=1 (the kernel whose main loop takes the quad's row max off the
+    step's chain: each thread exponentiates against its own provisional max and rescales once the row max is known)
+    against the reference, with the same bound, every element checked."""
+    monkeypatch.setenv("OPENMLA_FP8_VARIANT", "1")
     run_and_check(mha, case)
 
 

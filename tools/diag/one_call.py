@@ -3,6 +3,8 @@
 
     ncu -k regex:mha_prefill --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
         python3 tools/diag/one_call.py mha --b 2 --s 4096 --d-qk 192
+    ncu -k regex:e4m3 --launch-skip 2 --launch-count 1 --set full \\
+        python3 tools/diag/one_call.py mha --b 2 --s 4096 --d-qk 192 --no-causal --fp8
     ncu -k regex:sparse_prefill --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
         python3 tools/diag/one_call.py sparse --s-kv 8192 --h-q 128 --topk 2048 --d-qk 576
 
@@ -25,6 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--h-q", type=int, default=128)
     p.add_argument("--d-qk", type=int, default=None, help="mha: 192 (default) / 128; sparse: 576 (default) / 512")
     p.add_argument("--no-causal", action="store_true", help="mha: full attention")
+    p.add_argument("--fp8", action="store_true", help="mha: float8_e4m3fn q, k, v (the FP8 kernel), descales 1/32")
     p.add_argument("--s-q", type=int, default=4096, help="sparse: query tokens")
     p.add_argument("--s-kv", type=int, default=8192, help="sparse: kv rows")
     p.add_argument("--topk", type=int, default=2048, help="sparse: top-k")
@@ -44,6 +47,14 @@ def main(argv=None) -> int:
 
         def call():
             openmla.flash_attn_varlen_func(q, k, v, cu, cu, args.s, args.s, causal=not args.no_causal)
+
+        if args.fp8:  # the FP8 suite's inputs: the bf16 values x 32 in e4m3, descales 1/32
+            q, k, v = ((t.float() * 32).to(torch.float8_e4m3fn) for t in (q, k, v))
+            ds = torch.full((args.b, args.h_q), 1 / 32, dtype=torch.float32, device=q.device)
+
+            def call():
+                openmla.flash_attn_varlen_func(q, k, v, cu, cu, args.s, args.s, causal=not args.no_causal,
+                                               q_descale=ds, k_descale=ds, v_descale=ds)
     else:
         import bench_sparse_prefill as bench
 

@@ -27,10 +27,15 @@ Status launch_mha_prefill_fp8_typed(const MhaPrefillFp8Params& p, cudaStream_t s
   OPENMLA_RETURN_IF_ERROR(detail::make_ragged_map(q_op, &q_map, "dense MHA prefill (FP8) q"));
   OPENMLA_RETURN_IF_ERROR(detail::make_ragged_map(k_op, &k_map, "dense MHA prefill (FP8) k"));
   OPENMLA_RETURN_IF_ERROR(detail::make_ragged_map(v_op, &v_map, "dense MHA prefill (FP8) v"));
-  static detail::DynamicSmemLimit smem_limit;
-  const auto kernel = mha_prefill::fp8::mha_prefill_e4m3_kernel<kDQK>;
+  // The experiment switch p.variant (params_fp8.h) picks the kernel: 0 the default, 1 the deferred row max, 2 the
+  // one-round row max.
+  static detail::DynamicSmemLimit smem_limit, smem_limit_v1, smem_limit_v2;
+  const auto kernel = p.variant == 1   ? mha_prefill::fp8::mha_prefill_e4m3_kernel<kDQK, 1>
+                      : p.variant == 2 ? mha_prefill::fp8::mha_prefill_e4m3_kernel<kDQK, 2>
+                                       : mha_prefill::fp8::mha_prefill_e4m3_kernel<kDQK, 0>;
   constexpr int smem_bytes = mha_prefill::fp8::kSmemBytes<kDQK>;
-  return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
+  return detail::launch_with_dynamic_smem(p.variant == 1 ? smem_limit_v1 : p.variant == 2 ? smem_limit_v2 : smem_limit,
+                                          reinterpret_cast<const void*>(kernel), smem_bytes,
                                           "dense MHA prefill (FP8): setting the shared-memory size",
                                           "dense MHA prefill (FP8) kernel launch", [&] {
                                             kernel<<<b.grid, T::kThreads, smem_bytes, stream>>>(p, q_map, k_map,

@@ -26,6 +26,13 @@ struct MhaPrefillFp8Params {
   // Experiment switch (default off): the consumer warpgroups issue their GEMMs in turns (kernel_fp8.cuh, consume).
   // The launcher sets it from the environment variable OPENMLA_FP8_TURNS=1, read at each launch.
   bool turns;
+  // Experiment switch (default 0): 1 runs the kernel whose main loop takes the quad's row max off the step's chain
+  // (kernel_fp8.cuh, kVariantDeferredMax), 2 the one whose row max exchanges in one round of shuffles
+  // (kVariantOneRoundMax). The launcher sets it from OPENMLA_FP8_VARIANT (1 or 2).
+  int variant;
+  // Experiment switch of that kernel only (default off): its warpgroups take their softmax steps in turns. The
+  // launcher sets it from OPENMLA_FP8_TURNS=2.
+  bool softmax_turns;
 };
 
 // Launches the FP8 kernel on `stream` (grid params.base.grid, 384 threads). Builds the Q, K and V tensor maps.
