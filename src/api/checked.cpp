@@ -153,6 +153,9 @@ InputCheckParams dense_decode_checks(const DenseDecodeProblem& problem, const De
   // A varlen schedule was planned from schedule.varlen_lengths (0 for a request without query rows): checked against
   // those when the call passes them, else not checked.
   if (problem.varlen_q && !a.schedule.varlen_lengths.defined()) return p;
+  // The schedule rules (ScheduleRule) are the default pass's: a batch-invariant schedule (chunks: more split slots
+  // than batch + num_sm_parts) is not checked against them.
+  if (problem.batch_invariant) return p;
   InputCheck s = schedule_check(a.schedule, problem.batch, num_sm_parts);
   s.lengths = problem.varlen_q ? int_data(a.schedule.varlen_lengths) : int_data(a.cache_seqlens);
   s.max_seqlen = static_cast<int32_t>(problem.max_blocks_per_seq * problem.page_block_size);
@@ -173,7 +176,7 @@ InputCheckParams sparse_decode_checks(const SparseDecodeProblem& problem, const 
     if (a.extra_topk_length.defined())
       add(p, lengths_check(CheckedArgument::kExtraTopkLength, a.extra_topk_length, problem.extra_topk));
   }
-  if (schedule_read) {
+  if (schedule_read && !problem.batch_invariant) {  // (the default pass's rules, as for dense decode)
     InputCheck s = schedule_check(a.schedule, problem.batch, num_sm_parts);
     s.sparse = true;
     s.topk = problem.topk;

@@ -23,6 +23,10 @@ namespace detail {
 namespace {
 constexpr int64_t kDenseHeadDimQK = 576;
 constexpr int64_t kTmaMaxStrideBytes = int64_t{1} << 40;  // cuTensorMapEncodeTiled: global strides below 2^40 bytes
+// CombineParams::merged_in_kernel of a batch-invariant call with merge counters: the main kernel merges every split
+// request (the chunk that publishes last merges them all: docs/decode-schedule.md, "Batch invariance"), so the
+// combine kernel is not launched.
+constexpr int kMergedAllInKernel = 0x7fffffff;
 
 // Every tensor argument with the strides of its size-1 dimensions replaced (api/validate.h, canonical()): the k_cache
 // TMA descriptor then never sees a stride that a framework exported for a size-1 dimension (k_cache.unsqueeze(-2)
@@ -201,9 +205,12 @@ DenseDecodeCall prepare_dense_decode(const DenseDecodeProblem& problem, const De
   };
   // Always launched: which requests were split is only known on the device (num_splits), and a fixed
   // launch sequence keeps the call graph-capturable. Unsplit requests exit in the prologue. With merge counters
-  // the main kernel already merged the requests of two chunks.
+  // the main kernel already merged the requests of two chunks; in a batch-invariant call, every split request (the
+  // combine is then not launched).
+  const int merged_in_kernel =
+      !merge_counters ? 1 : problem.batch_invariant ? kMergedAllInKernel : kernels::kMaxMergeChunks;
   call.combine = combine_params(geometry_of(problem), is_fp16, args.schedule, args.split, args.out, args.lse,
-                                /*attn_sink=*/nullptr, merge_counters ? kernels::kMaxMergeChunks : 1,
+                                /*attn_sink=*/nullptr, merged_in_kernel,
                                 /*host_num_splits=*/nullptr, problem.batch_invariant);
   call.combine_slices = plan.combine_slices;
   call.pages = kernels::dense_page_geometry(static_cast<int>(problem.page_block_size));
@@ -232,6 +239,7 @@ Status run_dense_decode(const DenseDecodeProblem& problem, const DenseDecodeArgs
   } else {
     OPENMLA_RETURN_IF_ERROR(kernels::launch_dense_decode(call.params, call.pages, stream));
   }
+  if (call.combine.merged_in_kernel == kMergedAllInKernel) return Status::ok();  // (no split request left)
   return kernels::launch_combine(call.combine, call.combine_slices, stream);
 #endif
 }

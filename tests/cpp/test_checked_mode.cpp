@@ -175,6 +175,33 @@ TEST(CheckedMode, ScheduleFromOtherLengthsOrNeverPlanned) {
   }
 }
 
+// A batch-invariant schedule breaks the default pass's rules by design (requests of several chunks take more split
+// slots than the default bound of batch + num_sm_parts): the call's inputs are checked, its schedule is not
+// (docs/decode-schedule.md, "Batch invariance").
+TEST(CheckedMode, BatchInvariantScheduleIsNotCheckedAgainstTheDefaultRules) {
+  DenseCall c;
+  c.problem.batch_invariant = true;
+  c.problem.num_sms = 2;  // one partition: batch + num_sm_parts = 5 split slots in the default rules
+  c.parts = heuristics::decode_num_sm_parts(c.problem, c.problem.num_sms);
+  ASSERT_EQ(c.parts, 1);
+  std::vector<int32_t> blocks;
+  std::vector<bool> empty;
+  for (int32_t L : c.seqlens) {
+    blocks.push_back(heuristics::dense_request_blocks(L, 3 * 64));
+    empty.push_back(heuristics::dense_request_empty(L, 3 * 64));
+  }
+  c.schedule = heuristics::walk_invariant_schedule(blocks, empty, c.parts, 1);  // chunks of one block: 7 split slots
+  const InputCheckParams p = c.checks();
+  ASSERT_EQ(p.num_checks, 2);
+  EXPECT_EQ(p.checks[0].argument, CheckedArgument::kBlockTable);
+  EXPECT_EQ(p.checks[1].argument, CheckedArgument::kCacheSeqlens);
+  EXPECT_FALSE(run_rules(CheckedEntry::kDenseDecode, p).found);
+  // The default rules on the same schedule: a false report (7 slots against 5), which is why they are not applied.
+  c.problem.batch_invariant = false;
+  expect_message(run_rules(CheckedEntry::kDenseDecode, c.checks()),
+                 {"argument 'schedule' has inconsistent split counts", "past the split buffers' 5 slots"});
+}
+
 TEST(CheckedMode, PlanDecodeLengths) {
   std::vector<int32_t> lens = {5, -1, 7};
   DenseDecodeProblem p{.batch = 3, .h_q = 16, .num_sms = 8};

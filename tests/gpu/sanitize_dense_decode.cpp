@@ -32,6 +32,8 @@ struct Case {
   bool counters = true;         // schedule with merge counters: two-chunk requests merged in the main kernel
   bool publish_always = false;  // test hook: every chunk publishes first; the last publisher merges
   int64_t page = 64;            // tokens per cache page (the any-page kernel for other sizes)
+  bool invariant = false;       // batch-invariant schedule: request 2 has 8392 tokens (3 chunks), merged in the main
+                                // kernel by the chunk that publishes last (with counters) or by the combine
 };
 
 uint16_t to_bits(float v, bool fp16) {
@@ -66,9 +68,11 @@ bool report(const char* case_name, const char* what, const Status& st) {
 
 // Returns true on success.
 bool run_case(const Case& c) {
-  constexpr int64_t kB = 3, kSq = 2, kHq = 16, kDqk = 576, kDv = 512, kCapacity = 256;
-  const int64_t kPage = c.page, kCols = kCapacity / kPage;  // every block table holds 256 tokens
-  const std::vector<int32_t> seqlens = {0, 70, 200};
+  constexpr int64_t kB = 3, kSq = 2, kHq = 16, kDqk = 576, kDv = 512;
+  // Every block table holds 256 tokens (batch-invariant cases: 8448, for a request of 3 chunks of 4096 tokens).
+  const int64_t kCapacity = c.invariant ? 8448 : 256;
+  const int64_t kPage = c.page, kCols = kCapacity / kPage;
+  const std::vector<int32_t> seqlens = {0, 70, c.invariant ? 8392 : 200};
   const int64_t h_kv = c.h_kv;
   // Pages in a permuted order (at page 64: request 1 -> pages {5, 2}, request 2 -> {7, 0, 3, 6}; pages 1 and 4
   // unused), 2 spare pages (NaN) at every page size.
@@ -78,7 +82,7 @@ bool run_case(const Case& c) {
   {
     std::vector<int32_t> order(num_blocks);
     for (int64_t i = 0; i < num_blocks; ++i) order[i] = static_cast<int32_t>(i);
-    if (kPage == 64) {
+    if (kPage == 64 && !c.invariant) {
       order = {5, 2, 7, 0, 3, 6, 1, 4};
     } else {
       uint32_t state = 12345;  // a fixed shuffle
@@ -102,6 +106,8 @@ bool run_case(const Case& c) {
       .cache_format = c.fp16 ? openmla::KVCacheFormat::kFloat16 : openmla::KVCacheFormat::kBFloat16,
       .causal = c.causal,
       .num_sms = c.num_sms,
+      .max_blocks_per_seq = c.invariant ? kCols : 0,
+      .batch_invariant = c.invariant,
   };
   openmla::DecodeWorkspaceSizes ws;
   if (!report(c.name, "get_decode_workspace_sizes", openmla::get_decode_workspace_sizes(problem, &ws))) return false;
@@ -149,7 +155,7 @@ bool run_case(const Case& c) {
   args.block_table = make_tensor(d_bt, DType::kInt32, {kB, kCols});
   args.cache_seqlens = make_tensor(d_len, DType::kInt32, {kB});
   args.schedule.metadata = make_tensor(d_meta, DType::kInt32, {ws.num_sm_parts, openmla::kDecodeScheduleRecordInts});
-  args.schedule.num_splits = make_tensor(d_splits, DType::kInt32, {kB + 1});
+  args.schedule.num_splits = make_tensor(d_splits, DType::kInt32, {ws.num_splits_ints});
   if (c.counters) args.schedule.merge_counters = make_tensor(d_counters, DType::kInt32, {ws.merge_counter_ints});
   args.split.partial_o = make_tensor(d_po, DType::kFloat32, {ws.partial_rows, kDv});
   args.split.partial_lse = make_tensor(d_pl, DType::kFloat32, {ws.partial_rows});
@@ -242,6 +248,12 @@ int run_dense_decode_sanitize_cases() {
       {"page 1 h_kv=1 bf16 two-chunk merge, both publish", 1, false, false, 8, true, true, 1},
       {"page 8 h_kv=2 causal fp16 split", 2, true, true, 0, true, false, 8},
       {"page 2 h_kv=1 bf16 split, no counters", 1, false, false, 0, false, false, 2},
+      // Batch-invariant schedules (docs/decode-schedule.md, "Batch invariance"): request 2's three chunks merged in
+      // the main kernel by the last publisher (page 64; page 1: the gather kernel's twin), or by the combine.
+      {"batch-invariant h_kv=1 causal bf16 3-chunk merge", 1, true, false, 0, true, false, 64, true},
+      {"batch-invariant page 16 h_kv=2 fp16 3-chunk merge", 2, false, true, 0, true, false, 16, true},
+      {"batch-invariant page 1 h_kv=1 causal bf16 3-chunk merge", 1, true, false, 0, true, false, 1, true},
+      {"batch-invariant h_kv=1 bf16, no counters", 1, false, false, 0, false, false, 64, true},
   };
   int failed = 0;
   for (const Case& c : cases) failed += run_case(c) ? 0 : 1;

@@ -236,9 +236,9 @@ __device__ __forceinline__ int varlen_q_len(const DenseVarlenQ& vq, int req, int
 #ifndef OPENMLA_SHIM_TUNE
 template <bool kAnyPage, bool kChunked, bool kGather, bool kVarlenQ>
 __host__ __device__ constexpr int placement_shim_lines() {
-  if constexpr (kGather) return kChunked ? 14 : 16;
-  else if constexpr (kAnyPage) return kChunked ? 8 : kVarlenQ ? 9 : 4;
-  else return 13;  // page 64: the default, batch-invariant and per-request query length loops alike
+  if constexpr (kGather) return kChunked ? 10 : 16;
+  else if constexpr (kAnyPage) return kChunked ? 6 : kVarlenQ ? 9 : 4;
+  else return kChunked ? 9 : 13;  // page 64: the default and per-request query length loops 13
 }
 #else  // tools: -DOPENMLA_SHIM_TUNE=<lines> sets every variant's count
 template <bool, bool, bool, bool>
@@ -687,6 +687,9 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       const int first_slot = params.num_splits[req];
       const int chunks = params.num_splits[req + 1] - first_slot;
       int mode = kMergeByCombine;
+      if constexpr (kChunked) {  // more chunks: every chunk publishes, the last one merges them all (below)
+        if (chunks > kMaxMergeChunks) mode = kMergePublish;
+      }
       if (chunks == kMaxMergeChunks) {
         mode = !params.merge_publish_always && ptx::ld_acquire_gpu(counter) == chunks - 1 ? kMergeNow : kMergePublish;
         if (mode == kMergeNow) {
@@ -807,7 +810,9 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       __syncthreads();  // every row and lse of the partial is complete and fenced
       if (tid == 0) {
         // Publication: the other chunk merges when it finds the count at 1; if it published first, we merge.
-        const bool last = ptx::atomic_add_acq_rel_gpu(counter, 1) == kMaxMergeChunks - 1;
+        const bool last =
+            ptx::atomic_add_acq_rel_gpu(counter, 1) ==
+            (kChunked ? params.num_splits[req + 1] - params.num_splits[req] : kMaxMergeChunks) - 1;
         if (last) {
           *counter = 0;
           ptx::fence_proxy_async_global();
@@ -817,6 +822,68 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       }
       __syncthreads();
       merge = smem.merge_info[0] == kMergeNow;
+    }
+    if constexpr (kChunked) {
+      // A request of more than two chunks (batch-invariant schedules): the chunk that published last merges every
+      // chunk's partial, its own included, read back in slot order (docs/decode-schedule.md, "Batch invariance").
+      const int first_slot = __shfl_sync(0xffffffff, params.num_splits[req], 0);
+      const int chunks = __shfl_sync(0xffffffff, params.num_splits[req + 1], 0) - first_slot;
+      if (merge && chunks > kMaxMergeChunks) {
+        // Weights from the chunks' lse (base 2): w_c = 2^(l_c - max) / sum, the sum taken in slot order; out =
+        // w_0 O_0, then out = fma(w_c, O_c, out) for c = 1, 2, ... (each chunk's rows staged in turn by bulk copies
+        // completing on merge_bar: the publisher's arrival above expects the first, thread 0's below the others).
+        const int64_t slot_rows = static_cast<int64_t>(params.s_q) * params.h_q;
+        const int64_t row0 = static_cast<int64_t>(first_slot) * slot_rows + kv_head * R + row_base;
+        ptx::fence_acq_rel_gpu();  // acquire: thread 0 saw the last publication; order this thread's reads after it
+        ptx::fence_proxy_async_global();
+        auto chunk_lse = [&](int c, int i) {
+          return frag.row[i] < valid_rows ? params.partial_lse[row0 + c * slot_rows + frag.row[i]] : -INFINITY;
+        };
+        float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
+        for (int c = 0; c < chunks; ++c)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) mx[i] = fmaxf(mx[i], chunk_lse(c, i));
+#pragma unroll
+        for (int i = 0; i < 2; ++i) empty[i] = mx[i] == -INFINITY;  // (empty chunks publish -inf)
+        for (int c = 0; c < chunks; ++c)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) sum[i] += empty[i] ? 0.f : exp2f(chunk_lse(c, i) - mx[i]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) lse2[i] = empty[i] ? -INFINITY : mx[i] + log2f(sum[i]);
+        const uint32_t merges = static_cast<uint32_t>(smem.merge_info[2]);
+        const float* stage_f = reinterpret_cast<const float*>(stage);
+        for (int c = 0; c < chunks; ++c) {
+          if (tid < valid_rows)
+            ptx::bulk_load_shared(ptx::smem_addr(stage + tid * T::kStageF32Pitch * 4),
+                                  params.partial_o + (row0 + c * slot_rows + tid) * T::kHeadDimV, T::kHeadDimV * 4,
+                                  &smem.merge_bar);
+          float w[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) w[i] = empty[i] ? 0.f : exp2f(chunk_lse(c, i) - mx[i]) / sum[i];
+          ptx::mbarrier_wait_parity(&smem.merge_bar, pipeline::BarrierRing<1>::parity(merges + c));
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            if (j % 4 == 0) asm volatile("" ::: "memory");  // (bound the shared loads in flight, as below)
+            const int col = col_base + j * 8 + frag.col;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              float2 v = make_float2(0.f, 0.f);
+              if (frag.row[i] < valid_rows)
+                v = *reinterpret_cast<const float2*>(stage_f + frag.row[i] * T::kStageF32Pitch + col);
+              float& o0 = o[j * 4 + 2 * i];
+              float& o1 = o[j * 4 + 2 * i + 1];
+              o0 = c == 0 ? w[i] * v.x : fmaf(w[i], v.x, o0);
+              o1 = c == 0 ? w[i] * v.y : fmaf(w[i], v.y, o1);
+            }
+          }
+          // The next chunk's arrival (its phase cannot complete before its copies, issued after the barrier).
+          if (tid == 0 && c + 1 < chunks) ptx::mbarrier_arrive_expect_tx(&smem.merge_bar, merge_bytes);
+          __syncthreads();  // every thread read its part of the staging area before the next chunk's rows land
+        }
+        if (tid == 0) smem.merge_info[2] = static_cast<int>(merges + chunks);
+        merge = false;
+        is_split = false;  // the final rows are stored below
+      }
     }
     if (merge) {
       // The other chunk's partial rows into the staging area (fp32, pitch kStageF32Pitch) and its lse.
