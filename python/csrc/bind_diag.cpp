@@ -8,6 +8,7 @@
 #include <string>
 
 #include "api/validate.h"
+#include "heuristics/decode_launch.h"
 #include "bind_common.h"
 #include "object_tensors.h"
 
@@ -154,6 +155,9 @@ void bind_diag(nb::module_& m) {
   m.def("_new_decode_outputs", &new_decode_outputs, nb::arg("like"), nb::arg("b"), nb::arg("s_q"), nb::arg("h_q"),
         nb::arg("d_v"),
         "Tests: the (out, lse) a decode entry allocates (one shared allocation) on like's device, in like's dtype.");
+  // The few-heads sparse decode kernel's rule on (default) or off: the benchmark's A/B against the plain kernel
+  // (heuristics::sparse_use_small_heads). Process-wide; affects later calls' launch plans.
+  m.def("_set_sparse_small_heads", [](bool on) { heuristics::set_sparse_small_heads_enabled(on); }, nb::arg("on"));
   m.def("_host_probe", &host_probe, nb::arg("what"), nb::arg("batches"), nb::arg("tensor"),
         "Diagnostics (tools/diag/host_profile.py): per-call ns of one step of the per-call host path, one value per "
         "batch of 32 calls.");

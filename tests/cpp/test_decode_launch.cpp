@@ -127,6 +127,33 @@ TEST(DecodeLaunchPlan, SparseRecordsThatDoNotPackAreNotPassed) {
   EXPECT_TRUE(plan.crossover);
 }
 
+// Few heads (h_q <= 32, one head tile) take the swapped-operand kernel, unless the schedule is batch-invariant (its
+// chunk walk is the default kernels') or the rule is switched off; 33 heads and more keep the 64-head tiles.
+TEST(DecodeLaunchPlan, SparseFewHeadsKernelUpTo32Heads) {
+  for (int64_t h_q : {1, 6, 8, 12, 16, 31, 32, 33, 64, 96, 99, 128}) {
+    for (int64_t batch : {1, 2, 16, 17, 128}) {
+      for (bool lengths : {false, true}) {
+        const SparseDecodeProblem p{.batch = batch, .s_q = 2, .h_q = h_q, .topk = 2048};
+        const heuristics::SparseDecodeLaunchPlan plan = heuristics::plan_sparse_decode_launch(p, 66, lengths, false);
+        EXPECT_EQ(plan.small_heads, h_q <= 32) << "h_q " << h_q << " b " << batch;
+        if (plan.small_heads) EXPECT_FALSE(plan.crossover) << "h_q " << h_q;
+        SparseDecodeProblem inv = p;
+        inv.batch_invariant = true;
+        EXPECT_FALSE(heuristics::plan_sparse_decode_launch(inv, 66, lengths, false).small_heads) << "h_q " << h_q;
+      }
+    }
+  }
+  EXPECT_FALSE(heuristics::sparse_use_small_heads(0, false));
+  EXPECT_TRUE(heuristics::sparse_use_small_heads(32, false));
+  EXPECT_FALSE(heuristics::sparse_use_small_heads(16, false, /*enabled=*/false));
+  ASSERT_TRUE(heuristics::sparse_small_heads_enabled());
+  heuristics::set_sparse_small_heads_enabled(false);
+  const SparseDecodeProblem p{.batch = 4, .s_q = 1, .h_q = 16, .topk = 2048};
+  EXPECT_FALSE(heuristics::plan_sparse_decode_launch(p, 132, false, false).small_heads);
+  heuristics::set_sparse_small_heads_enabled(true);
+  EXPECT_TRUE(heuristics::plan_sparse_decode_launch(p, 132, false, false).small_heads);
+}
+
 // The launch decision as the API made it before the plan existed (crossover from the uniform payload; records from
 // the partition-major pass, now the oracle), against the plan: the same variant and the same parameter bytes.
 struct OldDecision {

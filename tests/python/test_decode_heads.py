@@ -93,3 +93,33 @@ def test_sparse_decode_head_count_matches_the_padded_call(h_q):
     out_p, lse_p = sparse.decode(inp, q=q_pad, sink=sink_pad)
     torch.cuda.synchronize()
     sparse._ref().check_sparse_decode(out, lse, out_p[:, :, :h_q].float(), lse_p[:, :h_q], what=f" [padded h_q={h_q}]")
+
+
+@gpu
+@pytest.mark.parametrize("case", [
+    sparse.Case("v32", 3, 2, 16, sparse.Sel(4096, 2048, 64), sink="random", varlen=False),
+    sparse.Case("model1", 3, 2, 12, sparse.Sel(4096, 2048, 64), sink="random", varlen=False),
+    sparse.Case("v32", 40, 1, 32, sparse.Sel(2046, 576, 61, lens=True), sparse.Sel(512, 100, 53, lens=True),
+                sink="random"),
+    sparse.Case("model1", 40, 3, 1, sparse.Sel(2046, 576, 61, lens=True), sparse.Sel(512, 100, 53, lens=True),
+                sink="random", zero_len=True),
+    sparse.Case("v32", 2, 1, 8, sparse.Sel(20000, 16384, 64), varlen=False),  # one request over every partition
+], ids=str)
+def test_sparse_few_heads_kernel_against_the_plain_kernel(case):
+    """The few-heads kernel (h_q <= 32, swapped GEMM operands; the launch plan's default there) and the plain 64-head
+    tile kernel (the rule switched off) both against the reference, and against each other within the tolerances
+    (not bitwise: the two sum the softmax in different orders)."""
+    from openmla import _openmla as C
+
+    inp = sparse.make_inputs(case, seed=43)
+    results = []
+    try:
+        for on in (True, False):
+            C._set_sparse_small_heads(on)
+            out, lse = sparse.nan_outputs(case)
+            results.append(sparse.decode(inp, out=out, lse=lse))
+            sparse.check_against_reference(inp, *results[-1], f"{case} small_heads={on}")
+    finally:
+        C._set_sparse_small_heads(True)
+    (out_s, lse_s), (out_p, lse_p) = results
+    sparse._ref().check_sparse_decode(out_s, lse_s, out_p.float(), lse_p, what=f" [few heads vs plain, {case}]")

@@ -35,6 +35,10 @@ Status launch_variant(const SparseDecodeParams& params, cudaStream_t stream);
 template <Layout L, bool kCrossover>
 Status launch_invariant_variant(const SparseDecodeParams& params, cudaStream_t stream);
 
+// The few-heads kernel (params.small_heads: h_q <= 32, plain, default schedule): instantiations/<layout>_small_heads.cu.
+template <Layout L>
+Status launch_small_heads_variant(const SparseDecodeParams& params, cudaStream_t stream);
+
 #if defined(OPENMLA_HAS_TRACE)
 // The variant's unit's trace array (kernel.cuh).
 template <Layout L, bool kCrossover>
