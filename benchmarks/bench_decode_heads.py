@@ -15,8 +15,10 @@ Recorded beside time_us / gbps (run.py adds pct_copy_ceiling, the percentage of 
   target / ratio  rows with h_q <= 32 are memory-bound: target = this run's copy ceiling in GB/s, so ratio is the
                   fraction of it reached (aim >= 0.80, goal 0.95); the h_q = 96 rows: target = 0.80 x the h_q = 128
                   time, so ratio >= 1 meets the aim; other rows have none
-  plain_kernel_time_us / small_heads_speedup  sparse rows with h_q <= 32: the same call with the few-heads kernel
-                  switched off (the plain 64-head tile kernel), CUPTI span; speedup = plain / time_us
+  plain_kernel_time_us, small_heads_1p_time_us, small_heads_2p_time_us, small_heads_mode, small_heads_speedup
+                  sparse rows with h_q <= 32: the same call (CUPTI span) with the plain 64-head tile kernel and the
+                  few-heads kernel with one and two producer warpgroups (the default mode's is time_us itself);
+                  speedup = plain / time_us
   flashmla_us     FlashMLA's whole call timed in the same run where it serves the shape (benchmarks/peer.py: dense
                   decode at any h_q, sparse decode at h_q 64 and 128), ratio_to_flashmla = flashmla_us / time_us
 
@@ -155,20 +157,26 @@ def run(case, harness):
     if kind == "sparse" and h_q <= SMALL_HEADS_MAX:
         from openmla import _openmla as C
 
-        meta_plain, _ = openmla.get_mla_metadata()
+        default_mode = C._sparse_small_heads_mode()
+        plain["small_heads_mode"] = default_mode
+        for mode, key in ((0, "plain_kernel_time_us"), (1, "small_heads_1p_time_us"), (2, "small_heads_2p_time_us")):
+            if mode == default_mode:
+                plain[key] = time_us
+                continue
+            meta_ab, _ = openmla.get_mla_metadata()
 
-        def call_plain():
-            openmla.flash_mla_with_kvcache(q, k_cache, None, None, D_V, meta_plain, is_fp8_kvcache=True,
-                                           indices=indices, attn_sink=sink, out=out, lse=lse)
+            def call_ab():
+                openmla.flash_mla_with_kvcache(q, k_cache, None, None, D_V, meta_ab, is_fp8_kvcache=True,
+                                               indices=indices, attn_sink=sink, out=out, lse=lse)
 
-        try:
-            C._set_sparse_small_heads(False)
-            harness.rest_before_timing(call_plain)
-            t = harness.time_cupti(call_plain)
-        finally:
-            C._set_sparse_small_heads(True)
-        plain_us = t.span_us if t.method == "cupti" else t.median_us
-        plain = {"plain_kernel_time_us": plain_us, "small_heads_speedup": plain_us / time_us}
+            try:
+                C._set_sparse_small_heads(mode)
+                harness.rest_before_timing(call_ab)
+                t = harness.time_cupti(call_ab)
+            finally:
+                C._set_sparse_small_heads(None)
+            plain[key] = t.span_us if t.method == "cupti" else t.median_us
+        plain["small_heads_speedup"] = plain["plain_kernel_time_us"] / time_us
         call()  # out / lse hold the default path's results again (the peer's check compares them)
     gbps = nbytes / (time_us * 1e-6) / 1e9
     if h_q == 128:

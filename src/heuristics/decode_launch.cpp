@@ -39,22 +39,26 @@ bool sparse_use_crossover(int num_head_blocks, int64_t partition_blocks) {
 }
 
 namespace {
-std::atomic<bool> g_small_heads_enabled{true};
+std::atomic<int> g_small_heads_mode{kSparseSmallHeadsDefaultMode};
 }  // namespace
 
 bool sparse_use_small_heads(int64_t h_q, bool batch_invariant, bool enabled) {
   return enabled && h_q >= 1 && h_q <= kSparseSmallHeadsMax && !batch_invariant;
 }
 
-void set_sparse_small_heads_enabled(bool enabled) { g_small_heads_enabled.store(enabled); }
-bool sparse_small_heads_enabled() { return g_small_heads_enabled.load(); }
+void set_sparse_small_heads_mode(int mode) {
+  g_small_heads_mode.store(mode >= 0 && mode <= 2 ? mode : kSparseSmallHeadsDefaultMode);
+}
+int sparse_small_heads_mode() { return g_small_heads_mode.load(); }
 
 SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& problem, int num_sm_parts,
                                                  bool has_topk_length, bool has_extra_topk_length) {
   SparseDecodeLaunchPlan plan;
   const int num_head_blocks = static_cast<int>((problem.h_q + 63) / 64);
   plan.combine_slices = combine_slices(problem.batch, problem.s_q, problem.h_q);
-  plan.small_heads = sparse_use_small_heads(problem.h_q, problem.batch_invariant, sparse_small_heads_enabled());
+  const int small_heads_mode = sparse_small_heads_mode();
+  plan.small_heads = sparse_use_small_heads(problem.h_q, problem.batch_invariant, small_heads_mode != 0);
+  plan.small_heads_two_producers = plan.small_heads && small_heads_mode == 2;
   if (problem.batch_invariant) {
     // A batch-invariant schedule lives on the device only (no host records), and the variant must not follow the
     // batch: crossover wherever the head tiles pair, as for large batches (docs/decode-schedule.md, "Batch

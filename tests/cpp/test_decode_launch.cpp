@@ -146,12 +146,19 @@ TEST(DecodeLaunchPlan, SparseFewHeadsKernelUpTo32Heads) {
   EXPECT_FALSE(heuristics::sparse_use_small_heads(0, false));
   EXPECT_TRUE(heuristics::sparse_use_small_heads(32, false));
   EXPECT_FALSE(heuristics::sparse_use_small_heads(16, false, /*enabled=*/false));
-  ASSERT_TRUE(heuristics::sparse_small_heads_enabled());
-  heuristics::set_sparse_small_heads_enabled(false);
+  ASSERT_EQ(heuristics::sparse_small_heads_mode(), heuristics::kSparseSmallHeadsDefaultMode);
   const SparseDecodeProblem p{.batch = 4, .s_q = 1, .h_q = 16, .topk = 2048};
-  EXPECT_FALSE(heuristics::plan_sparse_decode_launch(p, 132, false, false).small_heads);
-  heuristics::set_sparse_small_heads_enabled(true);
-  EXPECT_TRUE(heuristics::plan_sparse_decode_launch(p, 132, false, false).small_heads);
+  const SparseDecodeProblem big{.batch = 4, .s_q = 1, .h_q = 64, .topk = 2048};
+  for (int mode : {0, 1, 2}) {
+    heuristics::set_sparse_small_heads_mode(mode);
+    const heuristics::SparseDecodeLaunchPlan plan = heuristics::plan_sparse_decode_launch(p, 132, false, false);
+    EXPECT_EQ(plan.small_heads, mode != 0) << mode;
+    EXPECT_EQ(plan.small_heads_two_producers, mode == 2) << mode;
+    const heuristics::SparseDecodeLaunchPlan plan64 = heuristics::plan_sparse_decode_launch(big, 132, false, false);
+    EXPECT_FALSE(plan64.small_heads || plan64.small_heads_two_producers) << mode;
+  }
+  heuristics::set_sparse_small_heads_mode(7);  // out of range: the default
+  EXPECT_EQ(heuristics::sparse_small_heads_mode(), heuristics::kSparseSmallHeadsDefaultMode);
 }
 
 // The launch decision as the API made it before the plan existed (crossover from the uniform payload; records from

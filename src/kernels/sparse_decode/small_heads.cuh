@@ -17,6 +17,10 @@
 namespace openmla::kernels::sparse_decode {
 
 inline constexpr int kSmallHeadsN = 32;  // heads per CTA (wgmma N); the launch plan sends h_q <= 32 here
+// Two-producer variant: WG0, the only consumer, holds all of O^T (8 x 16 floats); WG1 and WG2 both produce.
+inline constexpr int kRegsSmallHeadsConsumer = 232;
+static_assert(kRegsSmallHeadsConsumer + 2 * Common::kRegsProducer <= 3 * Common::kLaunchRegs,
+              "setmaxnreg only redistributes the CTA's registers");
 
 // D(64 x 32, f32) (+)= A(64 x 16) . B(32 x 16), both from shared memory, bf16. kTransA = 1: A is MN-major (the V^T
 // view of the K buffer); B is K-major.
@@ -57,17 +61,25 @@ __device__ __forceinline__ void small_heads_wg0_barrier() {
   ptx::named_barrier_sync(static_cast<int>(NamedBarrier::kSmallHeadsWg0), Common::kWarpgroupThreads);
 }
 
-// The consumers of the few-heads kernel: kWg = 0 (S^T, softmax, O^T dims 0-255) or 1 (O^T dims 256-511). Fragment of
+// The consumers of the few-heads kernel: kWg = 0 (S^T, softmax, O^T dims 0-255) or 1 (O^T dims 256-511); with kAllDims
+// (the two-producer variant) WG0 alone, O^T over all 512 dims, and nothing is handed to WG1 (no scale, no out_scale). Fragment of
 // an m64n32 accumulator (mma_tile.cuh, make_fragment): element j * 4 + i * 2 + e is row frag.row[i] (a token of S^T,
 // a dim of O^T's 64-row block) and column 8 j + frag.col + e (a head); c = j * 2 + e numbers the thread's 8 heads.
-template <Layout L, int kWg, typename InitSync>
+template <Layout L, int kWg, bool kAllDims, typename InitSync>
 __device__ __forceinline__ void consume_small_heads(const SparseDecodeParams& p, SharedStorage<L>& smem,
                                                     const DecodeScheduleRecord& rec, int tid, InitSync&& init_sync) {
   using T = Traits<L>;
   constexpr int wg = kWg;
   constexpr int kN = kSmallHeadsN;
   constexpr int kCols = kN / 4;  // heads per thread (8)
-  constexpr int kMBlocks = T::kHeadDimV / 2 / 64;  // 64-dim row blocks of O^T per warpgroup (4)
+  constexpr int kMBlocks = T::kHeadDimV / (kAllDims ? 1 : 2) / 64;  // 64-dim row blocks of O^T per warpgroup
+  static_assert(!kAllDims || kWg == 0, "one consumer: WG0");
+  constexpr int kConsumerThreads = (kAllDims ? 1 : 2) * T::kWarpgroupThreads;
+  // The consumers' own barrier (the first Q landed; the epilogue's scale): WG0 + WG1, or WG0 alone.
+  auto consumers_sync = [] {
+    if constexpr (kAllDims) small_heads_wg0_barrier();
+    else consumer_barrier();
+  };
   const int lane = tid % 32;
   const int warp = (tid % T::kWarpgroupThreads) / 32;
   const int s_idx = blockIdx.y;
@@ -82,7 +94,7 @@ __device__ __forceinline__ void consume_small_heads(const SparseDecodeParams& p,
   };
   // The first Q tile as the plain kernel loads it (consume(): after the setup with host records, else before).
   auto load_first_q = [&] {
-    load_q_tile<L>(p, smem, rec.begin_req, tid, 2 * T::kWarpgroupThreads);
+    load_q_tile<L>(p, smem, rec.begin_req, tid, kConsumerThreads);
     ptx::cp_async_commit();
   };
   const bool q_after_setup = p.uniform_blocks > 0;
@@ -106,7 +118,7 @@ __device__ __forceinline__ void consume_small_heads(const SparseDecodeParams& p,
       ptx::mbarrier_wait_parity(&smem.q_full, QRing::parity(q_gen - 1));
     }
     ptx::fence_proxy_async_shared();
-    consumer_barrier();
+    consumers_sync();
 
     float o[kMBlocks][16];
 #pragma unroll
@@ -212,12 +224,14 @@ __device__ __forceinline__ void consume_small_heads(const SparseDecodeParams& p,
             }
           }
         }
-        // WG1 has read scale[buf] of block it - 2 (as in consume()).
-        ptx::mbarrier_wait_parity(&smem.scale_free[buf], KRing::free_parity(it));
-        if (warp == 0 && lane < 4) {
+        if constexpr (!kAllDims) {
+          // WG1 has read scale[buf] of block it - 2 (as in consume()).
+          ptx::mbarrier_wait_parity(&smem.scale_free[buf], KRing::free_parity(it));
+          if (warp == 0 && lane < 4) {
 #pragma unroll
-          for (int j = 0; j < kN / 8; ++j)
-            *reinterpret_cast<float2*>(&smem.scale[buf][j * 8 + frag.col]) = make_float2(a[j * 2], a[j * 2 + 1]);
+            for (int j = 0; j < kN / 8; ++j)
+              *reinterpret_cast<float2*>(&smem.scale[buf][j * 8 + frag.col]) = make_float2(a[j * 2], a[j * 2 + 1]);
+          }
         }
         ptx::fence_proxy_async_shared();
         ptx::mbarrier_arrive(&smem.p_ready[buf]);
@@ -245,7 +259,7 @@ __device__ __forceinline__ void consume_small_heads(const SparseDecodeParams& p,
 #pragma unroll
             for (int e = 0; e < 2; ++e) o[mb][j * 4 + i * 2 + e] *= a[j * 2 + e];
       const uint64_t p_desc = ptx::launder(desc_k_major(p_tile));
-      const uint64_t v_desc = ptx::launder(desc_v_group(smem.k[buf] + wg * Co::kHalfBytes));
+      const uint64_t v_desc = ptx::launder(desc_v_group(smem.k[buf] + (kAllDims ? 0 : wg * Co::kHalfBytes)));
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb) ptx::fence_registers(o[mb]);  // the rescale before the fence
       ptx::wgmma_fence();
@@ -253,7 +267,10 @@ __device__ __forceinline__ void consume_small_heads(const SparseDecodeParams& p,
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)  // 16 tokens = two 8-token groups per step
-          wgmma_m64n32k16_ss_bf16<1>(o[mb], desc_advance(v_desc, mb * Co::kSwizzleAtomBytes + kk * 2 * Co::kGroupStride),
+          wgmma_m64n32k16_ss_bf16<1>(o[mb],
+                                     desc_advance(v_desc, (mb / Co::kHalfTiles) * Co::kHalfBytes +
+                                                              (mb % Co::kHalfTiles) * Co::kSwizzleAtomBytes +
+                                                              kk * 2 * Co::kGroupStride),
                                      desc_advance(p_desc, kk * 32), 1);
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
@@ -269,9 +286,9 @@ __device__ __forceinline__ void consume_small_heads(const SparseDecodeParams& p,
     }
     if (last_item) ptx::griddep_launch_dependents();
     const Fragment frag = make_fragment(ptx::launder32(tid) % T::kWarpgroupThreads);
-    float total[kCols];
+    float total[kCols], inv_all[kCols];
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) total[c] = 0.f;
+    for (int c = 0; c < kCols; ++c) total[c] = inv_all[c] = 0.f;
     if (wg == 0) {
 #pragma unroll
       for (int off = 4; off < 32; off *= 2)
@@ -293,7 +310,7 @@ __device__ __forceinline__ void consume_small_heads(const SparseDecodeParams& p,
           total[j * 2 + 1] += v.y;
         }
       }
-      if (warp == 0 && lane < 4) {
+      if (kAllDims || (warp == 0 && lane < 4)) {
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
           const int head = (c / 2) * 8 + frag.col + c % 2;
@@ -305,19 +322,25 @@ __device__ __forceinline__ void consume_small_heads(const SparseDecodeParams& p,
               denom += epilogue::sink_term(p.attn_sink[head], m_run[c]);
             inv = 1.f / denom;
           }
-          smem.out_scale[head] = inv;
+          if constexpr (kAllDims) inv_all[c] = inv;
+          else smem.out_scale[head] = inv;
         }
       }
     }
-    consumer_barrier();
     float inv[kCols];
+    if constexpr (kAllDims) {
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      const float2 v = *reinterpret_cast<const float2*>(&smem.out_scale[j * 8 + frag.col]);
-      inv[j * 2] = v.x;
-      inv[j * 2 + 1] = v.y;
+      for (int c = 0; c < kCols; ++c) inv[c] = inv_all[c];
+    } else {
+      consumer_barrier();
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        const float2 v = *reinterpret_cast<const float2*>(&smem.out_scale[j * 8 + frag.col]);
+        inv[j * 2] = v.x;
+        inv[j * 2 + 1] = v.y;
+      }
     }
-    const int col_base = wg * (T::kHeadDimV / 2);
+    const int col_base = kAllDims ? 0 : wg * (T::kHeadDimV / 2);
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int j = c / 2, e = c % 2;
