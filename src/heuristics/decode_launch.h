@@ -61,7 +61,7 @@ bool sparse_use_small_heads(int64_t h_q, bool batch_invariant, bool enabled = tr
 // Process-wide mode of the rule, read by plan_sparse_decode_launch: 0 off (the plain kernel), 1 the few-heads kernel
 // with one producer warpgroup, 2 with two (WG1 produces too; WG0 is the only consumer). The Python layer's
 // _set_sparse_small_heads(mode) sets it for the benchmark's A/B; out-of-range values restore the default.
-inline constexpr int kSparseSmallHeadsDefaultMode = 1;
+inline constexpr int kSparseSmallHeadsDefaultMode = 2;
 void set_sparse_small_heads_mode(int mode);
 int sparse_small_heads_mode();
 
