@@ -127,3 +127,15 @@ def test_sparse_few_heads_kernel_against_the_plain_kernel(case):
     torch = sparse._torch()
     assert torch.equal(out_1, out_2) and torch.equal(lse_1, lse_2), "one and two producer warpgroups differ"
     sparse._ref().check_sparse_decode(out_1, lse_1, out_p, lse_p, what=f" [few heads vs plain, {case}]")
+
+
+@gpu
+@pytest.mark.parametrize("case", [
+    sparse.Case("v32", 8, 2, 16, sparse.Sel(1024, 576, 61, lens=True), sink="random", varlen=False),
+    sparse.Case("model1", 8, 1, 32, sparse.Sel(1024, 576, 53, lens=True), sparse.Sel(512, 100, 64, lens=True),
+                sink="random", varlen=False),
+], ids=str)
+def test_sparse_few_heads_cuda_graph_capture_and_replay(case):
+    """The sparse decode suite's graph test (one step captured whole: planning and two layers; replayed after new
+    inputs were written in place) at few heads."""
+    sparse.test_cuda_graph_capture_and_replay(case)
