@@ -15,10 +15,9 @@ Recorded beside time_us / gbps (run.py adds pct_copy_ceiling, the percentage of 
   target / ratio  rows with h_q <= 32 are memory-bound: target = this run's copy ceiling in GB/s, so ratio is the
                   fraction of it reached (aim >= 0.80, goal 0.95); the h_q = 96 rows: target = 0.80 x the h_q = 128
                   time, so ratio >= 1 meets the aim; other rows have none
-  plain_kernel_time_us, small_heads_1p_time_us, small_heads_2p_time_us, small_heads_mode, small_heads_speedup
-                  sparse rows with h_q <= 32: the same call (CUPTI span) with the plain 64-head tile kernel and the
-                  few-heads kernel with one and two producer warpgroups (the default mode's is time_us itself);
-                  speedup = plain / time_us
+  plain_kernel_time_us, small_heads_time_us, small_heads_mode, small_heads_speedup
+                  sparse rows with h_q <= 32: the same call (CUPTI span) with the plain 64-head tile kernel and with
+                  the few-heads kernel (the default mode's is time_us itself); speedup = plain / time_us
   flashmla_us     FlashMLA's whole call timed in the same run where it serves the shape (benchmarks/peer.py: dense
                   decode at any h_q, sparse decode at h_q 64 and 128), ratio_to_flashmla = flashmla_us / time_us
 
@@ -159,7 +158,7 @@ def run(case, harness):
 
         default_mode = C._sparse_small_heads_mode()
         plain["small_heads_mode"] = default_mode
-        for mode, key in ((0, "plain_kernel_time_us"), (1, "small_heads_1p_time_us"), (2, "small_heads_2p_time_us")):
+        for mode, key in ((0, "plain_kernel_time_us"), (2, "small_heads_time_us")):
             if mode == default_mode:
                 plain[key] = time_us
                 continue

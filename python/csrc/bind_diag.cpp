@@ -158,8 +158,8 @@ void bind_diag(nb::module_& m) {
   m.def("_new_decode_outputs", &new_decode_outputs, nb::arg("like"), nb::arg("b"), nb::arg("s_q"), nb::arg("h_q"),
         nb::arg("d_v"),
         "Tests: the (out, lse) a decode entry allocates (one shared allocation) on like's device, in like's dtype.");
-  // The few-heads sparse decode kernel's mode (heuristics::sparse_small_heads_mode): 0 off (the plain kernel), 1 one
-  // producer warpgroup, 2 two; None or another value: the default. Process-wide; later calls' launch plans. The
+  // The few-heads sparse decode kernel's mode (heuristics::sparse_small_heads_mode): 0 off (the plain kernel), 2 on
+  // (two producer warpgroups); None or another value: the default. Process-wide; later calls' launch plans. The
   // benchmark's and the tests' A/B.
   m.def(
       "_set_sparse_small_heads", [](std::optional<int> mode) { heuristics::set_sparse_small_heads_mode(mode.value_or(-1)); },

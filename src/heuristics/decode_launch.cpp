@@ -47,7 +47,7 @@ bool sparse_use_small_heads(int64_t h_q, bool batch_invariant, bool enabled) {
 }
 
 void set_sparse_small_heads_mode(int mode) {
-  g_small_heads_mode.store(mode >= 0 && mode <= 2 ? mode : kSparseSmallHeadsDefaultMode);
+  g_small_heads_mode.store(mode == 0 || mode == 2 ? mode : kSparseSmallHeadsDefaultMode);
 }
 int sparse_small_heads_mode() { return g_small_heads_mode.load(); }
 
@@ -58,7 +58,7 @@ SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& prob
   plan.combine_slices = combine_slices(problem.batch, problem.s_q, problem.h_q);
   const int small_heads_mode = sparse_small_heads_mode();
   plan.small_heads = sparse_use_small_heads(problem.h_q, problem.batch_invariant, small_heads_mode != 0);
-  plan.small_heads_two_producers = plan.small_heads && small_heads_mode == 2;
+  plan.small_heads_two_producers = plan.small_heads;
   if (problem.batch_invariant) {
     // A batch-invariant schedule lives on the device only (no host records), and the variant must not follow the
     // batch: crossover wherever the head tiles pair, as for large batches (docs/decode-schedule.md, "Batch

@@ -136,6 +136,7 @@ TEST(DecodeLaunchPlan, SparseFewHeadsKernelUpTo32Heads) {
         const SparseDecodeProblem p{.batch = batch, .s_q = 2, .h_q = h_q, .topk = 2048};
         const heuristics::SparseDecodeLaunchPlan plan = heuristics::plan_sparse_decode_launch(p, 66, lengths, false);
         EXPECT_EQ(plan.small_heads, h_q <= 32) << "h_q " << h_q << " b " << batch;
+        EXPECT_EQ(plan.small_heads_two_producers, plan.small_heads) << "h_q " << h_q;
         if (plan.small_heads) EXPECT_FALSE(plan.crossover) << "h_q " << h_q;
         SparseDecodeProblem inv = p;
         inv.batch_invariant = true;
@@ -149,7 +150,7 @@ TEST(DecodeLaunchPlan, SparseFewHeadsKernelUpTo32Heads) {
   ASSERT_EQ(heuristics::sparse_small_heads_mode(), heuristics::kSparseSmallHeadsDefaultMode);
   const SparseDecodeProblem p{.batch = 4, .s_q = 1, .h_q = 16, .topk = 2048};
   const SparseDecodeProblem big{.batch = 4, .s_q = 1, .h_q = 64, .topk = 2048};
-  for (int mode : {0, 1, 2}) {
+  for (int mode : {0, 2}) {
     heuristics::set_sparse_small_heads_mode(mode);
     const heuristics::SparseDecodeLaunchPlan plan = heuristics::plan_sparse_decode_launch(p, 132, false, false);
     EXPECT_EQ(plan.small_heads, mode != 0) << mode;
@@ -157,6 +158,9 @@ TEST(DecodeLaunchPlan, SparseFewHeadsKernelUpTo32Heads) {
     const heuristics::SparseDecodeLaunchPlan plan64 = heuristics::plan_sparse_decode_launch(big, 132, false, false);
     EXPECT_FALSE(plan64.small_heads || plan64.small_heads_two_producers) << mode;
   }
+  heuristics::set_sparse_small_heads_mode(0);
+  heuristics::set_sparse_small_heads_mode(1);  // the removed one-producer mode: the default
+  EXPECT_EQ(heuristics::sparse_small_heads_mode(), heuristics::kSparseSmallHeadsDefaultMode);
   heuristics::set_sparse_small_heads_mode(7);  // out of range: the default
   EXPECT_EQ(heuristics::sparse_small_heads_mode(), heuristics::kSparseSmallHeadsDefaultMode);
 }

@@ -24,7 +24,6 @@
 #include <utility>
 #include <vector>
 
-#include "heuristics/decode_launch.h"
 #include "openmla/decode.h"
 #include "openmla/kv_cache.h"
 #include "openmla_ref/numeric.h"
@@ -405,14 +404,5 @@ int run_sparse_decode_sanitize_cases() {
   }
   int failed = 0;
   for (const Case& c : cases) failed += run_case(c) ? 0 : 1;
-  // The few-heads cases again with the other few-heads variant (one producer warpgroup / two), then the default.
-  const int default_mode = openmla::heuristics::sparse_small_heads_mode();
-  openmla::heuristics::set_sparse_small_heads_mode(default_mode == 2 ? 1 : 2);
-  for (const Case& c : cases) {
-    if (c.h_q > openmla::heuristics::kSparseSmallHeadsMax) continue;
-    std::printf("  (few-heads mode %d)\n", openmla::heuristics::sparse_small_heads_mode());
-    failed += run_case(c) ? 0 : 1;
-  }
-  openmla::heuristics::set_sparse_small_heads_mode(default_mode);
   return failed;
 }

@@ -106,27 +106,23 @@ def test_sparse_decode_head_count_matches_the_padded_call(h_q):
     sparse.Case("v32", 2, 1, 8, sparse.Sel(20000, 16384, 64), varlen=False),  # one request over every partition
 ], ids=str)
 def test_sparse_few_heads_kernel_against_the_plain_kernel(case):
-    """The few-heads kernel (h_q <= 32, swapped GEMM operands; the launch plan's default there) with one and with two
-    producer warpgroups, and the plain 64-head tile kernel (the rule switched off): each against the reference, the
-    two few-heads variants bit for bit, and few heads against plain within the tolerances (not bitwise: the two sum
-    the softmax in different orders)."""
+    """The few-heads kernel (h_q <= 32, swapped GEMM operands, two producer warpgroups; the launch plan's default
+    there) and the plain 64-head tile kernel (the rule switched off): each against the reference, and against each
+    other within the tolerances (not bitwise: the two sum the softmax in different orders)."""
     from openmla import _openmla as C
 
     inp = sparse.make_inputs(case, seed=43)
     results = []
     try:
-        for mode in (1, 2, 0):  # one producer warpgroup, two, the plain kernel
+        for mode in (2, 0):  # the few-heads kernel (two producer warpgroups), the plain kernel
             C._set_sparse_small_heads(mode)
             out, lse = sparse.nan_outputs(case)
             results.append(sparse.decode(inp, out=out, lse=lse))
             sparse.check_against_reference(inp, *results[-1], f"{case} small_heads mode {mode}")
     finally:
         C._set_sparse_small_heads(None)
-    (out_1, lse_1), (out_2, lse_2), (out_p, lse_p) = results
-    # One or two producers: the same consumer arithmetic on the same K blocks, bit for bit.
-    torch = sparse._torch()
-    assert torch.equal(out_1, out_2) and torch.equal(lse_1, lse_2), "one and two producer warpgroups differ"
-    sparse._ref().check_sparse_decode(out_1, lse_1, out_p, lse_p, what=f" [few heads vs plain, {case}]")
+    (out_s, lse_s), (out_p, lse_p) = results
+    sparse._ref().check_sparse_decode(out_s, lse_s, out_p, lse_p, what=f" [few heads vs plain, {case}]")
 
 
 @gpu

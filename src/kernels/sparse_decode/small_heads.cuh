@@ -6,12 +6,14 @@
 // the 64 rows are the block's 64 tokens and the heads are the N dimension (N = kSmallHeadsN = 32):
 //   S^T (64 tokens x 32 heads) = K (64 x d_qk, the K buffer, K-major) . Q^T (the Q tile's first 32 rows, K-major)
 //   O^T (512 dims x 32 heads) += V^T (the K buffer's V view, MN-major A) . P^T (32 heads x 64 tokens, K-major)
-// so one block costs 36 m64n32k16 for S^T and 8 x 4 for O^T (WG0 dims 0-255, WG1 dims 256-511) instead of 36
-// m64n64k16 and 2 x 4 m64n256k16. The softmax runs down the columns: each thread holds 2 tokens of 8 heads; the
-// block's column maxima are reduced over the warp by shuffles and over WG0's four warps through shared memory (one
-// named barrier per block); the row sums stay per-thread partials (every thread rescales its own by the same factor)
-// and are reduced once, in the epilogue. The producer, the barriers, the buffers, the Q tiles and the schedule are the
-// plain kernel's (docs/sparse-decode.md, "Few heads").
+// so one block costs 36 m64n32k16 for S^T and 8 x 4 for O^T instead of 36 m64n64k16 and 2 x 4 m64n256k16. The
+// softmax runs down the columns: each thread holds 2 tokens of 8 heads; the block's column maxima are reduced over the
+// warp by shuffles and over WG0's four warps through shared memory (one named barrier per block); the row sums stay
+// per-thread partials (every thread rescales its own by the same factor) and are reduced once, in the epilogue. The
+// built kernel (kAllDims, kProducerWgs = 2) has WG0 as its only consumer (all 512 dims of O^T) and WG1 + WG2 as
+// producers; the kAllDims = false path (WG0 dims 0-255, WG1 dims 256-511, one producer) is compiled only as that
+// kernel's unreachable WG1 consumer branch: the variant that used it is not built (racecheck flagged its out_scale
+// hand-over; docs/sparse-decode.md, "Few heads"). The buffers, the Q tiles and the schedule are the plain kernel's.
 #pragma once
 
 namespace openmla::kernels::sparse_decode {
