@@ -1,14 +1,18 @@
 // Diagnostics: the per-call host path (tools/diag/host_profile.py): times, inside the binding, each step the per-call
 // entries of bind_decode_step.cpp take (reading a tensor, the framework's current stream, an output allocation, the GIL
 // release, the device switch, the launch-context checks), so a profile separates them from the Python call around
-// them; and, in a trace build, the kernels' traces (tools/diag/kernel_trace.py). Not an API: the names start with an
-// underscore.
+// them; in a trace build, the kernels' traces (tools/diag/kernel_trace.py); and the sparse few-heads kernel's mode (A/B).
+// Not an API: the names start with an underscore.
+#include <nanobind/stl/optional.h>
+
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "api/validate.h"
 #include "bind_common.h"
+#include "heuristics/decode_launch.h"
 #include "object_tensors.h"
 
 #if defined(OPENMLA_HAS_TRACE)
@@ -154,6 +158,13 @@ void bind_diag(nb::module_& m) {
   m.def("_new_decode_outputs", &new_decode_outputs, nb::arg("like"), nb::arg("b"), nb::arg("s_q"), nb::arg("h_q"),
         nb::arg("d_v"),
         "Tests: the (out, lse) a decode entry allocates (one shared allocation) on like's device, in like's dtype.");
+  // The few-heads sparse decode kernel's mode (heuristics::sparse_small_heads_mode): 0 off (the plain kernel), 2 on
+  // (two producer warpgroups); None or another value: the default. Process-wide; later calls' launch plans. The
+  // benchmark's and the tests' A/B.
+  m.def(
+      "_set_sparse_small_heads", [](std::optional<int> mode) { heuristics::set_sparse_small_heads_mode(mode.value_or(-1)); },
+      nb::arg("mode").none());
+  m.def("_sparse_small_heads_mode", [] { return heuristics::sparse_small_heads_mode(); });
   m.def("_host_probe", &host_probe, nb::arg("what"), nb::arg("batches"), nb::arg("tensor"),
         "Diagnostics (tools/diag/host_profile.py): per-call ns of one step of the per-call host path, one value per "
         "batch of 32 calls.");

@@ -60,6 +60,7 @@ FAMILIES_BY_FILE = {
     "test_dense_decode_small_pages.py": ("dense_decode", "dense_decode_any_page_size"),
     "test_decode_api.py": ("dense_decode", "sparse_decode"),
     "test_sparse_decode.py": ("sparse_decode",),
+    "test_decode_heads.py": ("dense_decode", "sparse_decode", "kv_cache_quantize"),
     "test_kv_cache.py": ("kv_cache_quantize",),
     "test_sparse_prefill.py": ("sparse_prefill",),
     "test_sparse_prefill_fp8.py": ("sparse_prefill_fp8", "kv_cache_quantize"),
