@@ -1,6 +1,7 @@
 #include "heuristics/decode_launch.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "heuristics/decode_schedule.h"
@@ -55,6 +56,8 @@ SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& prob
     plan.uniform_blocks = sparse_request_blocks(problem.topk, nullptr, problem.extra_topk, nullptr);
     uniform_payload =
         decode_payload(problem.batch * (plan.uniform_blocks + kDecodeRequestOverheadBlocks), num_sm_parts);
+    // EXPERIMENT (to be removed): OPENMLA_EXP_SPARSE_PAYLOAD forces the host records' payload.
+    if (const char* e = std::getenv("OPENMLA_EXP_SPARSE_PAYLOAD"); e && std::atoll(e) > 0) uniform_payload = std::atoll(e);
   }
   // Blocks per partition of a uniform schedule: payload = ceil(total / parts) + overhead.
   plan.crossover = sparse_use_crossover(num_head_blocks,

@@ -31,11 +31,11 @@ def sparse_calls(b):
     import openmla
 
     q, k_cache, indices, sink, _, _ = bsd.make_inputs(b, 2, 128, 2048, 32768)
-    meta, _ = openmla.get_mla_metadata()
 
-    def ours():
-        return openmla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, is_fp8_kvcache=True,
-                                              indices=indices, attn_sink=sink)
+    def ours():  # a fresh schedule object: planned by its first call, under the variant's environment
+        meta, _ = openmla.get_mla_metadata()
+        return lambda: openmla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, is_fp8_kvcache=True,
+                                                      indices=indices, attn_sink=sink)
 
     def peer(fm):
         sched, _ = fm.get_mla_metadata()
@@ -49,15 +49,23 @@ def dense_calls(b, s_k=4096):
     import openmla
 
     q, k_cache, block_table, seqlens, _ = bdd.make_inputs(b, 1, 128, 1, s_k, varlen=False)
-    meta, _ = openmla.get_mla_metadata()
 
     def ours():
-        return openmla.flash_mla_with_kvcache(q, k_cache, block_table, seqlens, 512, meta, causal=False)
+        meta, _ = openmla.get_mla_metadata()
+        return lambda: openmla.flash_mla_with_kvcache(q, k_cache, block_table, seqlens, 512, meta, causal=False)
 
     def peer(fm):
         sched, _ = fm.get_mla_metadata()
         return lambda: fm.flash_mla_with_kvcache(q, k_cache, block_table, seqlens, 512, sched, causal=False)
     return ours, peer
+
+
+def per_batch(value, b):
+    """"B:V|B:V" -> the V of this batch ("" when none); anything else as it is, with {b} replaced."""
+    if "|" not in value and ":" not in value:
+        return value.replace("{b}", str(b))
+    table = dict(item.split(":", 1) for item in value.split("|") if item)
+    return table.get(str(b), "")
 
 
 def profile(call, reps):
@@ -129,8 +137,25 @@ def main():
     ap.add_argument("--dense", nargs="*", type=int, default=[])
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=2, help="base and variants alternate this many times")
-    ap.add_argument("--variants", nargs="*", default=[])
+    ap.add_argument("--variants", nargs="*", default=[],
+                    help="NAME=ENV=VALUE[;ENV=VALUE]; a {b} in a value is the case's batch, 'B:V|B:V' picks V by batch, and a variant whose "
+                         "name starts with sparse: / dense: applies to that kind only")
+    ap.add_argument("--preset", choices=["launch"], help="launch: the small-batch rows and the launch-side variants "
+                    "(schedule payloads, combine occupancy / slices / PDL)")
     args = ap.parse_args()
+    if args.preset == "launch":
+        args.sparse = args.sparse or [2, 4, 8, 16]
+        args.dense = args.dense or [1, 8, 32]
+        args.variants = args.variants or [
+            "sparse:pay=OPENMLA_EXP_SPARSE_PAYLOAD=2:7|4:9|8:13|16:21",
+            "dense:pay=OPENMLA_EXP_PAYLOAD=1:6|8:13|32:37",
+            "smem2=OPENMLA_EXP_COMBINE_SMEM=100000",
+            "smem4=OPENMLA_EXP_COMBINE_SMEM=50000",
+            "slices1=OPENMLA_EXP_COMBINE_SLICES=1",
+            "slices4=OPENMLA_EXP_COMBINE_SLICES=4",
+            "nopdl=OPENMLA_EXP_COMBINE_NOPDL=1",
+            "sparse:pay+smem2=OPENMLA_EXP_SPARSE_PAYLOAD=2:7|4:9|8:13|16:21;OPENMLA_EXP_COMBINE_SMEM=100000",
+        ]
     out = sys.stdout
     try:
         import flash_mla as fm
@@ -144,17 +169,35 @@ def main():
         name, _, rest = v.partition("=")
         env = dict(kv.split("=", 1) for kv in rest.split(";") if kv)
         variants.append((name, env))
+    import torch
     cases = [("sparse", b) for b in args.sparse] + [("dense", b) for b in args.dense]
     for kind, b in cases:
         ours, peer = (sparse_calls if kind == "sparse" else dense_calls)(b)
         print(f"\n===== {kind} b={b}", file=out)
         results = {}
+        ref = None
         for rnd in range(args.rounds):
             for name, env in variants:
+                if ":" in name and not name.startswith(kind + ":"):
+                    continue
+                env = {k: per_batch(v, b) for k, v in env.items()}
+                if any(v == "" for v in env.values()):
+                    continue  # no value for this batch
                 saved = {k: os.environ.get(k) for k in env}
                 os.environ.update(env)
                 try:
-                    s = report(f"  ours[{name}] round {rnd}", profile(ours, args.reps), out)
+                    call = ours()
+                    o = call()
+                    torch.cuda.synchronize()
+                    o = [t.float().clone() for t in o[:2]]
+                    if ref is None:
+                        ref = o
+                    else:  # same outputs as the base (out within bf16 rounding of a different split, lse close)
+                        d_out = float((o[0] - ref[0]).abs().max())
+                        d_lse = float((o[1] - ref[1]).abs().max())
+                        print(f"  ours[{name}] vs base: max |d out| {d_out:.3g}, max |d lse| {d_lse:.3g}, "
+                              f"finite {bool(torch.isfinite(o[0]).all())}", file=out)
+                    s = report(f"  ours[{name}] round {rnd}", profile(call, args.reps), out)
                 finally:
                     for k, v in saved.items():
                         if v is None:
