@@ -54,12 +54,12 @@ SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& prob
   int64_t uniform_payload = 0;
   if (problem.batch <= kSparseHostRecordsMaxBatch && !has_topk_length && !has_extra_topk_length) {
     plan.uniform_blocks = sparse_request_blocks(problem.topk, nullptr, problem.extra_topk, nullptr);
-    uniform_payload =
-        decode_payload(problem.batch * (plan.uniform_blocks + kDecodeRequestOverheadBlocks), num_sm_parts);
+    uniform_payload = decode_schedule_payload(
+        std::vector<int32_t>(static_cast<size_t>(problem.batch), plan.uniform_blocks), num_sm_parts);
     // EXPERIMENT (to be removed): OPENMLA_EXP_SPARSE_PAYLOAD forces the host records' payload.
     if (const char* e = std::getenv("OPENMLA_EXP_SPARSE_PAYLOAD"); e && std::atoll(e) > 0) uniform_payload = std::atoll(e);
   }
-  // Blocks per partition of a uniform schedule: payload = ceil(total / parts) + overhead.
+  // Blocks per partition of a uniform schedule: payload - overhead (the scheduler's payload, decode_schedule_payload).
   plan.crossover = sparse_use_crossover(num_head_blocks,
                                         plan.uniform_blocks > 0 ? uniform_payload - kDecodeRequestOverheadBlocks : 0);
   if (plan.uniform_blocks == 0) return plan;

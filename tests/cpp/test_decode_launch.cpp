@@ -140,14 +140,16 @@ OldDecision old_decision(const SparseDecodeProblem& p, int parts, bool has_topk_
   int64_t payload = 0;
   if (p.batch <= 16 && !has_topk_length && (p.extra_topk == 0 || !has_extra_topk_length)) {
     d.uniform_blocks = heuristics::sparse_request_blocks(p.topk, nullptr, p.extra_topk, nullptr);
-    payload = heuristics::decode_payload(p.batch * (d.uniform_blocks + kDecodeRequestOverheadBlocks), parts);
+    // The scheduler's payload (decision schedule-v2: the tight one of a small batch); the records come from the
+    // oracle's own choice of it below, so the two must agree.
+    payload = heuristics::decode_schedule_payload(std::vector<int32_t>(p.batch, d.uniform_blocks), parts);
   }
   const int head_blocks = static_cast<int>((p.h_q + 63) / 64);
   const int64_t partition_blocks = d.uniform_blocks > 0 ? payload - kDecodeRequestOverheadBlocks : 0;
   d.crossover = head_blocks % 2 == 0 && !(partition_blocks > 0 && partition_blocks <= 12);
   if (d.uniform_blocks > 0) {
     const heuristics::DecodeScheduleHost host = oracle::build_decode_schedule(
-        std::vector<int32_t>(p.batch, d.uniform_blocks), std::vector<bool>(p.batch, false), parts, payload);
+        std::vector<int32_t>(p.batch, d.uniform_blocks), std::vector<bool>(p.batch, false), parts);
     if (!host.all_assigned) d.uniform_blocks = 0;
     for (int part = 0; d.uniform_blocks > 0 && part < parts; ++part)
       if (!kernels::pack_partition_record(host.records[part], d.records[part])) d.uniform_blocks = 0;

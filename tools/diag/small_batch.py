@@ -147,14 +147,17 @@ def main():
         args.sparse = args.sparse or [2, 4, 8, 16]
         args.dense = args.dense or [1, 8, 32]
         args.variants = args.variants or [
-            "sparse:pay=OPENMLA_EXP_SPARSE_PAYLOAD=2:7|4:9|8:13|16:21",
-            "dense:pay=OPENMLA_EXP_PAYLOAD=1:6|8:13|32:37",
+            # the default payload ceil(total / parts) + 5 (before the tight payload of decision schedule-v2)
+            "sparse:dflt=OPENMLA_EXP_SPARSE_PAYLOAD=2:8|4:10|8:14|16:23",
+            "dense:dflt=OPENMLA_EXP_PAYLOAD=1:7|8:14|32:39",
+            # below the floor of the tight payload: 2 blocks at sparse b = 2, 1 block at dense b = 1
+            "sparse:pay=OPENMLA_EXP_SPARSE_PAYLOAD=2:7",
+            "dense:pay=OPENMLA_EXP_PAYLOAD=1:6",
             "smem2=OPENMLA_EXP_COMBINE_SMEM=100000",
             "smem4=OPENMLA_EXP_COMBINE_SMEM=50000",
             "slices1=OPENMLA_EXP_COMBINE_SLICES=1",
             "slices4=OPENMLA_EXP_COMBINE_SLICES=4",
             "nopdl=OPENMLA_EXP_COMBINE_NOPDL=1",
-            "sparse:pay+smem2=OPENMLA_EXP_SPARSE_PAYLOAD=2:7|4:9|8:13|16:21;OPENMLA_EXP_COMBINE_SMEM=100000",
         ]
     out = sys.stdout
     try:
