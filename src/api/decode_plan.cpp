@@ -1,6 +1,5 @@
 // Public decode API, planning (include/openmla/decode.h): workspace sizes and plan_decode for each family.
 // Validate -> build the scheduler's params -> launch; every check runs before the first CUDA call.
-#include <cstdlib>
 #include <cstdint>
 #include <string>
 
@@ -76,8 +75,7 @@ Status workspace_sizes(const Problem& problem, DecodeWorkspaceSizes* sizes) {
       .num_splits = static_cast<int32_t*>(schedule.num_splits.data),
       .merge_counters = counters ? static_cast<int32_t*>(schedule.merge_counters.data) : nullptr,
       .merge_counter_count = counters ? merge_counter_count : 0,
-      // EXPERIMENT (to be removed): OPENMLA_EXP_PAYLOAD forces the scheduler's payload.
-      .payload_override = std::getenv("OPENMLA_EXP_PAYLOAD") ? std::atoll(std::getenv("OPENMLA_EXP_PAYLOAD")) : 0,
+      .payload_override = 0,
   };
 }
 

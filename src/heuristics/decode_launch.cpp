@@ -1,7 +1,6 @@
 #include "heuristics/decode_launch.h"
 
 #include <cstdint>
-#include <cstdlib>
 #include <vector>
 
 #include "heuristics/decode_schedule.h"
@@ -14,9 +13,9 @@ namespace openmla::heuristics {
 
 using kernels::kDecodeRequestOverheadBlocks;
 
-int combine_slices(int64_t batch, int64_t s_q, int64_t h_q) {
+int combine_slices(int64_t batch, int64_t s_q, int64_t h_q, int64_t slice_below_ctas) {
   const int64_t ctas = batch * ((s_q * h_q + kernels::kCombineWarps - 1) / kernels::kCombineWarps);
-  return ctas < kCombineSliceBelowCtas ? kernels::kCombineMaxSlices : 1;
+  return ctas < slice_below_ctas ? kernels::kCombineMaxSlices : 1;
 }
 
 DenseDecodeLaunchPlan plan_dense_decode_launch(const DenseDecodeProblem& problem, const TensorRef& q) {
@@ -42,7 +41,7 @@ SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& prob
                                                  bool has_topk_length, bool has_extra_topk_length) {
   SparseDecodeLaunchPlan plan;
   const int num_head_blocks = static_cast<int>((problem.h_q + 63) / 64);
-  plan.combine_slices = combine_slices(problem.batch, problem.s_q, problem.h_q);
+  plan.combine_slices = combine_slices(problem.batch, problem.s_q, problem.h_q, kSparseCombineSliceBelowCtas);
   if (problem.batch_invariant) {
     // A batch-invariant schedule lives on the device only (no host records), and the variant must not follow the
     // batch: crossover wherever the head tiles pair, as for large batches (docs/decode-schedule.md, "Batch
@@ -56,8 +55,6 @@ SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& prob
     plan.uniform_blocks = sparse_request_blocks(problem.topk, nullptr, problem.extra_topk, nullptr);
     uniform_payload = decode_schedule_payload(
         std::vector<int32_t>(static_cast<size_t>(problem.batch), plan.uniform_blocks), num_sm_parts);
-    // EXPERIMENT (to be removed): OPENMLA_EXP_SPARSE_PAYLOAD forces the host records' payload.
-    if (const char* e = std::getenv("OPENMLA_EXP_SPARSE_PAYLOAD"); e && std::atoll(e) > 0) uniform_payload = std::atoll(e);
   }
   // Blocks per partition of a uniform schedule: payload - overhead (the scheduler's payload, decode_schedule_payload).
   plan.crossover = sparse_use_crossover(num_head_blocks,

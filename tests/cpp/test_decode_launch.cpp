@@ -118,6 +118,19 @@ TEST(DecodeLaunchPlan, SparseHostRecordsOnlyForUniformSmallBatches) {
   EXPECT_EQ(heuristics::plan_sparse_decode_launch(p, 33, false, false).combine_slices, kernels::kCombineMaxSlices);
 }
 
+// Sparse calls slice their combine below 128 CTAs, dense ones below 256 (decision combine-v20): h_q = 128, s_q = 2 is
+// 32 CTAs per request, so sparse b = 2 and 3 take four slices and b = 4 one; dense b = 8 at s_q = 1 (128 CTAs) four.
+TEST(DecodeLaunchPlan, SparseCombineSlicesBelowHalfTheDenseGrid) {
+  for (int64_t b : {1, 2, 3, 4, 7, 8}) {
+    const SparseDecodeProblem p{.batch = b, .s_q = 2, .h_q = 128, .topk = 2048};
+    EXPECT_EQ(heuristics::plan_sparse_decode_launch(p, 33, false, false).combine_slices,
+              b < 4 ? kernels::kCombineMaxSlices : 1)
+        << "b = " << b;
+  }
+  EXPECT_EQ(heuristics::combine_slices(8, 1, 128), kernels::kCombineMaxSlices);  // the dense rule: 128 < 256
+  EXPECT_EQ(heuristics::combine_slices(4, 2, 128, heuristics::kSparseCombineSliceBelowCtas), 1);
+}
+
 // Records that do not fit the 64-bit packing (a block number of 2^22 or more) send the kernel back to the schedule;
 // the crossover choice still uses the uniform payload.
 TEST(DecodeLaunchPlan, SparseRecordsThatDoNotPackAreNotPassed) {

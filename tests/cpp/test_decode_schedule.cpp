@@ -114,15 +114,15 @@ TEST(DecodeScheduleHeuristics, SparseRequestBlocks) {
 
 // Crossover pairs need an even tile count and more than kSparsePlainMaxBlocks blocks per partition
 // (docs/sparse-decode.md, decisions sparse-v25, sparse-v29). The benchmark's rows on 132 SMs: h_q = 128,
-// s_q = 2, topk 2048 -> 33 partitions of b = 2 -> 3, b = 4 -> 4, b = 8 -> 8 blocks (plain), b = 16 -> 16 (crossover)
-// (the tight payload of small batches; ceil(b * (32 + 5) / 33) = 3 / 5 / 9 / 18 before it).
+// s_q = 2, topk 2048 -> 33 partitions of b = 2 -> 3, b = 4 -> 5, b = 8 -> 8 blocks (plain), b = 16 -> 16 (crossover)
+// (the tight payload of small batches; ceil(b * (32 + 5) / 33) = 3 / 5 / 9 / 18 without it).
 TEST(DecodeScheduleHeuristics, SparseCrossoverChoice) {
   const auto partition_blocks = [](int64_t b) {
     return heuristics::decode_schedule_payload(std::vector<int32_t>(b, 32), 33) - kernels::kDecodeRequestOverheadBlocks;
   };
   EXPECT_EQ(partition_blocks(2), 3);
-  EXPECT_EQ(partition_blocks(4), 4);   // the tight payload of small batches (decision schedule-v2)
-  EXPECT_EQ(partition_blocks(8), 8);
+  EXPECT_EQ(partition_blocks(4), 5);
+  EXPECT_EQ(partition_blocks(8), 8);   // the tight payload of small batches (decision schedule-v2)
   EXPECT_EQ(partition_blocks(16), 16);
   EXPECT_FALSE(heuristics::sparse_use_crossover(2, partition_blocks(2)));
   EXPECT_FALSE(heuristics::sparse_use_crossover(2, partition_blocks(4)));
@@ -188,9 +188,9 @@ TEST(DecodeScheduleHeuristics, TightPayloadOfSmallUniformBatches) {
   EXPECT_EQ(payload(4, 2048, 66), 130); // dense b = 4, 128K: the default already fits tightest
   EXPECT_EQ(payload(16, 32, 33), 21);   // sparse b = 16, topk 2048: 16 blocks instead of 18
   EXPECT_EQ(payload(8, 32, 33), 13);    // sparse b = 8: 8 instead of 9
-  EXPECT_EQ(payload(4, 32, 33), 9);     // sparse b = 4: 4 instead of 5
-  // At most kTightPayloadMinBlocks blocks per partition stay as they were: the split partials and the combine then
-  // cost more than a block (sparse b = 2, docs/sparse-decode.md, "Small batches").
+  EXPECT_EQ(payload(4, 32, 33), 10);    // sparse b = 4: 5 (4 would fit, but not above the floor of 5 blocks)
+  // Partitions of at most kTightPayloadMinBlocks (the overhead, 5) blocks stay as they were: the split partials and
+  // the combine then cost more than the blocks saved (partition_walk.h).
   EXPECT_EQ(payload(2, 32, 33), 8);     // sparse b = 2: 3 blocks (2 would fit)
   EXPECT_EQ(payload(1, 64, 66), 7);     // dense b = 1, 4K: 2 blocks (1 would fit)
   EXPECT_EQ(payload(17, 32, 33), heuristics::decode_payload(17 * 37, 33));  // 2 * 17 > 33: the default

@@ -515,10 +515,8 @@ void expect_no_write_past_the_split_buffers(int64_t h_q, int64_t topk, int num_s
 }
 
 TEST(Faults, ScheduleFromAnotherPlanNeverWritesPastTheSplitBuffers) {
-  // Slot 83 with the schedules of the time; 95 with the tight payload of small batches (docs/decode-schedule.md,
-  // decision schedule-v2), which both plans now take.
   expect_no_write_past_the_split_buffers(/*h_q=*/128, /*topk=*/16384, /*num_sms=*/132, /*parts=*/66,
-                                         /*slot_before=*/95);
+                                         /*slot_before=*/83);
   expect_no_write_past_the_split_buffers(/*h_q=*/64, /*topk=*/4096, /*num_sms=*/8, /*parts=*/8, /*slot_before=*/11);
 }
 

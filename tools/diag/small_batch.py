@@ -7,10 +7,12 @@ as medians over the calls: each kernel's duration, the start of each kernel afte
 the end of one kernel and the end of the next (the "tail"), and the span (first start .. last end: the benchmark's
 time_us).
 
-Launch-side variants are selected through OPENMLA_EXP_* environment variables that the library reads at launch
-time (where present); `--variants` lists NAME=ENV=VALUE[;ENV=VALUE] items timed after the base in the same process.
+`--variants` lists NAME=ENV=VALUE[;ENV=VALUE] items timed after the base in the same process: environment variables
+that a build under test reads at planning or launch time (the library itself reads none on these paths; session 19's
+experiment build read OPENMLA_EXP_* ones: the schedule's payload, the combine's slices, occupancy and PDL). Each
+variant gets a fresh schedule object, planned under its environment; its outputs are compared with the base's.
 
-    PYTHONPATH=python python3 tools/diag/small_batch.py --sparse 2 4 8 --dense 1 8 32
+    PYTHONPATH=python python3 tools/diag/small_batch.py --preset rows
 """
 import argparse
 import json
@@ -140,25 +142,12 @@ def main():
     ap.add_argument("--variants", nargs="*", default=[],
                     help="NAME=ENV=VALUE[;ENV=VALUE]; a {b} in a value is the case's batch, 'B:V|B:V' picks V by batch, and a variant whose "
                          "name starts with sparse: / dense: applies to that kind only")
-    ap.add_argument("--preset", choices=["launch"], help="launch: the small-batch rows and the launch-side variants "
-                    "(schedule payloads, combine occupancy / slices / PDL)")
+    ap.add_argument("--preset", choices=["rows"], help="rows: the benchmark's small-batch rows (sparse b 2 / 4 / 8 / 16, "
+                    "dense b 1 / 8 / 32 at 4K)")
     args = ap.parse_args()
-    if args.preset == "launch":
+    if args.preset == "rows":
         args.sparse = args.sparse or [2, 4, 8, 16]
         args.dense = args.dense or [1, 8, 32]
-        args.variants = args.variants or [
-            # the default payload ceil(total / parts) + 5 (before the tight payload of decision schedule-v2)
-            "sparse:dflt=OPENMLA_EXP_SPARSE_PAYLOAD=2:8|4:10|8:14|16:23",
-            "dense:dflt=OPENMLA_EXP_PAYLOAD=1:7|8:14|32:39",
-            # below the floor of the tight payload: 2 blocks at sparse b = 2, 1 block at dense b = 1
-            "sparse:pay=OPENMLA_EXP_SPARSE_PAYLOAD=2:7",
-            "dense:pay=OPENMLA_EXP_PAYLOAD=1:6",
-            "smem2=OPENMLA_EXP_COMBINE_SMEM=100000",
-            "smem4=OPENMLA_EXP_COMBINE_SMEM=50000",
-            "slices1=OPENMLA_EXP_COMBINE_SLICES=1",
-            "slices4=OPENMLA_EXP_COMBINE_SLICES=4",
-            "nopdl=OPENMLA_EXP_COMBINE_NOPDL=1",
-        ]
     out = sys.stdout
     try:
         import flash_mla as fm

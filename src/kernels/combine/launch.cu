@@ -6,8 +6,6 @@
 
 #include "common/cuda_check.h"
 
-#include <cstdlib>
-
 namespace openmla::kernels {
 
 namespace {
@@ -34,8 +32,6 @@ Status launch_combine(const CombineParams& params, int slices, cudaStream_t stre
   if (params.partial_o == nullptr || params.partial_lse == nullptr || params.num_splits == nullptr ||
       params.output.out == nullptr || params.output.lse == nullptr)
     return Status::internal("combine: a required pointer is null");
-  if (const char* e = std::getenv("OPENMLA_EXP_COMBINE_SLICES"))  // EXPERIMENT (to be removed)
-    slices = std::atoi(e) == 1 ? 1 : kCombineMaxSlices;
   if (slices != 1 && slices != kCombineMaxSlices) return Status::internal("combine: slices must be 1 or kCombineMaxSlices");
   if (params.split_capacity > 0) return combine::launch_combine_capped(params, slices, stream);
   return params.is_fp16 ? launch_combine_sliced<__half>(params, slices, stream)

@@ -2,8 +2,6 @@
 // calls): one grid shape and the programmatic dependent launch, whichever kernel.
 #pragma once
 
-#include <cstdlib>
-
 #include "common/cuda_check.h"
 #include "kernels/combine/kernel.cuh"
 #include "kernels/combine/params.h"
@@ -18,16 +16,6 @@ Status launch_combine_grid(Kernel kernel, const CombineParams& params, int slice
                         static_cast<unsigned>(slices));
   config.blockDim = dim3(kCombineWarps * 32, 1, 1);
   config.dynamicSmemBytes = 0;
-  // EXPERIMENT (to be removed): OPENMLA_EXP_COMBINE_SMEM caps the combine's CTAs per SM through dynamic shared memory.
-  if (const char* e = std::getenv("OPENMLA_EXP_COMBINE_SMEM")) {
-    const int bytes = std::atoi(e);
-    if (bytes > 0) {
-      if (bytes > 48 * 1024)
-        OPENMLA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-                                     "combine smem");
-      config.dynamicSmemBytes = static_cast<size_t>(bytes);
-    }
-  }
   config.stream = stream;
   // Programmatic dependent launch: combine CTAs may become resident while the main kernel's last CTAs
   // run; the kernel's griddepcontrol.wait restores full ordering before any partial is read.
@@ -36,7 +24,6 @@ Status launch_combine_grid(Kernel kernel, const CombineParams& params, int slice
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  if (const char* e = std::getenv("OPENMLA_EXP_COMBINE_NOPDL"); e && e[0] == '1') config.numAttrs = 0;
   OPENMLA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, params), "combine kernel launch");
   return Status::ok();
 }
