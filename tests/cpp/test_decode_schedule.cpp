@@ -602,6 +602,33 @@ TEST_F(DecodeScheduleGpu, SparseMatchesOracle) {
   }
 }
 
+// Small batches (2 * batch <= parts): the GPU's candidate count picks the tight payload the oracle picks by walking
+// (decision schedule-v2); the cases include rows where a smaller payload than the default fits and rows where the
+// floor keeps the default.
+TEST_F(DecodeScheduleGpu, SmallBatchesTakeTheOraclesPayload) {
+  int tight = 0;
+  for (int b : {1, 2, 4, 8, 16, 32, 33}) {
+    for (int parts : {8, 33, 66, 160}) {
+      for (int32_t len : {100, 4096, 4100, 65536}) {
+        const std::vector<int32_t> seqlens(b, len);
+        const DenseWork w = dense_work(seqlens);
+        const std::string tag = "b=" + std::to_string(b) + " len=" + std::to_string(len) + " parts=" + std::to_string(parts);
+        expect_same_bytes(run_gpu(seqlens, parts, false, 0, {}, 0, {}), oracle::build_dense_decode_schedule(seqlens, parts),
+                          "dense " + tag);
+        if (heuristics::decode_schedule_payload(w.blocks, parts) <
+            heuristics::decode_payload(heuristics::decode_total_work(w.blocks), parts))
+          ++tight;
+      }
+      expect_same_bytes(run_gpu(std::vector<int32_t>(b, 0), parts, true, 2048, {}, 0, {}),
+                        oracle::build_sparse_decode_schedule(b, 2048, {}, 0, {}, parts),
+                        "sparse b=" + std::to_string(b) + " parts=" + std::to_string(parts));
+    }
+  }
+  EXPECT_GT(tight, 10) << "the cases must exercise the tight payload";
+  const std::vector<int32_t> worked = {4096, 0, 100, 8192};
+  expect_same_bytes(run_gpu(worked, 8, false, 0, {}, 0, {}), oracle::build_dense_decode_schedule(worked, 8), "worked");
+}
+
 TEST_F(DecodeScheduleGpu, FailureIsFlaggedOnDevice) {
   const std::vector<int32_t> seqlens = {300, 4000, 0, 70};
   const auto [blocks, empty] = dense_work(seqlens);
