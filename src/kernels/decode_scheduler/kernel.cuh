@@ -13,8 +13,8 @@
 // counted by one thread (PartitionCount) before the walk.
 //
 // Failure guard: with payload = ceil(total / parts) + overhead every request is always assigned (each
-// partition consumes at least payload - overhead work; a smaller payload is taken only where it was counted to fit). Should the walk ever run out of partitions,
-// the kernel does not leave a half-written schedule: every record becomes idle (begin_req = batch, so
+// partition consumes at least payload - overhead work; a smaller payload is taken only where it was counted to
+// fit). Should the walk ever run out of partitions, the kernel does not leave a half-written schedule: every record becomes idle (begin_req = batch, so
 // the main kernel does nothing) and num_splits becomes 0, ..., 0, -1 (no request is combined;
 // num_splits[batch] == -1 is the device-visible flag, which tests read back).
 #pragma once
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kDecodeSchedulerThreads, 1) decode_scheduler_k
   // ---- Small batches: the smallest payload that still fits (partition_walk.h, decision schedule-v2) --------------
   // 2 * batch <= parts <= kMaxDecodeSmParts: every request fits one staging chunk. Thread c counts candidate c.
   if (p.payload_override <= 0 && tight_payload_applies(p.batch, p.num_sm_parts)) {
-    static_assert(2 * kDecodeSchedulerChunk >= 160, "a small batch (2 * batch <= kMaxDecodeSmParts = 160) is staged at once");
+    static_assert(2 * kDecodeSchedulerChunk >= 160, "a small batch (2 * batch <= parts <= 160) is staged at once");
     static_assert(kTightPayloadCandidates <= kDecodeSchedulerThreads, "one thread per candidate");
     __shared__ bool fits[kTightPayloadCandidates];
     for (int i = threadIdx.x; i < p.batch; i += kDecodeSchedulerThreads) staged[i] = request_blocks_signed(p, i);

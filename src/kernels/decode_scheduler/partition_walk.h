@@ -120,8 +120,8 @@ struct PartitionWalk {
 // ---- The payload of small batches (docs/decode-schedule.md, decision schedule-v2) ----------------------------------
 // The default payload, ceil(total / parts) + overhead, leaves up to `overhead` blocks of slack in every partition.
 // With many requests per partition that slack is what lets request borders fall anywhere; with few requests it only
-// lengthens the critical path: b = 32 requests of 64 blocks over 66 partitions get payload 39, chunks of 34 + 30
-// blocks, where 37 cuts every request into 32 + 32 and still fits. So when 2 * batch <= parts (every request spans
+// lengthens the critical path: sparse b = 8 (32 blocks each) over 33 partitions gets payload 14, 9 blocks per CTA,
+// where 13 (8 blocks, every request in 4 chunks) still fits. So when 2 * batch <= parts (every request spans
 // two partitions or more on average) the scheduler takes the smallest payload in
 // [max(ceil(total / parts), overhead + kTightPayloadMinBlocks), default) whose walk assigns every request (at most
 // kTightPayloadCandidates values, each counted by one thread), and the default when none does.
