@@ -14,9 +14,9 @@ namespace openmla::heuristics {
 
 using kernels::kDecodeRequestOverheadBlocks;
 
-int combine_slices(int64_t batch, int64_t s_q, int64_t h_q) {
+int combine_slices(int64_t batch, int64_t s_q, int64_t h_q, int64_t slice_below_ctas) {
   const int64_t ctas = batch * ((s_q * h_q + kernels::kCombineWarps - 1) / kernels::kCombineWarps);
-  return ctas < kCombineSliceBelowCtas ? kernels::kCombineMaxSlices : 1;
+  return ctas < slice_below_ctas ? kernels::kCombineMaxSlices : 1;
 }
 
 DenseDecodeLaunchPlan plan_dense_decode_launch(const DenseDecodeProblem& problem, const TensorRef& q) {
@@ -55,7 +55,7 @@ SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& prob
                                                  bool has_topk_length, bool has_extra_topk_length) {
   SparseDecodeLaunchPlan plan;
   const int num_head_blocks = static_cast<int>((problem.h_q + 63) / 64);
-  plan.combine_slices = combine_slices(problem.batch, problem.s_q, problem.h_q);
+  plan.combine_slices = combine_slices(problem.batch, problem.s_q, problem.h_q, kSparseCombineSliceBelowCtas);
   const int small_heads_mode = sparse_small_heads_mode();
   plan.small_heads = sparse_use_small_heads(problem.h_q, problem.batch_invariant, small_heads_mode != 0);
   plan.small_heads_two_producers = plan.small_heads;
@@ -70,10 +70,10 @@ SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& prob
   int64_t uniform_payload = 0;
   if (problem.batch <= kSparseHostRecordsMaxBatch && !has_topk_length && !has_extra_topk_length) {
     plan.uniform_blocks = sparse_request_blocks(problem.topk, nullptr, problem.extra_topk, nullptr);
-    uniform_payload =
-        decode_payload(problem.batch * (plan.uniform_blocks + kDecodeRequestOverheadBlocks), num_sm_parts);
+    uniform_payload = decode_schedule_payload(
+        std::vector<int32_t>(static_cast<size_t>(problem.batch), plan.uniform_blocks), num_sm_parts);
   }
-  // Blocks per partition of a uniform schedule: payload = ceil(total / parts) + overhead.
+  // Blocks per partition of a uniform schedule: payload - overhead (the scheduler's payload, decode_schedule_payload).
   plan.crossover = sparse_use_crossover(num_head_blocks,
                                         plan.uniform_blocks > 0 ? uniform_payload - kDecodeRequestOverheadBlocks : 0);
   if (plan.uniform_blocks == 0) return plan;

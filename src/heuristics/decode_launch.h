@@ -21,7 +21,11 @@ namespace openmla::heuristics {
 // (b * ceil(s_q * h_q / 8)) split each row's 512 columns over kCombineMaxSlices CTAs for more loads in flight;
 // larger grids fill the machine with one slice (docs/decode-schedule.md, decision combine-v18).
 inline constexpr int64_t kCombineSliceBelowCtas = 256;
-int combine_slices(int64_t batch, int64_t s_q, int64_t h_q);
+// Sparse calls slice below half that (decision combine-v20, H200 same run): b = 4 (h_q = 128, s_q = 2: 128 CTAs, ~7
+// chunks per row) took the combine's tail from 5.3 to 4.4 us with one slice, while b = 2 (64 CTAs, 11 chunks) keeps
+// four (3.7 against 4.3 us) and dense b = 8 at 4K (128 CTAs, 8 chunks) loses 0.5 us with one.
+inline constexpr int64_t kSparseCombineSliceBelowCtas = 128;
+int combine_slices(int64_t batch, int64_t s_q, int64_t h_q, int64_t slice_below_ctas = kCombineSliceBelowCtas);
 
 // ---- Dense decode ---------------------------------------------------------------------------------------------
 struct DenseDecodeLaunchPlan {

@@ -72,6 +72,19 @@ int64_t decode_payload(int64_t total_work, int num_sm_parts) {
   return ceil_div(total_work, num_sm_parts) + kDecodeRequestOverheadBlocks;
 }
 
+int64_t decode_schedule_payload(const std::vector<int32_t>& blocks, int num_sm_parts) {
+  const int64_t fallback = decode_payload(decode_total_work(blocks), num_sm_parts);
+  if (!kernels::tight_payload_applies(static_cast<int64_t>(blocks.size()), num_sm_parts)) return fallback;
+  for (int c = 0; c < kernels::kTightPayloadCandidates; ++c) {  // the smallest that fits, as the kernel picks it
+    const int64_t candidate = kernels::tight_payload_candidate(fallback, c);
+    if (candidate <= 0) continue;
+    kernels::PartitionCount count(candidate);
+    for (int32_t n : blocks) count.add(n < 0 ? -static_cast<int64_t>(n) : n);
+    if (count.fits(num_sm_parts)) return candidate;
+  }
+  return fallback;
+}
+
 DecodeScheduleHost walk_decode_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
                                         int num_sm_parts, int64_t payload) {
   const int32_t batch = static_cast<int32_t>(blocks.size());

@@ -53,6 +53,10 @@ int32_t sparse_request_blocks(int64_t topk, const int32_t* topk_length, int64_t 
 // Total balancing work sum(n_i + overhead) and the per-partition payload ceil(total / parts) + overhead.
 int64_t decode_total_work(const std::vector<int32_t>& blocks);
 int64_t decode_payload(int64_t total_work, int num_sm_parts);
+// The payload the GPU scheduler walks these block counts with: decode_payload, or for a small batch
+// (kernels::tight_payload_applies) the smallest candidate below it whose walk fits (kernels/decode_scheduler/
+// partition_walk.h; docs/decode-schedule.md, decision schedule-v2).
+int64_t decode_schedule_payload(const std::vector<int32_t>& blocks, int num_sm_parts);
 
 // A schedule computed on the host: what the GPU scheduler writes into DecodeSchedule.
 struct DecodeScheduleHost {
@@ -68,7 +72,7 @@ inline constexpr int32_t kDecodeScheduleFailed = -1;
 // The GPU scheduler's greedy pass (PartitionWalk) over per-request block counts, run on the host: the same
 // records and num_splits, byte for byte, as the kernel writes for these counts. `empty[i]` marks requests whose
 // record end_block is 0 (may be empty: no request is empty). `payload` > 0 is the per-partition budget
-// (decode_payload of the counts in production; tests pass smaller ones to drive the failure encoding).
+// (decode_schedule_payload of the counts in production; tests pass smaller ones to drive the failure encoding).
 DecodeScheduleHost walk_decode_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
                                         int num_sm_parts, int64_t payload);
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kernels/decode_scheduler/partition_walk.h"
+
 namespace openmla::oracle {
 
 using kernels::DecodeScheduleRecord;
@@ -9,17 +11,15 @@ using kernels::kDecodeRequestOverheadBlocks;
 
 // The partition-major form of the greedy pass (the GPU walks it request-major; both must agree), written apart
 // from partition_walk.h on purpose, so that one misreading of the rule cannot make both sides agree.
-heuristics::DecodeScheduleHost build_decode_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
-                                                     int num_sm_parts, int64_t payload_override) {
+namespace {
+
+heuristics::DecodeScheduleHost walk_partitions(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
+                                               int num_sm_parts, int64_t payload) {
   constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
   const int32_t batch = static_cast<int32_t>(blocks.size());
   heuristics::DecodeScheduleHost out;
   out.records.assign(num_sm_parts, DecodeScheduleRecord{});
   out.num_splits.assign(batch + 1, 0);
-
-  const int64_t payload = payload_override > 0
-                              ? payload_override
-                              : heuristics::decode_payload(heuristics::decode_total_work(blocks), num_sm_parts);
   const auto is_empty = [&](int32_t r) { return !empty.empty() && empty[r]; };
 
   int32_t req = 0;    // cursor: current request
@@ -77,6 +77,28 @@ heuristics::DecodeScheduleHost build_decode_schedule(const std::vector<int32_t>&
     out.num_splits[batch] = heuristics::kDecodeScheduleFailed;
   }
   return out;
+}
+
+}  // namespace
+
+heuristics::DecodeScheduleHost build_decode_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
+                                                     int num_sm_parts, int64_t payload_override) {
+  if (payload_override > 0) return walk_partitions(blocks, empty, num_sm_parts, payload_override);
+  // The payload as docs/decode-schedule.md states it: ceil(total / parts) + overhead, total = sum(n_i + overhead);
+  // with 2 * batch <= parts, the smallest payload from max(ceil(total / parts), overhead + the floor of blocks) up
+  // that assigns every request, if one below the default does.
+  int64_t total = 0;
+  for (int32_t n : blocks) total += n + kDecodeRequestOverheadBlocks;
+  const int64_t lowest_balanced = (total + num_sm_parts - 1) / num_sm_parts;
+  const int64_t fallback = lowest_balanced + kDecodeRequestOverheadBlocks;
+  if (2 * static_cast<int64_t>(blocks.size()) <= num_sm_parts) {
+    const int64_t floor = kDecodeRequestOverheadBlocks + kernels::kTightPayloadMinBlocks;
+    for (int64_t payload = std::max(lowest_balanced, floor); payload < fallback; ++payload) {
+      heuristics::DecodeScheduleHost s = walk_partitions(blocks, empty, num_sm_parts, payload);
+      if (s.all_assigned) return s;
+    }
+  }
+  return walk_partitions(blocks, empty, num_sm_parts, fallback);
 }
 
 heuristics::DecodeScheduleHost build_dense_decode_schedule(const std::vector<int32_t>& cache_seqlens,

@@ -93,7 +93,7 @@ struct DenseCall {
       empty.push_back(heuristics::dense_request_empty(L, 3 * 64));
     }
     schedule = heuristics::walk_decode_schedule(
-        blocks, empty, parts, heuristics::decode_payload(heuristics::decode_total_work(blocks), parts));
+        blocks, empty, parts, heuristics::decode_schedule_payload(blocks, parts));
   }
   InputCheckParams checks() {
     args.block_table = host_tensor(block_table.data(), DType::kInt32, {4, 3});

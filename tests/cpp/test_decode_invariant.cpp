@@ -195,10 +195,8 @@ TEST(DecodeInvariantWalk, ARequestsPartitionDoesNotDependOnTheBatch) {
 // The default pass, for contrast: the same request gets other split points in other batches (what the mode fixes).
 TEST(DecodeInvariantWalk, TheDefaultPassDependsOnTheBatch) {
   const std::vector<int32_t> alone = {512}, batch = {100, 512, 300};
-  const auto a = heuristics::walk_decode_schedule(alone, {}, 66, heuristics::decode_payload(
-                                                                       heuristics::decode_total_work(alone), 66));
-  const auto b = heuristics::walk_decode_schedule(batch, {}, 66, heuristics::decode_payload(
-                                                                       heuristics::decode_total_work(batch), 66));
+  const auto a = heuristics::walk_decode_schedule(alone, {}, 66, heuristics::decode_schedule_payload(alone, 66));
+  const auto b = heuristics::walk_decode_schedule(batch, {}, 66, heuristics::decode_schedule_payload(batch, 66));
   EXPECT_NE(a.num_splits[1] - a.num_splits[0], b.num_splits[2] - b.num_splits[1]);
 }
 

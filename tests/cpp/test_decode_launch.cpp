@@ -118,6 +118,19 @@ TEST(DecodeLaunchPlan, SparseHostRecordsOnlyForUniformSmallBatches) {
   EXPECT_EQ(heuristics::plan_sparse_decode_launch(p, 33, false, false).combine_slices, kernels::kCombineMaxSlices);
 }
 
+// Sparse calls slice their combine below 128 CTAs, dense ones below 256 (decision combine-v20): h_q = 128, s_q = 2 is
+// 32 CTAs per request, so sparse b = 2 and 3 take four slices and b = 4 one; dense b = 8 at s_q = 1 (128 CTAs) four.
+TEST(DecodeLaunchPlan, SparseCombineSlicesBelowHalfTheDenseGrid) {
+  for (int64_t b : {1, 2, 3, 4, 7, 8}) {
+    const SparseDecodeProblem p{.batch = b, .s_q = 2, .h_q = 128, .topk = 2048};
+    EXPECT_EQ(heuristics::plan_sparse_decode_launch(p, 33, false, false).combine_slices,
+              b < 4 ? kernels::kCombineMaxSlices : 1)
+        << "b = " << b;
+  }
+  EXPECT_EQ(heuristics::combine_slices(8, 1, 128), kernels::kCombineMaxSlices);  // the dense rule: 128 < 256
+  EXPECT_EQ(heuristics::combine_slices(4, 2, 128, heuristics::kSparseCombineSliceBelowCtas), 1);
+}
+
 // Records that do not fit the 64-bit packing (a block number of 2^22 or more) send the kernel back to the schedule;
 // the crossover choice still uses the uniform payload.
 TEST(DecodeLaunchPlan, SparseRecordsThatDoNotPackAreNotPassed) {
@@ -178,14 +191,16 @@ OldDecision old_decision(const SparseDecodeProblem& p, int parts, bool has_topk_
   int64_t payload = 0;
   if (p.batch <= 16 && !has_topk_length && (p.extra_topk == 0 || !has_extra_topk_length)) {
     d.uniform_blocks = heuristics::sparse_request_blocks(p.topk, nullptr, p.extra_topk, nullptr);
-    payload = heuristics::decode_payload(p.batch * (d.uniform_blocks + kDecodeRequestOverheadBlocks), parts);
+    // The scheduler's payload (decision schedule-v2: the tight one of a small batch); the records come from the
+    // oracle's own choice of it below, so the two must agree.
+    payload = heuristics::decode_schedule_payload(std::vector<int32_t>(p.batch, d.uniform_blocks), parts);
   }
   const int head_blocks = static_cast<int>((p.h_q + 63) / 64);
   const int64_t partition_blocks = d.uniform_blocks > 0 ? payload - kDecodeRequestOverheadBlocks : 0;
   d.crossover = head_blocks % 2 == 0 && !(partition_blocks > 0 && partition_blocks <= 12);
   if (d.uniform_blocks > 0) {
     const heuristics::DecodeScheduleHost host = oracle::build_decode_schedule(
-        std::vector<int32_t>(p.batch, d.uniform_blocks), std::vector<bool>(p.batch, false), parts, payload);
+        std::vector<int32_t>(p.batch, d.uniform_blocks), std::vector<bool>(p.batch, false), parts);
     if (!host.all_assigned) d.uniform_blocks = 0;
     for (int part = 0; d.uniform_blocks > 0 && part < parts; ++part)
       if (!kernels::pack_partition_record(host.records[part], d.records[part])) d.uniform_blocks = 0;

@@ -114,17 +114,16 @@ TEST(DecodeScheduleHeuristics, SparseRequestBlocks) {
 
 // Crossover pairs need an even tile count and more than kSparsePlainMaxBlocks blocks per partition
 // (docs/sparse-decode.md, decisions sparse-v25, sparse-v29). The benchmark's rows on 132 SMs: h_q = 128,
-// s_q = 2, topk 2048 -> 33 partitions of ceil(b * (32 + 5) / 33) blocks: b = 2 -> 3, b = 4 -> 5, b = 8 -> 9
-// (plain), b = 16 -> 18 (crossover).
+// s_q = 2, topk 2048 -> 33 partitions of b = 2 -> 3, b = 4 -> 5, b = 8 -> 8 blocks (plain), b = 16 -> 16 (crossover)
+// (the tight payload of small batches; ceil(b * (32 + 5) / 33) = 3 / 5 / 9 / 18 without it).
 TEST(DecodeScheduleHeuristics, SparseCrossoverChoice) {
   const auto partition_blocks = [](int64_t b) {
-    return heuristics::decode_payload(b * (32 + kernels::kDecodeRequestOverheadBlocks), 33) -
-           kernels::kDecodeRequestOverheadBlocks;
+    return heuristics::decode_schedule_payload(std::vector<int32_t>(b, 32), 33) - kernels::kDecodeRequestOverheadBlocks;
   };
   EXPECT_EQ(partition_blocks(2), 3);
   EXPECT_EQ(partition_blocks(4), 5);
-  EXPECT_EQ(partition_blocks(8), 9);
-  EXPECT_EQ(partition_blocks(16), 18);
+  EXPECT_EQ(partition_blocks(8), 8);   // the tight payload of small batches (decision schedule-v2)
+  EXPECT_EQ(partition_blocks(16), 16);
   EXPECT_FALSE(heuristics::sparse_use_crossover(2, partition_blocks(2)));
   EXPECT_FALSE(heuristics::sparse_use_crossover(2, partition_blocks(4)));
   EXPECT_FALSE(heuristics::sparse_use_crossover(2, partition_blocks(8)));
@@ -140,8 +139,10 @@ TEST(DecodeScheduleHeuristics, SparseCrossoverChoice) {
 
 // docs/decode-schedule.md worked example: 8 partitions, seqlens [4096, 0, 100, 8192] -> blocks [64, 1, 2, 128],
 // total 215, payload ceil(215 / 8) + 5 = 32, i.e. 27 blocks of a long request per partition.
+// The worked example walks the default payload, 32; as a small batch (2 * 4 <= 8 partitions) the scheduler takes 31
+// there (TightPayloadOfTheWorkedExample below).
 TEST(DecodeScheduleOracle, WorkedExample) {
-  const DecodeScheduleHost s = oracle::build_dense_decode_schedule({4096, 0, 100, 8192}, 8);
+  const DecodeScheduleHost s = oracle::build_decode_schedule({64, 1, 2, 128}, {false, true, false, false}, 8, 32);
   EXPECT_TRUE(s.all_assigned);
   EXPECT_EQ(heuristics::decode_payload(heuristics::decode_total_work({64, 1, 2, 128}), 8), 32);
   expect_records(s.records, {
@@ -155,6 +156,45 @@ TEST(DecodeScheduleOracle, WorkedExample) {
                                 rec(3, 3, 108, 128, 4, 1, 1),  // begin == end: flags are the OR
                             });
   EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 3, 4, 5, 10}));
+}
+
+// Small batches (2 * batch <= parts) take the smallest payload below the default whose walk still fits (decision
+// schedule-v2). The worked example: candidates 27 .. 31 (ceil(215 / 8) = 27); 27-30 leave request 3 unassigned, 31
+// fits: chunks of 26 blocks, the same split counts, the largest partition 26 blocks instead of 27.
+TEST(DecodeScheduleOracle, TightPayloadOfTheWorkedExample) {
+  EXPECT_EQ(heuristics::decode_schedule_payload({64, 1, 2, 128}, 8), 31);
+  const DecodeScheduleHost s = oracle::build_dense_decode_schedule({4096, 0, 100, 8192}, 8);
+  EXPECT_TRUE(s.all_assigned);
+  expect_records(s.records, {
+                                rec(0, 0, 0, 26, 0, 1, 1),
+                                rec(0, 0, 26, 52, 1, 1, 1),
+                                rec(0, 2, 52, 2, 2, 1, 0),  // the last 12 blocks of 0, empty 1, whole 2
+                                rec(3, 3, 0, 26, 0, 1, 1),
+                                rec(3, 3, 26, 52, 1, 1, 1),
+                                rec(3, 3, 52, 78, 2, 1, 1),
+                                rec(3, 3, 78, 104, 3, 1, 1),
+                                rec(3, 3, 104, 128, 4, 1, 1),
+                            });
+  EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 3, 4, 5, 10}));
+}
+
+// The rows the rule was made for (H100: 66 partitions at h_q = 128, s_q = 1; 33 at s_q = 2 or sparse h_q = 128, s_q = 2).
+TEST(DecodeScheduleHeuristics, TightPayloadOfSmallUniformBatches) {
+  const auto payload = [](int b, int32_t blocks, int parts) {
+    return heuristics::decode_schedule_payload(std::vector<int32_t>(b, blocks), parts);
+  };
+  EXPECT_EQ(payload(32, 64, 66), 37);   // dense b = 32, 4K: 32 + 32 blocks per request instead of 34 + 30
+  EXPECT_EQ(payload(8, 64, 66), 13);    // dense b = 8, 4K: 8 blocks per partition instead of 9
+  EXPECT_EQ(payload(4, 2048, 66), 130); // dense b = 4, 128K: the default already fits tightest
+  EXPECT_EQ(payload(16, 32, 33), 21);   // sparse b = 16, topk 2048: 16 blocks instead of 18
+  EXPECT_EQ(payload(8, 32, 33), 13);    // sparse b = 8: 8 instead of 9
+  EXPECT_EQ(payload(4, 32, 33), 10);    // sparse b = 4: 5 (4 would fit, but not above the floor of 5 blocks)
+  // Partitions of at most kTightPayloadMinBlocks (the overhead, 5) blocks stay as they were: the split partials and
+  // the combine then cost more than the blocks saved (partition_walk.h).
+  EXPECT_EQ(payload(2, 32, 33), 8);     // sparse b = 2: 3 blocks (2 would fit)
+  EXPECT_EQ(payload(1, 64, 66), 7);     // dense b = 1, 4K: 2 blocks (1 would fit)
+  EXPECT_EQ(payload(17, 32, 33), heuristics::decode_payload(17 * 37, 33));  // 2 * 17 > 33: the default
+  EXPECT_EQ(payload(128, 64, 132), heuristics::decode_payload(128 * 69, 132));  // h_q = 16 rows keep the default
 }
 
 TEST(DecodeScheduleOracle, SmallRequestsShareOnePartitionAndIdleTail) {
@@ -216,7 +256,7 @@ void check_invariants(const DecodeScheduleHost& s, const std::vector<int32_t>& b
   }
   ASSERT_LE(s.num_splits[batch], batch + parts);
 
-  const int64_t payload = heuristics::decode_payload(heuristics::decode_total_work(blocks), parts);
+  const int64_t payload = heuristics::decode_schedule_payload(blocks, parts);
   const auto end_of = [&](int32_t r) { return (!empty.empty() && empty[r]) ? 0 : blocks[r]; };
   std::vector<int64_t> next_block(batch, 0);
   std::vector<int32_t> next_split(batch, 0);
@@ -277,7 +317,7 @@ DecodeScheduleHost run_walk(const std::vector<int32_t>& blocks, const std::vecto
                             int64_t payload_override = 0) {
   const int64_t payload = payload_override > 0
                               ? payload_override
-                              : heuristics::decode_payload(heuristics::decode_total_work(blocks), parts);
+                              : heuristics::decode_schedule_payload(blocks, parts);
   return heuristics::walk_decode_schedule(blocks, empty, parts, payload);
 }
 
@@ -415,7 +455,7 @@ TEST(DecodeScheduleWalk, OneGarbageLengthCostsWhatAValidOneDoes) {
       w.blocks.push_back(heuristics::dense_request_blocks(L, capacity));
       w.empty.push_back(heuristics::dense_request_empty(L, capacity));
     }
-    const int64_t payload = heuristics::decode_payload(heuristics::decode_total_work(w.blocks), kParts);
+    const int64_t payload = heuristics::decode_schedule_payload(w.blocks, kParts);
     return std::pair{heuristics::walk_decode_schedule(w.blocks, w.empty, kParts, payload), payload};
   };
   const auto [valid_sched, valid_payload] = schedule(valid, kCapacity);
@@ -560,6 +600,33 @@ TEST_F(DecodeScheduleGpu, SparseMatchesOracle) {
     expect_same_bytes(run_gpu({}, parts, true, 512, len, 512, extra_len),
                       oracle::build_sparse_decode_schedule(700, 512, len, 512, extra_len, parts), "extra" + tag);
   }
+}
+
+// Small batches (2 * batch <= parts): the GPU's candidate count picks the tight payload the oracle picks by walking
+// (decision schedule-v2); the cases include rows where a smaller payload than the default fits and rows where the
+// floor keeps the default.
+TEST_F(DecodeScheduleGpu, SmallBatchesTakeTheOraclesPayload) {
+  int tight = 0;
+  for (int b : {1, 2, 4, 8, 16, 32, 33}) {
+    for (int parts : {8, 33, 66, 160}) {
+      for (int32_t len : {100, 4096, 4100, 65536}) {
+        const std::vector<int32_t> seqlens(b, len);
+        const DenseWork w = dense_work(seqlens);
+        const std::string tag = "b=" + std::to_string(b) + " len=" + std::to_string(len) + " parts=" + std::to_string(parts);
+        expect_same_bytes(run_gpu(seqlens, parts, false, 0, {}, 0, {}), oracle::build_dense_decode_schedule(seqlens, parts),
+                          "dense " + tag);
+        if (heuristics::decode_schedule_payload(w.blocks, parts) <
+            heuristics::decode_payload(heuristics::decode_total_work(w.blocks), parts))
+          ++tight;
+      }
+      expect_same_bytes(run_gpu(std::vector<int32_t>(b, 0), parts, true, 2048, {}, 0, {}),
+                        oracle::build_sparse_decode_schedule(b, 2048, {}, 0, {}, parts),
+                        "sparse b=" + std::to_string(b) + " parts=" + std::to_string(parts));
+    }
+  }
+  EXPECT_GT(tight, 10) << "the cases must exercise the tight payload";
+  const std::vector<int32_t> worked = {4096, 0, 100, 8192};
+  expect_same_bytes(run_gpu(worked, 8, false, 0, {}, 0, {}), oracle::build_dense_decode_schedule(worked, 8), "worked");
 }
 
 TEST_F(DecodeScheduleGpu, FailureIsFlaggedOnDevice) {

@@ -91,7 +91,7 @@ TEST(DeviceLayerPartitionChunks, TileEveryRequest) {
     const int parts = 1 + static_cast<int>(rng() % kMaxDecodeSmParts);
     std::vector<int32_t> blocks(batch);
     for (auto& n : blocks) n = 1 + static_cast<int32_t>(rng() % (trial % 3 == 0 ? 4 : 400));
-    const int64_t payload = heuristics::decode_payload(heuristics::decode_total_work(blocks), parts);
+    const int64_t payload = heuristics::decode_schedule_payload(blocks, parts);
     const auto s = heuristics::walk_decode_schedule(blocks, {}, parts, payload);
     check_chunks(s, blocks, "trial " + std::to_string(trial));
   }
@@ -105,7 +105,7 @@ TEST(DeviceLayerPartitionChunks, EmptyDenseRequests) {
   std::vector<int32_t> kernel_blocks(work.size());
   for (size_t i = 0; i < work.size(); ++i) kernel_blocks[i] = empty[i] ? 0 : work[i];
   for (int parts : {1, 2, 3, 5, 8}) {
-    const int64_t payload = heuristics::decode_payload(heuristics::decode_total_work(work), parts);
+    const int64_t payload = heuristics::decode_schedule_payload(work, parts);
     check_chunks(heuristics::walk_decode_schedule(work, empty, parts, payload), kernel_blocks,
                  "parts " + std::to_string(parts));
   }

@@ -464,7 +464,7 @@ void expect_no_write_past_the_split_buffers(int64_t h_q, int64_t topk, int num_s
   for (const int32_t& len : planned_lengths)
     blocks.push_back(heuristics::sparse_request_blocks(p.topk, &len, 0, nullptr));
   const heuristics::DecodeScheduleHost device = heuristics::walk_decode_schedule(
-      blocks, {}, parts, heuristics::decode_payload(heuristics::decode_total_work(blocks), parts));
+      blocks, {}, parts, heuristics::decode_schedule_payload(blocks, parts));
   ASSERT_TRUE(device.all_assigned);
 
   // The call, without topk_length: host records. Its "device" num_splits points at the plan's (never dereferenced by

@@ -8,9 +8,13 @@
 //      thousands of requests.
 //   3. Thread 0 closes the last partition and marks the rest idle.
 //
+// Small batches (2 * batch <= parts) take the smallest payload below that one whose walk still fits, if any
+// (partition_walk.h, tight_payload_applies; docs/decode-schedule.md, decision schedule-v2): each candidate is
+// counted by one thread (PartitionCount) before the walk.
+//
 // Failure guard: with payload = ceil(total / parts) + overhead every request is always assigned (each
-// partition consumes at least payload - overhead work). Should the walk ever run out of partitions,
-// the kernel does not leave a half-written schedule: every record becomes idle (begin_req = batch, so
+// partition consumes at least payload - overhead work; a smaller payload is taken only where it was counted to
+// fit). Should the walk ever run out of partitions, the kernel does not leave a half-written schedule: every record becomes idle (begin_req = batch, so
 // the main kernel does nothing) and num_splits becomes 0, ..., 0, -1 (no request is combined;
 // num_splits[batch] == -1 is the device-visible flag, which tests read back).
 #pragma once
@@ -39,9 +43,31 @@ __global__ void __launch_bounds__(kDecodeSchedulerThreads, 1) decode_scheduler_k
     local += (n < 0 ? -n : n) + kDecodeRequestOverheadBlocks;
   }
   const int64_t total = block_sum(local, warp_sums);
-  const int64_t payload = p.payload_override > 0
-                              ? p.payload_override
-                              : (total + p.num_sm_parts - 1) / p.num_sm_parts + kDecodeRequestOverheadBlocks;
+  const int64_t default_payload = (total + p.num_sm_parts - 1) / p.num_sm_parts + kDecodeRequestOverheadBlocks;
+  int64_t payload = p.payload_override > 0 ? p.payload_override : default_payload;
+
+  // ---- Small batches: the smallest payload that still fits (partition_walk.h, decision schedule-v2) --------------
+  // 2 * batch <= parts <= kMaxDecodeSmParts: every request fits one staging chunk. Thread c counts candidate c.
+  if (p.payload_override <= 0 && tight_payload_applies(p.batch, p.num_sm_parts)) {
+    static_assert(2 * kDecodeSchedulerChunk >= 160, "a small batch (2 * batch <= parts <= 160) is staged at once");
+    static_assert(kTightPayloadCandidates <= kDecodeSchedulerThreads, "one thread per candidate");
+    __shared__ bool fits[kTightPayloadCandidates];
+    for (int i = threadIdx.x; i < p.batch; i += kDecodeSchedulerThreads) staged[i] = request_blocks_signed(p, i);
+    __syncthreads();
+    if (threadIdx.x < kTightPayloadCandidates) {
+      const int64_t candidate = tight_payload_candidate(default_payload, threadIdx.x);
+      bool ok = false;
+      if (candidate > 0) {
+        PartitionCount count(candidate);
+        for (int i = 0; i < p.batch; ++i) count.add(staged[i] < 0 ? -staged[i] : staged[i]);
+        ok = count.fits(p.num_sm_parts);
+      }
+      fits[threadIdx.x] = ok;
+    }
+    __syncthreads();
+    for (int c = kTightPayloadCandidates - 1; c >= 0; --c)
+      if (fits[c]) payload = tight_payload_candidate(default_payload, c);
+  }
 
   // ---- Pass 2: greedy walk, chunk by chunk ---------------------------------------------------------------
   PartitionWalk walk;  // meaningful in thread 0 only

@@ -117,6 +117,65 @@ struct PartitionWalk {
   }
 };
 
+// ---- The payload of small batches (docs/decode-schedule.md, decision schedule-v2) ----------------------------------
+// The default payload, ceil(total / parts) + overhead, leaves up to `overhead` blocks of slack in every partition.
+// With many requests per partition that slack is what lets request borders fall anywhere; with few requests it only
+// lengthens the critical path: sparse b = 8 (32 blocks each) over 33 partitions gets payload 14, 9 blocks per CTA,
+// where 13 (8 blocks, every request in 4 chunks) still fits. So when 2 * batch <= parts (every request spans
+// two partitions or more on average) the scheduler takes the smallest payload in
+// [max(ceil(total / parts), overhead + kTightPayloadMinBlocks), default) whose walk assigns every request (at most
+// kTightPayloadCandidates values, each counted by one thread), and the default when none does.
+inline constexpr int kTightPayloadCandidates = kDecodeRequestOverheadBlocks;  // default - ceil(total / parts)
+// Only where a partition keeps more blocks than the model's per-request overhead: below that the split partials and
+// the combine cost more than the blocks saved (measured: sparse b = 2, 2 blocks per CTA instead of 3, +0.9 us; dense
+// b = 1 at 4K, 1 instead of 2, +9 us; sparse b = 4, 4 instead of 5, no gain).
+inline constexpr int kTightPayloadMinBlocks = kDecodeRequestOverheadBlocks;
+
+OPENMLA_HOST_DEVICE bool tight_payload_applies(int64_t batch, int32_t num_parts) { return 2 * batch <= num_parts; }
+
+// Candidate c (0 .. kTightPayloadCandidates - 1) of a walk whose default payload is `default_payload`, or 0 where it
+// lies below the floor. Candidates grow with c; the last one is default_payload - 1.
+OPENMLA_HOST_DEVICE int64_t tight_payload_candidate(int64_t default_payload, int c) {
+  const int64_t value = default_payload - kTightPayloadCandidates + c;
+  return value >= kDecodeRequestOverheadBlocks + kTightPayloadMinBlocks ? value : 0;
+}
+
+// How many partitions PartitionWalk fills with `payload` (its add_request rule, counting only): feed every request's
+// block count in order, then fits(num_parts).
+struct PartitionCount {
+  int64_t payload;
+  int64_t used = 0;    // partitions opened so far
+  int64_t budget = 0;  // what is left of the open one
+  bool open = false;
+
+  OPENMLA_HOST_DEVICE explicit PartitionCount(int64_t payload_) : payload(payload_) {}
+
+  OPENMLA_HOST_DEVICE void add(int64_t blocks) {
+    constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
+    int64_t remaining = blocks;
+    if (open) {
+      if (budget >= remaining + kOverhead) {
+        budget -= remaining + kOverhead;
+        return;
+      }
+      if (budget - kOverhead > 0) remaining -= budget - kOverhead;
+      open = false;
+    }
+    // Fresh partitions take payload - overhead blocks each until the rest fits in one.
+    if (remaining + kOverhead > payload) {
+      const int64_t step = payload - kOverhead;  // > 0: payload > overhead
+      const int64_t full = (remaining + kOverhead - payload + step - 1) / step;
+      used += full;
+      remaining -= full * step;
+    }
+    ++used;
+    budget = payload - remaining - kOverhead;
+    open = true;
+  }
+
+  OPENMLA_HOST_DEVICE bool fits(int32_t num_parts) const { return used <= num_parts; }
+};
+
 // The batch-invariant pass (docs/decode-schedule.md, "Batch invariance"), request-major like PartitionWalk. Request i
 // of n_i blocks is cut into ceil(n_i / C) chunks of C = `chunk_blocks` blocks (the last one shorter), a cut that
 // depends on n_i alone; the chunks are dealt to the partitions whole, in request order. Partition p closes before a
