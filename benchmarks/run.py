@@ -261,6 +261,33 @@ def run_benchmarks(args) -> int:
           flush=True)
 
     records, errors, skipped = [], list(import_errors), []
+
+    def make_doc(partial: bool) -> dict:
+        doc = {
+            "schema": 1,
+            "device": device,
+            "git_commit": commit,
+            "timestamp": stamp,
+            "ceilings": ceilings,
+            "flush_bytes": harness_mod.flush_bytes_requested(),
+            "peer": peer_info,
+            "suites": selected,
+            "filter": args.filter,
+            "records": records,
+            "errors": [{"name": n, "error": e} for n, e in errors],
+            "skipped_cases": [{"name": n, "reason": r} for n, r in skipped],
+        }
+        if partial:
+            doc["partial"] = True  # written after each case: a run cut short keeps what it measured
+        return doc
+
+    def write_json(path: str, doc: dict) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+
     for suite in selected:
         mod = suites[suite]
         try:
@@ -275,6 +302,10 @@ def run_benchmarks(args) -> int:
             try:
                 rec = mod.run(case, h)
                 records.append(complete_record(mod, suite, case, rec, ceilings, device, commit, stamp))
+                r = records[-1]
+                peer_x = r.get("ratio_to_flashmla")
+                print(f"  time_us {r.get('time_us', float('nan')):.2f}"
+                      + (f", ratio_to_flashmla {peer_x:.3f}" if isinstance(peer_x, (int, float)) else ""), flush=True)
             except harness_mod.SkipCase as why:
                 print(f"  skipped: {why}", flush=True)
                 skipped.append((case["name"], str(why)))
@@ -282,6 +313,8 @@ def run_benchmarks(args) -> int:
                 tb = traceback.format_exc()
                 print(tb, file=sys.stderr)
                 errors.append((case["name"], tb))
+            if args.json:
+                write_json(args.json, make_doc(partial=True))
             gc.collect()
             try:
                 import torch
@@ -294,24 +327,9 @@ def run_benchmarks(args) -> int:
     print(f"\n{len(records)} case(s) in {time.time() - t0:.0f} s, {len(errors)} error(s)"
           + (f", {len(skipped)} skipped" if skipped else ""))
 
-    doc = {
-        "schema": 1,
-        "device": device,
-        "git_commit": commit,
-        "timestamp": stamp,
-        "ceilings": ceilings,
-        "flush_bytes": harness_mod.flush_bytes_requested(),
-        "peer": peer_info,
-        "suites": selected,
-        "filter": args.filter,
-        "records": records,
-        "errors": [{"name": n, "error": e} for n, e in errors],
-        "skipped_cases": [{"name": n, "reason": r} for n, r in skipped],
-    }
+    doc = make_doc(partial=False)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_json(args.json, doc)
         print(f"wrote {args.json}")
     if args.history_dir and records:
         name = f"{stamp[:10]}_{harness_mod.device_slug(device)}_{commit}.json"
