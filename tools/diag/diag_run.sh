@@ -40,49 +40,10 @@ if ! { cmake -S . -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUT
 fi
 echo "built in $(( $(date +%s) - t0 )) s"
 
-ncu_sass_top() {  # report -> top stalled SASS lines
+ncu_sass_top() {  # report -> top stalled SASS lines (tools/diag/ncu_sass_table.py)
   local rep=$1 txt=$2
   ncu -i "$rep" --page source --csv --print-source sass >"$txt.csv" 2>"$txt.err" || { cat "$txt.err"; return; }
-  "$py" - "$txt.csv" >"$txt" <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if r]
-# The page may start with lines that are not the table (kernel name, notes): the header is the first row that
-# names both the address and the source columns.
-start = next((i for i, r in enumerate(rows) if "Address" in r and "Source" in r), None)
-if start is None:
-    print("no table header found; first rows:")
-    for r in rows[:8]:
-        print("  ", r[:12])
-    sys.exit(0)
-hdr = rows[start]
-def col(*names):
-    for name in names:
-        if name in hdr:
-            return hdr.index(name)
-    return None
-def num(x):
-    try:
-        return float(x.replace(",", "")) if x not in ("", None) else 0.0
-    except ValueError:
-        return None
-samp = col("Warp Stall Sampling (All Samples)", "Warp Stall Sampling (All Cycles)")
-src, addr = col("Source"), col("Address")
-print("columns:", hdr)
-if samp is None:
-    sys.exit(0)
-data = [(num(r[samp]), r) for r in rows[start + 1:] if len(r) == len(hdr) and num(r[samp]) is not None]
-if not data:
-    print("no parsable rows; rows after the header:")
-    for r in rows[start + 1:start + 6]:
-        print("  ", r[:12])
-    sys.exit(0)
-total = sum(d[0] for d in data) or 1
-print(f"total samples {total:.0f} over {len(data)} SASS lines")
-stall_cols = [i for i, h in enumerate(hdr) if h.startswith("stall_") or ("Stall" in h and "Sampling" not in h)]
-for s_, r in sorted(data, key=lambda x: -x[0])[:45]:
-    extra = " ".join(f"{hdr[i]}={r[i]}" for i in stall_cols if r[i] not in ("", "0"))[:300]
-    print(f"{100 * s_ / total:5.1f}%  {r[addr] if addr is not None else ''}  {r[src][:90] if src is not None else ''}  {extra}")
-PY
+  "$py" tools/diag/ncu_sass_table.py "$txt.csv" >"$txt"
 }
 
 for d in $diag; do

@@ -50,41 +50,10 @@ want = ("gpu__time_duration.sum", "sm__throughput", "sm__inst_executed_pipe_tens
 for k in keys:
     if any(k.startswith(w) for w in want) and (o[k] != p[k]):
         print(f"{k[:90]:90s} {o[k][:22]:>22s} {p[k][:22]:>22s}")
-def sass(who, n=30):
-    path = os.path.join(tmp, f"{who}_sass.csv")
-    if not os.path.exists(path):
-        print(f"--- {who}: no source page"); return
-    rows = [r for r in csv.reader(open(path)) if r]
-    start = next((i for i, r in enumerate(rows) if "Address" in r and "Source" in r), None)
-    if start is None:
-        print(f"--- {who}: no table"); return
-    hdr = rows[start]
-    def col(*names):
-        for nm in names:
-            if nm in hdr: return hdr.index(nm)
-    samp = col("Warp Stall Sampling (All Samples)", "Warp Stall Sampling (All Cycles)")
-    src, addr = col("Source"), col("Address")
-    ex = col("Instructions Executed")
-    def num(x):
-        try: return float(x.replace(",", ""))
-        except Exception: return 0.0
-    data = [r for r in rows[start + 1:] if len(r) == len(hdr)]
-    tot = sum(num(r[samp]) for r in data) or 1
-    totex = sum(num(r[ex]) for r in data) if ex is not None else 0
-    print(f"--- {who}: {len(data)} SASS lines, {tot:.0f} stall samples, {totex:.0f} warp instructions executed")
-    ops = {}
-    for r in data:
-        op = r[src].split()[0] if r[src].split() else "?"
-        if op.startswith("@"): op = r[src].split()[1] if len(r[src].split()) > 1 else op
-        op = op.split(".")[0]
-        ops[op] = ops.get(op, 0) + (num(r[ex]) if ex is not None else 0)
-    print("    executed by opcode:", ", ".join(f"{k} {v:.0f}" for k, v in sorted(ops.items(), key=lambda x: -x[1])[:24]))
-    stall_cols = [i for i, h in enumerate(hdr) if h.startswith("stall_") or ("Stall" in h and "Sampling" not in h)]
-    for r in sorted(data, key=lambda r: -num(r[samp]))[:n]:
-        extra = " ".join(f"{hdr[i]}={r[i]}" for i in stall_cols if r[i] not in ("", "0"))[:200]
-        print(f"{100 * num(r[samp]) / tot:5.1f}%  {r[addr]}  {r[src][:80]}  {extra}")
-sass("ours"); sass("peer")
 PY
+  for who in ours peer; do
+    "$py" tools/diag/ncu_sass_table.py "$tmp/${who}_sass.csv" --label "$who" --top 30 --opcodes >>"$txt"
+  done
 done
 rm -rf "$tmp"
 echo "peer_ncu: wrote $txt ($(wc -l <"$txt") lines)"

@@ -59,8 +59,6 @@ using tile::to_a_fragments;
 // ---------------------------------------------------------------------------------------------------
 // Shared-memory addressing
 // ---------------------------------------------------------------------------------------------------
-using tile::desc_k_major;
-using tile::desc_mn_major;
 using tile::Fragment;
 using tile::make_fragment;
 using tile::quad_sum;
