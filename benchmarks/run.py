@@ -227,7 +227,7 @@ def run_benchmarks(args) -> int:
         if unknown:
             print(f"run.py: unknown suite(s) {unknown}; available: {sorted(suites)}", file=sys.stderr)
             return 2
-        selected = [s for s in sorted(suites) if s in wanted]
+        selected = [s for s in dict.fromkeys(wanted) if s in suites]   # the order asked for
         import_errors = [e for e in import_errors if e[0] in wanted]
     else:
         selected = [s for s in sorted(suites) if wanted == ["all"] or getattr(suites[s], "DEFAULT", True)]
