@@ -17,7 +17,7 @@ Recorded beside time_us / gbps (run.py adds pct_copy_ceiling, the percentage of 
                   time, so ratio >= 1 meets the aim; other rows have none
   plain_kernel_time_us, small_heads_time_us, small_heads_mode, small_heads_speedup
                   sparse rows with h_q <= 32: the same call (CUPTI span) with the plain 64-head tile kernel and with
-                  the few-heads kernel (the default mode's is time_us itself); speedup = plain / time_us
+                  the few-heads kernel (the default mode's is time_us itself); speedup = plain / few-heads
   flashmla_us     FlashMLA's whole call timed in the same run where it serves the shape (benchmarks/peer.py: dense
                   decode at any h_q, sparse decode at h_q 64 and 128), ratio_to_flashmla = flashmla_us / time_us
 
@@ -150,7 +150,7 @@ def run(case, harness):
 
     timing = harness.time_decode_call(call)
     time_us = timing["time_us"]
-    # A/B: the few-heads sparse kernel (the launch plan's choice at h_q <= 32) against the plain 64-head tile kernel,
+    # A/B: the few-heads sparse kernel (mode 2 of the launch rule, off by default) against the plain 64-head tile kernel,
     # on a fresh schedule object with the rule switched off (openmla._openmla._set_sparse_small_heads).
     plain = {}
     if kind == "sparse" and h_q <= SMALL_HEADS_MAX:
@@ -175,7 +175,7 @@ def run(case, harness):
             finally:
                 C._set_sparse_small_heads(None)
             plain[key] = t.span_us if t.method == "cupti" else t.median_us
-        plain["small_heads_speedup"] = plain["plain_kernel_time_us"] / time_us
+        plain["small_heads_speedup"] = plain["plain_kernel_time_us"] / plain["small_heads_time_us"]
         call()  # out / lse hold the default path's results again (the peer's check compares them)
     gbps = nbytes / (time_us * 1e-6) / 1e9
     if h_q == 128:

@@ -65,8 +65,10 @@ bool sparse_use_small_heads(int64_t h_q, bool batch_invariant, bool enabled = tr
 // Process-wide mode of the rule, read by plan_sparse_decode_launch: 0 off (the plain kernel), 2 the few-heads kernel
 // with two producer warpgroups (WG1 produces too; WG0 is the only consumer). Mode 1, the one-producer variant, was
 // removed (docs/sparse-decode.md, "Few heads"). The Python layer's _set_sparse_small_heads(mode) sets it for the
-// benchmark's A/B; any other value restores the default.
-inline constexpr int kSparseSmallHeadsDefaultMode = 2;
+// benchmark's A/B; any other value restores the default. The default is 0: measured on an H200 (decode_heads,
+// b = 128, s_q = 2, topk 2048), the few-heads kernel was 2.3-5.0 % slower than the plain kernel at every h_q <= 32
+// (decision sparse-heads-2 in docs/sparse-decode.md).
+inline constexpr int kSparseSmallHeadsDefaultMode = 0;
 void set_sparse_small_heads_mode(int mode);
 int sparse_small_heads_mode();
 

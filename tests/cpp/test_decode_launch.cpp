@@ -140,9 +140,16 @@ TEST(DecodeLaunchPlan, SparseRecordsThatDoNotPackAreNotPassed) {
   EXPECT_TRUE(plan.crossover);
 }
 
-// Few heads (h_q <= 32, one head tile) take the swapped-operand kernel, unless the schedule is batch-invariant (its
-// chunk walk is the default kernels') or the rule is switched off; 33 heads and more keep the 64-head tiles.
+// With the rule on (mode 2), few heads (h_q <= 32, one head tile) take the swapped-operand kernel, unless the schedule
+// is batch-invariant (its chunk walk is the default kernels'); 33 heads and more keep the 64-head tiles.
 TEST(DecodeLaunchPlan, SparseFewHeadsKernelUpTo32Heads) {
+  // The default mode is the plain kernel for every h_q (measured faster); mode 2 enables the rule.
+  ASSERT_EQ(heuristics::kSparseSmallHeadsDefaultMode, 0);
+  {
+    const SparseDecodeProblem p{.batch = 4, .s_q = 2, .h_q = 16, .topk = 2048};
+    EXPECT_FALSE(heuristics::plan_sparse_decode_launch(p, 66, false, false).small_heads);
+  }
+  heuristics::set_sparse_small_heads_mode(2);
   for (int64_t h_q : {1, 6, 8, 12, 16, 31, 32, 33, 64, 96, 99, 128}) {
     for (int64_t batch : {1, 2, 16, 17, 128}) {
       for (bool lengths : {false, true}) {
@@ -157,6 +164,7 @@ TEST(DecodeLaunchPlan, SparseFewHeadsKernelUpTo32Heads) {
       }
     }
   }
+  heuristics::set_sparse_small_heads_mode(-1);  // back to the default
   EXPECT_FALSE(heuristics::sparse_use_small_heads(0, false));
   EXPECT_TRUE(heuristics::sparse_use_small_heads(32, false));
   EXPECT_FALSE(heuristics::sparse_use_small_heads(16, false, /*enabled=*/false));
