@@ -1,7 +1,7 @@
 // 2^x on the FMA pipe, for the FP8 dense MHA prefill forward (kernel_fp8.cuh): a share of each thread's exponentials
 // of P leaves the MUFU (16 results per cycle per SM, shared by both consumer warpgroups) for the FP32 pipes (128 per
 // cycle per SM), FlashAttention-4's split. P is rounded to e4m3 (unit roundoff 2^-4) before the P V GEMM, so a cubic
-// is accurate enough: its relative error is below 7.5e-5 (2^-13.7), 800x below e4m3's unit roundoff.
+// is accurate enough: its relative error is below 7.5e-5 (2^-13.7), 830x below e4m3's unit roundoff.
 //
 // 2^x = 2^j p(f) with j = floor(x) and f = x - j in [0, 1):
 //   - c = max(x, -127), NaN kept (max.NaN): below -127 the result is 0, as below -126 (the scale 2^j below);
