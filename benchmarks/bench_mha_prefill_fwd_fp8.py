@@ -8,10 +8,11 @@ exact in bf16 and both kernels see the same numbers). Both are timed with CUDA e
 (harness.time_cuda), median of 50; FLOPs as the bf16 suite.
 
 Columns: time_us (FP8), bf16_time_us, ratio_to_bf16 = bf16 time / FP8 time (the target of the row: > 1 is faster;
-the goal is >= 1.3 on the s >= 4096 rows), max_abs_diff_vs_bf16 (the two outputs on every row); on four long rows
-also turns_time_us / turns_ratio_to_bf16 with the FP8 kernel's experiment switch OPENMLA_FP8_TURNS=1 (GEMM turns),
-variant1_* with OPENMLA_FP8_VARIANT=1 (the deferred row max), variant1_softmax_turns_* with that and
-OPENMLA_FP8_TURNS=2 (softmax turns), and variant2_* with OPENMLA_FP8_VARIANT=2 (the one-round row max).
+the goal is >= 1.3 on the s >= 4096 rows), max_abs_diff_vs_bf16 (the two outputs on every row), exp_fma_chunks (the
+split of the exponentials the default time ran with: how many of each thread's 16 column chunks take the FMA pipe's
+polynomial); on four long rows and b16 s1k also the other splits of 0, 4 and 8 in the same process, set through
+openmla._openmla._set_mha_prefill_fp8_exp_fma: fma0_time_us / fma0_ratio_to_bf16 (every exponential on the MUFU, the
+kernel before the split), fma4_* (a quarter on the FMA pipe) and fma8_* (half of them), the default's omitted.
 """
 from __future__ import annotations
 
@@ -26,10 +27,11 @@ DEFAULT = False
 K = 1024
 QUANT = 32.0
 SMOKE_TIMEOUT_S = 90
-# Rows also timed with OPENMLA_FP8_TURNS=1 (turns_time_us, turns_ratio_to_bf16: the experiment switch of the FP8
-# kernel, GEMM turns between its consumer warpgroups).
-TURN_ROWS = ("b2_s4k_d192_causal_h128_fp8", "b2_s4k_d192_full_h128_fp8", "b1_s8k_d192_causal_h128_fp8",
-             "b2_s4k_d128_causal_h128_fp8")
+# Rows also timed with the other splits of the exponentials (fma0_*, fma8_*: _set_mha_prefill_fp8_exp_fma).
+SPLIT_ROWS = ("b2_s4k_d192_causal_h128_fp8", "b2_s4k_d192_full_h128_fp8", "b1_s8k_d192_causal_h128_fp8",
+              "b2_s4k_d128_causal_h128_fp8", "b16_s1k_d192_causal_h128_fp8")
+# The splits timed besides the default (chunks of 16 on the FMA pipe).
+SPLITS = (0, 4, 8)
 
 
 def cases(quick=False):
@@ -113,37 +115,20 @@ def run(case, harness):
     t = harness.time_cuda(ours_fp8)
     harness.rest_before_timing(ours_bf16)
     tb = harness.time_cuda(ours_bf16)
-    # The FP8 kernel's experiment switch (GEMM turns between the consumer warpgroups), on the long rows.
-    t_turns = None
-    if case["name"] in TURN_ROWS:
-        os.environ["OPENMLA_FP8_TURNS"] = "1"
+    from openmla import _openmla as C
+
+    default_chunks = C._mha_prefill_fp8_exp_fma()
+    t_split = {}
+    if case["name"] in SPLIT_ROWS:
         try:
-            harness.rest_before_timing(ours_fp8)
-            t_turns = harness.time_cuda(ours_fp8)
+            for chunks in SPLITS:
+                if chunks == default_chunks:
+                    continue
+                C._set_mha_prefill_fp8_exp_fma(chunks)
+                harness.rest_before_timing(ours_fp8)
+                t_split[chunks] = harness.time_cuda(ours_fp8)
         finally:
-            os.environ.pop("OPENMLA_FP8_TURNS", None)
-    # The FP8 kernel's second experiment switch (OPENMLA_FP8_VARIANT=1: the deferred row max), alone and with softmax
-    # turns (OPENMLA_FP8_TURNS=2), on the same rows.
-    t_variant = t_variant_turns = None
-    if case["name"] in TURN_ROWS:
-        os.environ["OPENMLA_FP8_VARIANT"] = "1"
-        try:
-            harness.rest_before_timing(ours_fp8)
-            t_variant = harness.time_cuda(ours_fp8)
-            os.environ["OPENMLA_FP8_TURNS"] = "2"
-            harness.rest_before_timing(ours_fp8)
-            t_variant_turns = harness.time_cuda(ours_fp8)
-        finally:
-            os.environ.pop("OPENMLA_FP8_VARIANT", None)
-            os.environ.pop("OPENMLA_FP8_TURNS", None)
-    t_variant2 = None  # OPENMLA_FP8_VARIANT=2: the row max's quad exchange in one round of shuffles
-    if case["name"] in TURN_ROWS:
-        os.environ["OPENMLA_FP8_VARIANT"] = "2"
-        try:
-            harness.rest_before_timing(ours_fp8)
-            t_variant2 = harness.time_cuda(ours_fp8)
-        finally:
-            os.environ.pop("OPENMLA_FP8_VARIANT", None)
+            C._set_mha_prefill_fp8_exp_fma(None)
     flops = harness.formulas.dense_prefill_fwd_flops(lengths, lengths, h_q, d_qk, d_v, causal)
     record = {
         "params": {k: case[k] for k in ("b", "s_q", "s_k", "h_q", "h_kv", "d_qk", "d_v", "causal")},
@@ -157,18 +142,11 @@ def run(case, harness):
         "target": {"time_us": tb.median_us},  # run.py: ratio = bf16 time / ours
         "max_abs_diff_vs_bf16": float((out.float() - out_b.float()).abs().max()),
         "max_abs_diff_lse_vs_bf16": float((lse - lse_b).abs().max()),
+        "exp_fma_chunks": default_chunks,
     }
-    if t_turns is not None:
-        record["turns_time_us"] = t_turns.median_us
-        record["turns_ratio_to_bf16"] = tb.median_us / t_turns.median_us
-    if t_variant is not None:
-        record["variant1_time_us"] = t_variant.median_us
-        record["variant1_ratio_to_bf16"] = tb.median_us / t_variant.median_us
-        record["variant1_softmax_turns_time_us"] = t_variant_turns.median_us
-        record["variant1_softmax_turns_ratio_to_bf16"] = tb.median_us / t_variant_turns.median_us
-    if t_variant2 is not None:
-        record["variant2_time_us"] = t_variant2.median_us
-        record["variant2_ratio_to_bf16"] = tb.median_us / t_variant2.median_us
+    for chunks, ts in t_split.items():
+        record[f"fma{chunks}_time_us"] = ts.median_us
+        record[f"fma{chunks}_ratio_to_bf16"] = tb.median_us / ts.median_us
     if case["varlen"]:
         record["params"]["lengths"] = lengths
     del q8, k8, v8, qb, kb, vb, out, lse, out_b, lse_b

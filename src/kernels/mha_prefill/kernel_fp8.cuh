@@ -16,11 +16,11 @@
 //   - P is quantised to e4m3 with a fixed offset of 2^8 (p' = 2^(s c - m + 8) <= 256 < 448), so every p >= 2^-14 is
 //     a normal e4m3 value; the epilogue takes the offset out of the lse and of 1 / l.
 //   - The output (bf16 or fp16, a run-time choice) leaves straight from the registers (no staged-O kernel).
-//   - Experiment switches (params_fp8.h; design note, "Where the issue slots and the time go"): GEMM turns; two more
-//     kernels of the template, kVariant 1 (the deferred row max, with optional softmax turns) and 2 (the one-round row
-//     max). The default kernel (kVariant 0) is the measured one.
+//   - A share of the exponentials (kFmaChunks of every thread's 16 column chunks) runs on the FMA pipe as a cubic
+//     (exp2_fma.h), the rest on the MUFU: the parameter exp_fma_chunks picks the kernel (0, 4 or 8; default 4).
 #pragma once
 
+#include "kernels/mha_prefill/exp2_fma.h"
 #include "kernels/mha_prefill/kernel.cuh"
 #include "kernels/mha_prefill/params_fp8.h"
 
@@ -104,10 +104,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, u
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr)
                : "memory");
-}
-// Arrives on named barrier `id` (of `threads` threads) without waiting.
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
@@ -349,121 +345,53 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[4]
   for (int j = 0; j < T::kPVSlices; ++j) E8::mma_rs<128>(o, pa[j], Desc::at(v, static_cast<uint32_t>(j * 32)), 1);
 }
 
-// The main loop's softmax step with the quad's row max taken off the step's chain (kernel variant bit
-// kVariantDeferredMax, the experiment switch OPENMLA_FP8_VARIANT=1): each thread exponentiates its own columns against
-// its own provisional max mt = max(m, its columns' max c) while one round of three quad shuffles of the row max runs
-// (in ncu's source view of the default kernel the FMNMX waiting for the two rounds of quad_max stalled ~230 cycles
-// a step, ~9 % of it; probably the shuffles queue behind the other warpgroup's MUFU.EX2 in the MIO queue), then
-// multiplies its values and its partial sums by f = 2^(mt - m_new) <= 1 once the row max m_new is known. p' = 2^(s c -
-// mt + 8) f is the default's 2^(s c - m_new + 8) up to a few fp32 roundings (p' <= 256 either way). The P V of the
-// previous block is waited for after 12 of the 16 column chunks of exponentials (deferred_softmax_head), so that it
-// runs under them and the scaling and the pack of P follow with the last four chunks (deferred_softmax_tail).
-inline constexpr int kVariantDeferredMax = 1;
-struct DeferredMax {
-  float mt[2];     // this thread's provisional max of each row (scaled, base 2), minus P's offset
-  float mx[2];     // this thread's raw max of each row of the block
-  float q[2][3];   // the other three quad lanes' mx (one round of shuffles, xor 1, 2, 3)
-  float sum[2];    // this thread's partial row sums, relative to mt
-};
-inline constexpr int kDeferredChunksBeforeWait = 12;
-
-__device__ __forceinline__ void deferred_softmax_head(float (&s)[64], float scale_log2, const float (&m)[2],
-                                                      DeferredMax& d, float offset) {
-  float mx[2];
+// The exponentials of a step, s <- 2^(s c - m) with this thread's partial row sums (column order, as
+// tile::exponentiate), kFmaChunks of the thread's 16 column chunks (8 columns of the tile, 4 values) on the FMA pipe
+// (exp2_fma) and the others on the MUFU (ex2.approx.ftz): chunks j with j % (16 / kFmaChunks) == 8 / kFmaChunks, spread
+// evenly through the step so that ptxas can interleave the two. kFmaChunks 0 is tile::exponentiate itself.
+//
+// The split (design note, "Exponentials on the FMA pipe"): per value the MUFU path issues one MUFU.EX2 (a warp's
+// takes 8 cycles of its sub-partition's MUFU: 16 lanes per cycle per SM), the FMA path 9 instructions (7 on the FP32
+// pipes, one warp instruction per cycle per sub-partition; a FMNMX and a shift on the ALU). With the FFMA, FADD and
+// pack each value needs either way, a warp's 64 values cost max(MUFU 8 (64 - k), issue 240 + 8 k) cycles with k values
+// on the FMA pipe: equal at k = 17, so k = 16 (4 chunks): 384 cycles instead of 512 (768 instead of 1,024 when both
+// warpgroups exponentiate at once).
+template <int kFmaChunks>
+__device__ __forceinline__ void exponentiate_split(float (&s)[64], float scale_log2, const float (&m)[2],
+                                                   float (&sum)[2]) {
+  static_assert(kFmaChunks == 0 || kFmaChunks == 4 || kFmaChunks == 8, "0, 4 or 8 of the 16 chunks on the FMA pipe");
+  if constexpr (kFmaChunks == 0) {
+    tile::exponentiate(s, scale_log2, m, sum);
+  } else {
+    constexpr int kPeriod = 16 / kFmaChunks;
+    sum[0] = sum[1] = 0.f;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float t[16];
+    for (int j = 0; j < 16; ++j) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) t[j] = fmaxf(s[j * 4 + 2 * i], s[j * 4 + 2 * i + 1]);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) t[j] = fmaxf(t[j], t[j + 8]);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) t[j] = fmaxf(t[j], t[j + 4]);
-    mx[i] = fmaxf(fmaxf(t[0], t[2]), fmaxf(t[1], t[3]));
-  }
-  // One round of shuffles, issued now and consumed after the vote that follows the exponentials (a branch in the
-  // SASS: ptxas keeps the consumers behind it). Two dependent rounds (quad_max) put the first round's consumer, and a
-  // wait for the shuffle, right here.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    d.mx[i] = mx[i];
-#pragma unroll
-    for (int k = 0; k < 3; ++k) d.q[i][k] = __shfl_xor_sync(0xffffffffu, mx[i], k + 1);
-    d.mt[i] = softmax::new_max(m[i], mx[i], scale_log2) - offset;
-  }
-  d.sum[0] = d.sum[1] = 0.f;
-#pragma unroll
-  for (int j = 0; j < kDeferredChunksBeforeWait; ++j) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      s[j * 4 + e] = ptx::exp2_approx(fmaf(s[j * 4 + e], scale_log2, -d.mt[0]));
-      s[j * 4 + 2 + e] = ptx::exp2_approx(fmaf(s[j * 4 + 2 + e], scale_log2, -d.mt[1]));
-      d.sum[0] += s[j * 4 + e];
-      d.sum[1] += s[j * 4 + 2 + e];
+      for (int e = 0; e < 2; ++e) {
+        const float x0 = fmaf(s[j * 4 + e], scale_log2, -m[0]);
+        const float x1 = fmaf(s[j * 4 + 2 + e], scale_log2, -m[1]);
+        if (j % kPeriod == kPeriod / 2) {
+          s[j * 4 + e] = exp2_fma(x0);
+          s[j * 4 + 2 + e] = exp2_fma(x1);
+        } else {
+          s[j * 4 + e] = ptx::exp2_approx(x0);
+          s[j * 4 + 2 + e] = ptx::exp2_approx(x1);
+        }
+        sum[0] += s[j * 4 + e];
+        sum[1] += s[j * 4 + 2 + e];
+      }
     }
   }
-}
-
-__device__ __forceinline__ void deferred_softmax_tail(float (&s)[64], float scale_log2, float (&m)[2], float (&l)[2],
-                                                      float (&a)[2], DeferredMax& d, float offset) {
-#pragma unroll
-  for (int j = kDeferredChunksBeforeWait; j < 16; ++j) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      s[j * 4 + e] = ptx::exp2_approx(fmaf(s[j * 4 + e], scale_log2, -d.mt[0]));
-      s[j * 4 + 2 + e] = ptx::exp2_approx(fmaf(s[j * 4 + 2 + e], scale_log2, -d.mt[1]));
-      d.sum[0] += s[j * 4 + e];
-      d.sum[1] += s[j * 4 + 2 + e];
-    }
-  }
-  float f[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float mq = fmaxf(fmaxf(d.mx[i], d.q[i][0]), fmaxf(d.q[i][1], d.q[i][2]));
-    const float m_new = softmax::new_max(m[i], mq, scale_log2);
-    a[i] = softmax::rescale_factor(m[i], m_new);
-    m[i] = m_new;
-    f[i] = ptx::exp2_approx(d.mt[i] - (m_new - offset));
-    d.sum[i] *= f[i];
-  }
-  tile::scale_rows(s, f[0], f[1]);
-  softmax::update_row_sums(l, a, d.sum);
-}
-
-// The row max of softmax_step with the quad's exchange in one round of three shuffles (xor 1, 2, 3) instead of
-// quad_max's two dependent rounds (kernel variant bit kVariantOneRoundMax, OPENMLA_FP8_VARIANT=2): the same maxima, one
-// shuffle latency on the chain instead of two (each ~100 cycles in ncu, behind the other warpgroup's MUFU.EX2).
-inline constexpr int kVariantOneRoundMax = 2;
-__device__ __forceinline__ void row_max_one_round(const float (&s)[64], float (&mx)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float t[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) t[j] = fmaxf(s[j * 4 + 2 * i], s[j * 4 + 2 * i + 1]);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) t[j] = fmaxf(t[j], t[j + 8]);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) t[j] = fmaxf(t[j], t[j + 4]);
-    mx[i] = fmaxf(fmaxf(t[0], t[2]), fmaxf(t[1], t[3]));
-  }
-  float q[2][3];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int k = 0; k < 3; ++k) q[i][k] = __shfl_xor_sync(0xffffffffu, mx[i], k + 1);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) mx[i] = fmaxf(fmaxf(mx[i], q[i][0]), fmaxf(q[i][1], q[i][2]));
 }
 
 // The online-softmax step with P's offset: m_new = max(m, rowmax(S) c), s <- 2^(s c - m_new + 8), l <- l a + rowsum.
-template <bool kOneRoundMax = false>
+// The rescale factor a stays on the MUFU (two per step).
+template <int kFmaChunks>
 __device__ __forceinline__ void softmax_step(float (&s)[64], float scale_log2, float (&m)[2], float (&l)[2],
                                              float (&a)[2], float offset) {
   float mx[2];
-  if constexpr (kOneRoundMax)
-    row_max_one_round(s, mx);
-  else
-    tile::row_max_tree(s, mx);
+  tile::row_max_tree(s, mx);
   float mo[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -473,25 +401,11 @@ __device__ __forceinline__ void softmax_step(float (&s)[64], float scale_log2, f
     mo[i] = m_new - offset;
   }
   float sum[2];
-  tile::exponentiate(s, scale_log2, mo, sum);
+  exponentiate_split<kFmaChunks>(s, scale_log2, mo, sum);
   softmax::update_row_sums(l, a, sum);
 }
 
-// Keeps the exponentials before it ahead of the P V wait that follows in the source: ptxas otherwise hoists the wait
-// (WARPGROUP.DEPBAR) above every MUFU.EX2 of the step, right after the row max. A warp vote on the partial row sums
-// (which depend on every exponential before the vote) is an instruction ptxas does not move the wait across; its
-// result is unused (the vote compiles to a divergence check, a branch, no VOTE). The default kernel does not use it:
-// all 64 exponentials before the wait (with the pack of P after them) ran 5-7 % slower (H200, session 19), the
-// row max alone covering the P V. The deferred-max kernel waits after 12 of 16 chunks (its max phase is short) and
-// orders its turn arrival and the shuffles' consumers behind the vote.
-__device__ __forceinline__ void exponentials_before_wait(const float (&sum)[2]) {
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.eq.u32 p, %0, %1;\nvote.sync.any.pred q, p, 0xffffffff;\n}" ::"r"(__float_as_uint(sum[0])),
-      "r"(__float_as_uint(sum[1]))
-      : "memory");
-}
-
-template <int kDQK, int kWg, int kVariant>
+template <int kDQK, int kWg, int kFmaChunks>
 __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStorage<kDQK>& smem, int tid) {
   using T = Traits<kDQK>;
   using KvRing = Ring<T::kStages>;
@@ -504,32 +418,6 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
     if (lane == 0) ptx::mbarrier_arrive(bar);
   };
   auto exchange = [&] { ptx::named_barrier_sync_unaligned(static_cast<int>(NamedBarrier::kExchange), kExchangeThreadsFp8); };
-  // Optional GEMM turns (p.turns, an experiment switch: the launcher reads OPENMLA_FP8_TURNS): the two warpgroups
-  // issue their GEMMs alternately (WG0 first), FA3's ping-pong, so that one's softmax runs while the other's GEMMs
-  // do and the two do not share the exponential pipe at the same time. Named barriers kTurn0 + w (256 threads: WG w
-  // waits, the other warpgroup arrives after its issue). Every tile has the same n_end + 1 issue points in both
-  // warpgroups; WG0 takes WG1's last arrival after the last tile. The deferred-max kernel also has softmax turns
-  // (p.softmax_turns, OPENMLA_FP8_TURNS=2): the warpgroups take their row max and exponentials alternately, so that
-  // the two never share the MUFU pipe (one MUFU.EX2 per 8 cycles per sub-partition); every tile has the same n_end
-  // softmax steps in both; the same barriers and the same first and last arrivals.
-  constexpr int kTurn0 = static_cast<int>(NamedBarrier::kOStage0);  // the staged-O ids, unused by this kernel
-  constexpr bool kDeferred = (kVariant & kVariantDeferredMax) != 0;
-  const bool turns = p.turns || (kDeferred && p.softmax_turns);
-  const bool gemm_turns = kDeferred ? p.turns : turns;
-  const bool softmax_turns = kDeferred && p.softmax_turns;
-  auto turn_wait = [&] {
-    if (gemm_turns) ptx::named_barrier_sync(kTurn0 + kWg, 2 * T::kWarpgroupThreads);
-  };
-  auto turn_pass = [&] {
-    if (gemm_turns) named_barrier_arrive(kTurn0 + (1 - kWg), 2 * T::kWarpgroupThreads);
-  };
-  auto softmax_turn_wait = [&] {
-    if (softmax_turns) ptx::named_barrier_sync(kTurn0 + kWg, 2 * T::kWarpgroupThreads);
-  };
-  auto softmax_turn_pass = [&] {
-    if (softmax_turns) named_barrier_arrive(kTurn0 + (1 - kWg), 2 * T::kWarpgroupThreads);
-  };
-  if (kWg == 1 && turns) named_barrier_arrive(kTurn0 + (1 - kWg), 2 * T::kWarpgroupThreads);
   auto write_out = [&](const TileInfo& info, const float (&o)[64], const int (&row)[2], const float (&lse)[2]) {
     if (p.out_fp16)
       store_rows<true>(p.base, info, o, row, lse, lane);
@@ -540,10 +428,7 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
   for (uint32_t tile_iter = 0;; ++tile_iter) {
     const TileRecord rec = smem.tile[tile_iter & 1];
     const TileInfo& info = rec.info;
-    if (!info.valid) {
-      if (kWg == 0 && turns) ptx::named_barrier_sync(kTurn0 + kWg, 2 * T::kWarpgroupThreads);  // WG1's last arrival
-      break;
-    }
+    if (!info.valid) break;
     ptx::mbarrier_wait_parity(&smem.q_full, Ring<1>::parity(tile_iter));
     int row[2];
     row[0] = info.m_block * T::kBlockM + kWg * T::kRowsPerWarpgroup + frag.row[0];
@@ -572,11 +457,9 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
     {
       const int ks = KvRing::slot(k_iter);
       ptx::mbarrier_wait_parity(&smem.k_full[ks], KvRing::parity(k_iter));
-      turn_wait();
       ptx::wgmma_fence();
       issue_qk<T>(s, q_rows, smem.k[ks][0]);
       ptx::wgmma_commit();
-      turn_pass();
       ptx::wgmma_wait<0>();
       ptx::fence_registers(s);
       release(&smem.k_free[ks]);
@@ -584,14 +467,7 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       if (n == 0) exchange();
       if (Tiles::block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.base.causal))
         mask::by_key_limit(s, limit, n * T::kBlockN, frag.col);
-      if constexpr ((kVariant & kVariantDeferredMax) != 0) {
-        softmax_turn_wait();
-        softmax_step(s, scale_log2, m, l, a, T::kPOffset);
-        exponentials_before_wait(l);  // orders the turn's arrival after the exponentials
-        softmax_turn_pass();
-      } else {
-        softmax_step(s, scale_log2, m, l, a, T::kPOffset);
-      }
+      softmax_step<kFmaChunks>(s, scale_log2, m, l, a, T::kPOffset);
       a[0] = a[1] = 1.f;
       tile::to_a_fragments_e4m3(s, pa);
     }
@@ -600,7 +476,6 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       const int ks = KvRing::slot(k_iter), vs = KvRing::slot(v_iter);
       ptx::mbarrier_wait_parity(&smem.k_full[ks], KvRing::parity(k_iter));
       ptx::mbarrier_wait_parity(&smem.vt_full[vs], KvRing::parity(v_iter));
-      turn_wait();
       ptx::wgmma_fence();
       issue_qk<T>(s, q_rows, smem.k[ks][0]);
       ptx::wgmma_commit();
@@ -608,7 +483,6 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       ptx::wgmma_fence();
       issue_pv<T>(o, pa, smem.vt[vs]);
       ptx::wgmma_commit();
-      turn_pass();
       ptx::wgmma_wait<1>();
       ptx::fence_registers(s);
       release(&smem.k_free[ks]);
@@ -616,24 +490,11 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       if (n == 0) exchange();
       if (Tiles::block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.base.causal))
         mask::by_key_limit(s, limit, n * T::kBlockN, frag.col);
-      if constexpr ((kVariant & kVariantDeferredMax) != 0) {
-        DeferredMax d;
-        softmax_turn_wait();
-        deferred_softmax_head(s, scale_log2, m, d, T::kPOffset);
-        exponentials_before_wait(d.sum);  // the P V of block n + 1 runs under the first 12 chunks
-        softmax_turn_pass();
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(o);
-        release(&smem.vt_free[vs]);
-        ++v_iter;
-        deferred_softmax_tail(s, scale_log2, m, l, a, d, T::kPOffset);
-      } else {
-        softmax_step<(kVariant & kVariantOneRoundMax) != 0>(s, scale_log2, m, l, a, T::kPOffset);
-        ptx::wgmma_wait<0>();
-        ptx::fence_registers(o);
-        release(&smem.vt_free[vs]);
-        ++v_iter;
-      }
+      softmax_step<kFmaChunks>(s, scale_log2, m, l, a, T::kPOffset);
+      ptx::wgmma_wait<0>();
+      ptx::fence_registers(o);
+      release(&smem.vt_free[vs]);
+      ++v_iter;
       tile::to_a_fragments_e4m3(s, pa);
     }
 
@@ -641,11 +502,9 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       const int vs = KvRing::slot(v_iter);
       ptx::mbarrier_wait_parity(&smem.vt_full[vs], KvRing::parity(v_iter));
       tile::scale_rows_if_changed(o, a[0], a[1]);
-      turn_wait();
       ptx::wgmma_fence();
       issue_pv<T>(o, pa, smem.vt[vs]);
       ptx::wgmma_commit();
-      turn_pass();
       ptx::wgmma_wait<0>();
       ptx::fence_registers(o);
       release(&smem.vt_free[vs]);
@@ -667,9 +526,9 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
   }
 }
 
-// kVariant: 0, the default; the experiment switch's kernels (params_fp8.h, variant): kVariantDeferredMax (1),
-// kVariantOneRoundMax (2).
-template <int kDQK, int kVariant>
+// kFmaChunks: how many of each thread's 16 column chunks of a step take their exponentials on the FMA pipe
+// (exponentiate_split; the parameter exp_fma_chunks picks the kernel).
+template <int kDQK, int kFmaChunks>
 __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
     mha_prefill_e4m3_kernel(const __grid_constant__ MhaPrefillFp8Params p, const __grid_constant__ CUtensorMap q_map,
                             const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
@@ -705,11 +564,11 @@ __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
     return;
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<T::kRegsConsumer>();
-    consume<kDQK, 0, kVariant>(p, smem, tid);
+    consume<kDQK, 0, kFmaChunks>(p, smem, tid);
     return;
   } else {
     ptx::setmaxnreg_inc<T::kRegsConsumer>();
-    consume<kDQK, 1, kVariant>(p, smem, tid);
+    consume<kDQK, 1, kFmaChunks>(p, smem, tid);
     return;
   }
 }

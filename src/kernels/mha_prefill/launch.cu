@@ -1,7 +1,6 @@
 // Host launcher of the dense MHA prefill kernel: the variant dispatch (the ragged TMA maps: common/tensor_map.h).
 #include "kernels/mha_prefill/launch.h"
 
-#include <cstdlib>
 #include <string>
 
 #if defined(OPENMLA_HAS_TRACE)
@@ -33,13 +32,7 @@ Status launch_mha_prefill(const MhaPrefillParams& p, cudaStream_t stream) {
 }
 
 Status launch_mha_prefill_fp8(const MhaPrefillFp8Params& params, cudaStream_t stream) {
-  MhaPrefillFp8Params p = params;
-  // Experiment switch of the FP8 kernel (params_fp8.h, turns): GEMM turns between the consumer warpgroups.
-  const char* turns = std::getenv("OPENMLA_FP8_TURNS");
-  p.turns = turns != nullptr && turns[0] == '1';
-  p.softmax_turns = turns != nullptr && turns[0] == '2';
-  const char* variant = std::getenv("OPENMLA_FP8_VARIANT");
-  p.variant = variant == nullptr ? 0 : variant[0] == '1' ? 1 : variant[0] == '2' ? 2 : 0;
+  const MhaPrefillFp8Params& p = params;
   if (p.base.d_qk == 192) return launch_mha_prefill_fp8_typed<192>(p, stream);
   if (p.base.d_qk == 128) return launch_mha_prefill_fp8_typed<128>(p, stream);
   return Status::internal("dense MHA prefill (FP8): no kernel variant for d_qk " + std::to_string(p.base.d_qk) +

@@ -23,16 +23,11 @@ struct MhaPrefillFp8Params {
   int64_t k_descale_stride_b, k_descale_stride_h;
   const float* v_descale;
   int64_t v_descale_stride_b, v_descale_stride_h;
-  // Experiment switch (default off): the consumer warpgroups issue their GEMMs in turns (kernel_fp8.cuh, consume).
-  // The launcher sets it from the environment variable OPENMLA_FP8_TURNS=1, read at each launch.
-  bool turns;
-  // Experiment switch (default 0): 1 runs the kernel whose main loop takes the quad's row max off the step's chain
-  // (kernel_fp8.cuh, kVariantDeferredMax), 2 the one whose row max exchanges in one round of shuffles
-  // (kVariantOneRoundMax). The launcher sets it from OPENMLA_FP8_VARIANT (1 or 2).
-  int variant;
-  // Experiment switch of that kernel only (default off): its warpgroups take their softmax steps in turns. The
-  // launcher sets it from OPENMLA_FP8_TURNS=2.
-  bool softmax_turns;
+  // How many of each consumer thread's 16 column chunks of a step take their exponentials on the FMA pipe (a cubic,
+  // exp2_fma.h) instead of the MUFU: 0, 4 or 8 (kernel_fp8.cuh, exponentiate_split; one kernel each). The API sets
+  // heuristics::mha_prefill_fp8_exp_fma_chunks() (default kMhaPrefillFp8ExpFmaChunks, 4; the Python layer's
+  // _set_mha_prefill_fp8_exp_fma for A/Bs).
+  int exp_fma_chunks;
 };
 
 // Launches the FP8 kernel on `stream` (grid params.base.grid, 384 threads). Builds the Q, K and V tensor maps.
