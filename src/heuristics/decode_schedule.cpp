@@ -134,16 +134,28 @@ int64_t decode_split_slots(const SparseDecodeProblem& problem, int num_sm_parts)
   return problem.batch * ceil_div(blocks, chunk);
 }
 
+int64_t invariant_schedule_load(const std::vector<int32_t>& blocks, int num_sm_parts, int32_t chunk_blocks) {
+  int64_t total = 0;
+  for (int32_t n : blocks) total += kernels::ChunkWalk::request_work(n, chunk_blocks);
+  const int32_t candidates = kernels::invariant_cut_candidates(chunk_blocks);
+  for (int32_t j = 0; j < candidates; ++j) {  // the smallest that fits, as the GPU scheduler picks it
+    const int64_t load = kernels::invariant_cut_candidate(total, num_sm_parts, j);
+    kernels::ChunkCount count(load, chunk_blocks);
+    for (int32_t n : blocks) count.add(n);
+    if (count.fits(num_sm_parts)) return load;
+  }
+  return kernels::invariant_cut_candidate(total, num_sm_parts, candidates - 1);  // always fits (partition_walk.h)
+}
+
 DecodeScheduleHost walk_invariant_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
                                            int num_sm_parts, int32_t chunk_blocks) {
   const int32_t batch = static_cast<int32_t>(blocks.size());
   DecodeScheduleHost out;
   out.records.assign(num_sm_parts, DecodeScheduleRecord{});
   out.num_splits.assign(batch + 1, 0);
-  int64_t total = 0;
-  for (int32_t n : blocks) total += kernels::ChunkWalk::request_work(n, chunk_blocks);
   kernels::ChunkWalk walk;
-  walk.begin(batch, num_sm_parts, chunk_blocks, total, out.records.data(), out.num_splits.data());
+  walk.begin(batch, num_sm_parts, chunk_blocks, invariant_schedule_load(blocks, num_sm_parts, chunk_blocks),
+             out.records.data(), out.num_splits.data());
   for (int32_t i = 0; i < batch; ++i) walk.add_request(i, blocks[i], !empty.empty() && empty[i]);
   walk.finish();
   return out;

@@ -88,6 +88,11 @@ int32_t decode_chunk_blocks(const SparseDecodeProblem& problem);
 int64_t decode_split_slots(const DenseDecodeProblem& problem, int num_sm_parts);
 int64_t decode_split_slots(const SparseDecodeProblem& problem, int num_sm_parts);
 
+// The maximum partition load of the batch-invariant pass's optimal contiguous cut (kernels::ChunkCount): the smallest
+// candidate load whose greedy packing of the chunk sequence fits `num_sm_parts` partitions, as the GPU scheduler
+// picks it.
+int64_t invariant_schedule_load(const std::vector<int32_t>& blocks, int num_sm_parts, int32_t chunk_blocks);
+
 // The batch-invariant pass (ChunkWalk) over per-request block counts, run on the host: the records and num_splits
 // the GPU scheduler writes for these counts with chunks of `chunk_blocks` blocks.
 DecodeScheduleHost walk_invariant_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,

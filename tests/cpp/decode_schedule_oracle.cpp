@@ -1,6 +1,7 @@
 #include "decode_schedule_oracle.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/decode_scheduler/partition_walk.h"
 
@@ -147,23 +148,45 @@ heuristics::DecodeScheduleHost build_invariant_schedule(const std::vector<int32_
     out.num_splits[r + 1] = out.num_splits[r] + count;
   }
   const auto cost = [&](const Chunk& c) { return static_cast<int64_t>(c.end - c.begin) + kOverhead; };
-  int64_t remaining = 0;
-  for (const Chunk& c : chunks) remaining += cost(c);
+  int64_t total = 0, max_cost = 0;
+  for (const Chunk& c : chunks) {
+    total += cost(c);
+    max_cost = std::max(max_cost, cost(c));
+  }
+  // Partitions the greedy packing at `load` needs (a partition takes chunks while its load stays <= load), stopping
+  // once past the partition count.
+  const auto needed = [&](int64_t load) {
+    int64_t parts = 0, used = 0;
+    for (const Chunk& c : chunks) {
+      if (parts == 0 || used + cost(c) > load) {
+        if (++parts > num_sm_parts) return parts;
+        used = 0;
+      }
+      used += cost(c);
+    }
+    return parts;
+  };
+  // The smallest load that fits, by binary search between the lower bound max(M, ceil(T / parts)) and
+  // ceil(T / parts) + M, which always fits (M the largest chunk cost, T the total).
+  const int64_t share = (total + num_sm_parts - 1) / num_sm_parts;
+  int64_t lo = std::max(max_cost, share), hi = share + max_cost;
+  if (needed(hi) > num_sm_parts) std::abort();  // the upper bound is a theorem; the oracle checks it
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (needed(mid) <= num_sm_parts)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  const int64_t load = lo;
 
   out.records.assign(num_sm_parts, DecodeScheduleRecord{batch, batch - 1, 0, 0, 0, 0, 0, 0});
   size_t next = 0;
   for (int p = 0; p < num_sm_parts && next < chunks.size(); ++p) {
-    const int64_t target = (remaining + (num_sm_parts - p) - 1) / (num_sm_parts - p);
     const size_t first = next;
-    int64_t load = cost(chunks[next++]);
-    while (next < chunks.size()) {
-      const int64_t with = load + cost(chunks[next]);
-      const bool last_part = p == num_sm_parts - 1;
-      if (!last_part && with > target && with - target >= target - load) break;
-      load = with;
-      ++next;
-    }
-    remaining -= load;
+    int64_t used = cost(chunks[next++]);
+    const bool last_part = p == num_sm_parts - 1;
+    while (next < chunks.size() && (last_part || used + cost(chunks[next]) <= load)) used += cost(chunks[next++]);
     const Chunk& a = chunks[first];
     const Chunk& z = chunks[next - 1];
     DecodeScheduleRecord& rec = out.records[p];

@@ -6,6 +6,7 @@
 // left as they were. The GPU scheduler against the oracle is in test_decode_schedule.cpp (DecodeScheduleGpu).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -68,6 +69,22 @@ std::vector<std::vector<int32_t>> adversarial_lists() {
       std::vector<int32_t>(128, 64),
       std::vector<int32_t>(1000, 3),
   };
+  // The optimal cut's corner cases (66 partitions at h_q = 128 on 132 SMs): every chunk alike; exactly as many
+  // chunks as partitions, one more, one fewer; one huge request among many tiny ones (first, last); a request of one
+  // block between requests of many chunks.
+  lists.push_back(std::vector<int32_t>(66, kChunk));
+  lists.push_back(std::vector<int32_t>(67, kChunk));
+  lists.push_back(std::vector<int32_t>(65, kChunk));
+  lists.push_back(std::vector<int32_t>(33, 2 * kChunk));
+  lists.push_back(std::vector<int32_t>(200, 7));
+  {
+    std::vector<int32_t> v(300, 1);
+    v[0] = 100 * kChunk + 3;
+    lists.push_back(v);
+    std::reverse(v.begin(), v.end());
+    lists.push_back(v);
+  }
+  lists.push_back({9 * kChunk, 1, 9 * kChunk, 1, 9 * kChunk - 1, kChunk + 1});
   lists.push_back(random_blocks(rng, 128, 1024));
   lists.push_back(random_blocks(rng, 500, 300));
   lists.push_back(random_blocks(rng, 9000, 200));  // crosses the GPU kernel's 4096-request staging
@@ -86,6 +103,26 @@ TEST(DecodeInvariantWalk, MatchesOracle) {
                                   " chunk=" + std::to_string(chunk);
         expect_same_bytes(heuristics::walk_invariant_schedule(blocks, empty, parts, chunk),
                           oracle::build_invariant_schedule(blocks, empty, parts, chunk), what);
+      }
+    }
+  }
+}
+
+// Zero-length requests (dense, clamped length 0: one block of work, a range ending at block 0) anywhere, all of them.
+TEST(DecodeInvariantWalk, EmptyRequestsMatchTheOracle) {
+  const std::vector<std::vector<int32_t>> lists = {
+      std::vector<int32_t>(64, 1), {1, 3 * kChunk, 1, 1, kChunk + 2, 1}, std::vector<int32_t>(500, 1)};
+  for (const auto& blocks : lists) {
+    for (const bool all : {false, true}) {
+      std::vector<bool> empty(blocks.size(), all);
+      for (size_t i = 0; i < blocks.size(); ++i) empty[i] = all || blocks[i] == 1;
+      for (int parts : kPartCounts) {
+        const std::string what = "b=" + std::to_string(blocks.size()) + " parts=" + std::to_string(parts);
+        const DecodeScheduleHost s = heuristics::walk_invariant_schedule(blocks, empty, parts, kChunk);
+        expect_same_bytes(s, oracle::build_invariant_schedule(blocks, empty, parts, kChunk), what);
+        for (size_t p = 0; p < s.records.size(); ++p)
+          if (s.records[p].begin_req < static_cast<int32_t>(blocks.size()) && empty[s.records[p].end_req])
+            EXPECT_EQ(s.records[p].end_block, 0) << what << ": partition " << p;
       }
     }
   }
@@ -188,6 +225,47 @@ TEST(DecodeInvariantWalk, ARequestsPartitionDoesNotDependOnTheBatch) {
         ASSERT_EQ(request_view(s, kernel_items(s, blocks, kChunk), at), want)
             << "probe " << probe << " at " << at << " of b=" << b << ", parts=" << parts;
       }
+    }
+  }
+}
+
+// Partitions a greedy packing of the chunk sequence at `load` needs (written here a third time, chunk by chunk).
+int64_t greedy_parts(const std::vector<int32_t>& blocks, int32_t chunk, int64_t load) {
+  int64_t parts = 0, used = 0;
+  for (int32_t n : blocks)
+    for (int32_t b0 = 0; b0 < n; b0 += chunk) {
+      const int64_t cost = std::min(n - b0, chunk) + kernels::kDecodeRequestOverheadBlocks;
+      if (cost > load) return INT64_MAX;
+      if (parts == 0 || used + cost > load) {
+        ++parts;
+        used = 0;
+      }
+      used += cost;
+    }
+  return parts;
+}
+
+// The cut is optimal: its heaviest partition holds the load the pass chose, and no contiguous cut of the chunk
+// sequence into the same partitions has a lighter heaviest one (the greedy packing, optimal for a given load, needs
+// more partitions one block below it).
+TEST(DecodeInvariantWalk, TheCutIsOptimal) {
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> lists = adversarial_lists();
+  for (int trial = 0; trial < 30; ++trial) lists.push_back(random_blocks(rng, 1 + static_cast<int>(rng() % 300), 600));
+  for (const auto& blocks : lists) {
+    if (blocks.size() > 1000) continue;
+    for (int parts : kPartCounts) {
+      const std::string what = "b=" + std::to_string(blocks.size()) + " parts=" + std::to_string(parts);
+      const DecodeScheduleHost s = heuristics::walk_invariant_schedule(blocks, {}, parts, kChunk);
+      std::vector<int64_t> load(parts, 0);
+      for (const Item& it : kernel_items(s, blocks, kChunk))
+        load[it.part] += it.end - it.begin + kernels::kDecodeRequestOverheadBlocks;
+      const int64_t chosen = heuristics::invariant_schedule_load(blocks, parts, kChunk);
+      const int64_t heaviest = *std::max_element(load.begin(), load.end());
+      EXPECT_LE(heaviest, chosen) << what;
+      EXPECT_LE(greedy_parts(blocks, kChunk, chosen), parts) << what;
+      EXPECT_GT(greedy_parts(blocks, kChunk, chosen - 1), parts) << what << ": a lighter cut exists";
+      EXPECT_EQ(heaviest, chosen) << what;
     }
   }
 }

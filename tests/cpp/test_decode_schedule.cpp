@@ -554,6 +554,20 @@ TEST_F(DecodeScheduleGpu, InvariantMatchesOracle) {
       expect_same_bytes(run_gpu(c.seqlens, parts, false, 0, {}, 0, {}, 0, 0, chunk),
                         oracle::build_invariant_schedule(w.blocks, w.empty, parts, chunk), c.name + " dense invariant");
   }
+  // The optimal cut's corner cases: as many chunks as partitions, one more, one fewer; one huge request among tiny
+  // ones; every request empty.
+  std::vector<std::vector<int32_t>> corner = {std::vector<int32_t>(66, 4096), std::vector<int32_t>(67, 4096),
+                                              std::vector<int32_t>(65, 4096), std::vector<int32_t>(40, 0)};
+  std::vector<int32_t> huge(300, 1);
+  huge[150] = 4096 * 100 + 7;
+  corner.push_back(huge);
+  for (const auto& seqlens : corner) {
+    const DenseWork w = dense_work(seqlens);
+    for (int parts : kPartCounts)
+      expect_same_bytes(run_gpu(seqlens, parts, false, 0, {}, 0, {}, 0, 0, chunk),
+                        oracle::build_invariant_schedule(w.blocks, w.empty, parts, chunk),
+                        "corner b=" + std::to_string(seqlens.size()) + " dense invariant");
+  }
   std::vector<int32_t> topk_len(300);
   for (size_t i = 0; i < topk_len.size(); ++i) topk_len[i] = static_cast<int32_t>((i * 977) % 20000);
   std::vector<int32_t> blocks;
