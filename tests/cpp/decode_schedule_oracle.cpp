@@ -1,6 +1,8 @@
 #include "decode_schedule_oracle.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <utility>
 
 #include "kernels/decode_scheduler/partition_walk.h"
 
@@ -130,9 +132,24 @@ heuristics::DecodeScheduleHost build_sparse_decode_schedule(int64_t batch, int64
 
 heuristics::DecodeScheduleHost build_invariant_schedule(const std::vector<int32_t>& blocks,
                                                         const std::vector<bool>& empty, int num_sm_parts,
-                                                        int32_t chunk_blocks) {
+                                                        int32_t chunk_blocks, bool alternate) {
   constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
   const int32_t batch = static_cast<int32_t>(blocks.size());
+  // The walk order: the requests sorted by (blocks descending, index), then taken from the front and the back of that
+  // list in turn (up to 1024 requests; request order above).
+  std::vector<int32_t> walk(batch);
+  for (int32_t r = 0; r < batch; ++r) walk[r] = r;
+  if (alternate && batch <= 1024) {
+    std::vector<std::pair<int64_t, int32_t>> sorted;
+    for (int32_t r = 0; r < batch; ++r) sorted.push_back({-static_cast<int64_t>(blocks[r]), r});
+    std::sort(sorted.begin(), sorted.end());
+    size_t front = 0, back = sorted.size();
+    walk.clear();
+    while (front < back) {
+      walk.push_back(sorted[front++].second);
+      if (front < back) walk.push_back(sorted[--back].second);
+    }
+  }
   struct Chunk {
     int32_t req, ordinal, begin, end;  // blocks [begin, end) of request req
     bool split;                        // the request has more than one chunk
@@ -140,30 +157,57 @@ heuristics::DecodeScheduleHost build_invariant_schedule(const std::vector<int32_
   std::vector<Chunk> chunks;
   heuristics::DecodeScheduleHost out;
   out.num_splits.assign(batch + 1, 0);
-  for (int32_t r = 0; r < batch; ++r) {
+  for (int32_t r : walk) {
     const int32_t count = (blocks[r] + chunk_blocks - 1) / chunk_blocks;
     for (int32_t c = 0; c < count; ++c)
       chunks.push_back({r, c, c * chunk_blocks, std::min(blocks[r], (c + 1) * chunk_blocks), count > 1});
-    out.num_splits[r + 1] = out.num_splits[r] + count;
+  }
+  for (int32_t r = 0; r < batch; ++r)
+    out.num_splits[r + 1] = out.num_splits[r] + (blocks[r] + chunk_blocks - 1) / chunk_blocks;
+  if (alternate) {
+    out.walk_next.assign(batch, -1);
+    for (size_t k = 1; k < walk.size(); ++k) out.walk_next[walk[k - 1]] = walk[k];
   }
   const auto cost = [&](const Chunk& c) { return static_cast<int64_t>(c.end - c.begin) + kOverhead; };
-  int64_t remaining = 0;
-  for (const Chunk& c : chunks) remaining += cost(c);
+  int64_t total = 0, max_cost = 0;
+  for (const Chunk& c : chunks) {
+    total += cost(c);
+    max_cost = std::max(max_cost, cost(c));
+  }
+  // Partitions the greedy packing at `load` needs (a partition takes chunks while its load stays <= load), stopping
+  // once past the partition count.
+  const auto needed = [&](int64_t load) {
+    int64_t parts = 0, used = 0;
+    for (const Chunk& c : chunks) {
+      if (parts == 0 || used + cost(c) > load) {
+        if (++parts > num_sm_parts) return parts;
+        used = 0;
+      }
+      used += cost(c);
+    }
+    return parts;
+  };
+  // The smallest load that fits, by binary search between the lower bound max(M, ceil(T / parts)) and
+  // ceil(T / parts) + M, which always fits (M the largest chunk cost, T the total).
+  const int64_t share = (total + num_sm_parts - 1) / num_sm_parts;
+  int64_t lo = std::max(max_cost, share), hi = share + max_cost;
+  if (needed(hi) > num_sm_parts) std::abort();  // the upper bound is a theorem; the oracle checks it
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (needed(mid) <= num_sm_parts)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  const int64_t load = lo;
 
   out.records.assign(num_sm_parts, DecodeScheduleRecord{batch, batch - 1, 0, 0, 0, 0, 0, 0});
   size_t next = 0;
   for (int p = 0; p < num_sm_parts && next < chunks.size(); ++p) {
-    const int64_t target = (remaining + (num_sm_parts - p) - 1) / (num_sm_parts - p);
     const size_t first = next;
-    int64_t load = cost(chunks[next++]);
-    while (next < chunks.size()) {
-      const int64_t with = load + cost(chunks[next]);
-      const bool last_part = p == num_sm_parts - 1;
-      if (!last_part && with > target && with - target >= target - load) break;
-      load = with;
-      ++next;
-    }
-    remaining -= load;
+    int64_t used = cost(chunks[next++]);
+    const bool last_part = p == num_sm_parts - 1;
+    while (next < chunks.size() && (last_part || used + cost(chunks[next]) <= load)) used += cost(chunks[next++]);
     const Chunk& a = chunks[first];
     const Chunk& z = chunks[next - 1];
     DecodeScheduleRecord& rec = out.records[p];

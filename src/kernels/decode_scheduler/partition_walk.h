@@ -178,57 +178,124 @@ struct PartitionCount {
 
 // The batch-invariant pass (docs/decode-schedule.md, "Batch invariance"), request-major like PartitionWalk. Request i
 // of n_i blocks is cut into ceil(n_i / C) chunks of C = `chunk_blocks` blocks (the last one shorter), a cut that
-// depends on n_i alone; the chunks are dealt to the partitions whole, in request order. Partition p closes before a
-// chunk that would take it past its target ceil(remaining / (parts - p)) by more than it is short of the target
-// without it (remaining = work not yet in a closed partition; a chunk costs its blocks + overhead); the last
-// partition takes whatever is left, so every chunk is always assigned. A partition may hold several chunks of one
-// request: the kernels walk its range chunk by chunk (chunk_begin .. next multiple of C).
+// depends on n_i alone; a chunk costs its blocks + overhead. The chunk sequence (request order) is cut into at most
+// `parts` contiguous runs, one per partition, with the smallest maximum load a contiguous cut can have: `load` is the
+// smallest value at which the greedy packing (a partition takes chunks while its load stays <= load) needs at most
+// `parts` partitions (ChunkCount below; the optimum of a contiguous cut, since the greedy count never grows with the
+// load), and the walk is that greedy packing, so no partition exceeds it; partitions past the last run are idle.
+// Every chunk is always assigned: the last partition never closes (with the optimal load it never has to). A partition
+// may hold several chunks of one request: the kernels walk its range chunk by chunk (chunk_begin .. next multiple of
+// C).
+//
+// Where the optimal load lies: with T the total work and M the largest chunk cost (<= C + overhead), it is at least
+// max(M, ceil(T / parts)) and at most ceil(T / parts) + M (there every closed partition holds more than T / parts, so
+// `parts` of them cannot all close). So it is one of the invariant_cut_candidates(C) = C + overhead + 1 values
+// ceil(T / parts) + j, j = 0 .. C + overhead; the GPU scheduler counts each on a thread of its own and takes the
+// smallest that fits, the host run tests them in turn.
 //
 // Records: begin/end request and block as in the default walk; begin_split = begin_block / C (the ordinal of the
 // partition's first chunk); is_first_req_split / is_last_req_split = the begin / end request has more than one chunk
 // (the same flag when they are one request); pad = C, so an invariant schedule names its chunk size.
 // num_splits[i + 1] - num_splits[i] = the chunk count of request i.
+
+// a / b for a >= 0, b > 0: the 32-bit division where both fit (the device's 64-bit division is a long routine).
+OPENMLA_HOST_DEVICE int64_t invariant_div(int64_t a, int64_t b) {
+  if (((a | b) >> 31) == 0) return static_cast<int64_t>(static_cast<uint32_t>(a) / static_cast<uint32_t>(b));
+  return a / b;
+}
+
+// Candidate loads of the optimal cut: ceil(total / parts) + j for j below this count.
+OPENMLA_HOST_DEVICE int32_t invariant_cut_candidates(int32_t chunk_blocks) {
+  return chunk_blocks + kDecodeRequestOverheadBlocks + 1;
+}
+OPENMLA_HOST_DEVICE int64_t invariant_cut_candidate(int64_t total_work, int32_t num_parts, int32_t j) {
+  return (total_work + num_parts - 1) / num_parts + j;
+}
+
+// How many partitions the greedy packing of the chunk sequence at `load` fills (counting only, O(1) per request):
+// feed every request's block count in order, then fits(num_parts). A load below some chunk's cost never fits.
+struct ChunkCount {
+  int64_t load;
+  int32_t chunk_blocks;
+  int64_t used_parts = 0;  // partitions opened so far
+  int64_t used = 0;        // load of the open one
+  bool open = false;
+  bool valid = true;       // no chunk costs more than `load`
+
+  OPENMLA_HOST_DEVICE ChunkCount(int64_t load_, int32_t chunk_blocks_) : load(load_), chunk_blocks(chunk_blocks_) {}
+
+  OPENMLA_HOST_DEVICE void add(int32_t blocks) {
+    constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
+    const int64_t full_cost = static_cast<int64_t>(chunk_blocks) + kOverhead;
+    const int64_t full = (static_cast<int64_t>(blocks) + chunk_blocks - 1) / chunk_blocks - 1;  // chunks before the last
+    const int64_t last_cost = blocks - full * chunk_blocks + kOverhead;
+    if (last_cost > load || (full > 0 && full_cost > load)) {
+      valid = false;
+      return;
+    }
+    int64_t rest = full;
+    if (rest > 0 && open) {  // the open partition takes the full chunks that fit
+      const int64_t fit = invariant_div(load - used, full_cost);
+      const int64_t take = fit < rest ? fit : rest;
+      used += take * full_cost;
+      rest -= take;
+    }
+    if (rest > 0) {  // fresh partitions of load / full_cost full chunks each, the last one open
+      const int64_t per_part = invariant_div(load, full_cost);
+      const int64_t fresh = invariant_div(rest + per_part - 1, per_part);
+      used_parts += fresh;
+      used = (rest - (fresh - 1) * per_part) * full_cost;
+      open = true;
+    }
+    if (open && used + last_cost <= load) {
+      used += last_cost;
+    } else {
+      ++used_parts;
+      used = last_cost;
+      open = true;
+    }
+  }
+
+  OPENMLA_HOST_DEVICE bool fits(int32_t num_parts) const { return valid && used_parts <= num_parts; }
+};
+
 struct ChunkWalk {
   // Configuration.
   int32_t batch;
   int32_t num_parts;
   int32_t chunk_blocks;
+  int64_t load;                   // the cut's maximum partition load (ChunkCount's smallest fitting candidate)
   DecodeScheduleRecord* records;  // (num_parts,)
   int32_t* num_splits;            // (batch + 1,)
   // State.
   int32_t part;        // partition being filled
-  int64_t remaining;   // work (blocks + overhead per chunk) not yet in a closed partition
   int64_t used;        // work in `part`
-  int64_t target;      // `part`'s share of `remaining`
   bool open;
   bool first_split;    // the open partition's begin request has more than one chunk
   bool end_split;      // its end request has more than one chunk
-  int32_t prefix;
   DecodeScheduleRecord cur;
 
   // Chunks of a request of `blocks` >= 1 blocks.
   OPENMLA_HOST_DEVICE static int32_t chunks_of(int32_t blocks, int32_t chunk_blocks) {
     return static_cast<int32_t>((static_cast<int64_t>(blocks) + chunk_blocks - 1) / chunk_blocks);
   }
-  // The pass's total work: sum over requests of blocks + overhead * chunks (what begin() takes).
+  // The pass's total work: sum over requests of blocks + overhead * chunks.
   OPENMLA_HOST_DEVICE static int64_t request_work(int32_t blocks, int32_t chunk_blocks) {
     return static_cast<int64_t>(blocks) + static_cast<int64_t>(kDecodeRequestOverheadBlocks) * chunks_of(blocks, chunk_blocks);
   }
 
-  OPENMLA_HOST_DEVICE void begin(int32_t batch_, int32_t num_parts_, int32_t chunk_blocks_, int64_t total_work,
+  OPENMLA_HOST_DEVICE void begin(int32_t batch_, int32_t num_parts_, int32_t chunk_blocks_, int64_t load_,
                                  DecodeScheduleRecord* records_, int32_t* num_splits_) {
     batch = batch_;
     num_parts = num_parts_;
     chunk_blocks = chunk_blocks_;
+    load = load_;
     records = records_;
     num_splits = num_splits_;
     part = 0;
-    remaining = total_work;
     used = 0;
-    target = 0;
     open = false;
     first_split = end_split = false;
-    prefix = 0;
     num_splits[0] = 0;
   }
 
@@ -238,44 +305,85 @@ struct ChunkWalk {
     cur.pad = chunk_blocks;
     records[part] = cur;
     ++part;
-    remaining -= used;
     open = false;
   }
 
-  // Assigns request `req` (`blocks` >= 1; `empty`: its range ends at block 0). Never runs out of partitions.
+  // Assigns request `req` (`blocks` >= 1; `empty`: its range ends at block 0). Never runs out of partitions. Each turn
+  // of the loop fills one partition's share of the request: O(partitions touched) per request.
   OPENMLA_HOST_DEVICE void add_request(int32_t req, int32_t blocks, bool empty) {
     constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
-    const int32_t chunks = chunks_of(blocks, chunk_blocks);
+    const int64_t chunks = chunks_of(blocks, chunk_blocks);
     const bool split = chunks > 1;
-    for (int32_t c = 0; c < chunks; ++c) {
-      const int64_t b0 = static_cast<int64_t>(c) * chunk_blocks;
-      const int64_t b1 = b0 + chunk_blocks < blocks ? b0 + chunk_blocks : blocks;
-      const int64_t cost = b1 - b0 + kOverhead;
-      if (open && part < num_parts - 1 && used + cost > target && used + cost - target >= target - used)
-        close_partition();
+    const int64_t full_cost = static_cast<int64_t>(chunk_blocks) + kOverhead;
+    const int64_t last_cost = blocks - (chunks - 1) * chunk_blocks + kOverhead;
+    int64_t c = 0;  // chunks of the request assigned so far
+    while (c < chunks) {
+      const int64_t cost = c < chunks - 1 ? full_cost : last_cost;
+      if (open && part < num_parts - 1 && used + cost > load) close_partition();
       if (!open) {
         cur.begin_req = req;
-        cur.begin_block = static_cast<int32_t>(b0);
-        cur.begin_split = c;
+        cur.begin_block = static_cast<int32_t>(c * chunk_blocks);
+        cur.begin_split = static_cast<int32_t>(c);
         first_split = split;
         used = 0;
-        target = (remaining + (num_parts - part) - 1) / (num_parts - part);
         open = true;
       }
-      used += cost;
+      used += cost;  // a partition takes at least one chunk (no chunk costs more than the load)
+      ++c;
+      if (part == num_parts - 1) {  // the last partition takes the rest
+        if (c < chunks) used += (blocks - c * chunk_blocks) + kOverhead * (chunks - c);
+        c = chunks;
+      } else {
+        if (c < chunks - 1) {  // the full chunks that fit
+          const int64_t fit = used < load ? invariant_div(load - used, full_cost) : 0;
+          const int64_t take = fit < chunks - 1 - c ? fit : chunks - 1 - c;
+          used += take * full_cost;
+          c += take;
+        }
+        if (c == chunks - 1 && used + last_cost <= load) {
+          used += last_cost;
+          c = chunks;
+        }
+      }
       cur.end_req = req;
-      cur.end_block = empty ? 0 : static_cast<int32_t>(b1);
+      const int64_t end = c * chunk_blocks < blocks ? c * chunk_blocks : blocks;
+      cur.end_block = empty ? 0 : static_cast<int32_t>(end);
       end_split = split;
     }
-    prefix += chunks;
-    num_splits[req + 1] = prefix;
+    num_splits[req + 1] = static_cast<int32_t>(chunks);  // a count; split_counts_to_prefix makes the prefix sums
   }
 
   OPENMLA_HOST_DEVICE void finish() {
     if (open) close_partition();
     for (; part < num_parts; ++part) records[part] = PartitionWalk::idle_record(batch);
   }
+
+  // add_request writes each request's chunk count to num_splits[req + 1] (requests may come in any order); this turns
+  // them into the exclusive prefix sums in request order, once every request has been added.
+  OPENMLA_HOST_DEVICE static void split_counts_to_prefix(int32_t* num_splits, int32_t batch) {
+    int32_t sum = 0;
+    for (int32_t i = 1; i <= batch; ++i) {
+      sum += num_splits[i];
+      num_splits[i] = sum;
+    }
+  }
 };
+
+// ---- The walk order of batch-invariant dense schedules (docs/decode-schedule.md, decision schedule-v5) ---------------
+// Dense invariant schedules with merge counters walk the requests in alternating order: longest, shortest, second
+// longest, second shortest, ... (by blocks, ties by request index), so that no partition has to hold two long requests'
+// chunks where short ones could fill it. The walk order only moves a request's chunks between partitions: its chunk
+// boundaries, split slots (num_splits stays a prefix sum in request order) and merge order are those of request order,
+// so its bits are too. A record names its run's first and last request (begin_req, end_req: request ids, not
+// positions); the kernel goes from a request to the next by the successor list the scheduler writes after the merge
+// counters (merge_counters[merge_counter_count + req]: the next request in walk order, -1 after the last). Batches
+// above kInvariantOrderMaxBatch (what the scheduler stages at once) walk in request order, successor req + 1.
+inline constexpr int32_t kInvariantOrderMaxBatch = 1024;
+
+// Position in the walk of the request of rank `rank` (0: the most blocks) among `batch`.
+OPENMLA_HOST_DEVICE int32_t alternating_position(int32_t rank, int32_t batch) {
+  return rank < (batch + 1) / 2 ? 2 * rank : 2 * (batch - 1 - rank) + 1;
+}
 
 // The reading of a partition record, the inverse of the walk above: what record `rec` says about request `req`
 // (rec.begin_req <= req <= rec.end_req) of `blocks` blocks. The partition computes blocks [chunk_begin_block,
