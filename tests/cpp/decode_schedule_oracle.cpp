@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <utility>
 
 #include "kernels/decode_scheduler/partition_walk.h"
 
@@ -132,24 +131,9 @@ heuristics::DecodeScheduleHost build_sparse_decode_schedule(int64_t batch, int64
 
 heuristics::DecodeScheduleHost build_invariant_schedule(const std::vector<int32_t>& blocks,
                                                         const std::vector<bool>& empty, int num_sm_parts,
-                                                        int32_t chunk_blocks, bool alternate) {
+                                                        int32_t chunk_blocks) {
   constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
   const int32_t batch = static_cast<int32_t>(blocks.size());
-  // The walk order: the requests sorted by (blocks descending, index), then taken from the front and the back of that
-  // list in turn (up to 1024 requests; request order above).
-  std::vector<int32_t> walk(batch);
-  for (int32_t r = 0; r < batch; ++r) walk[r] = r;
-  if (alternate && batch <= 1024) {
-    std::vector<std::pair<int64_t, int32_t>> sorted;
-    for (int32_t r = 0; r < batch; ++r) sorted.push_back({-static_cast<int64_t>(blocks[r]), r});
-    std::sort(sorted.begin(), sorted.end());
-    size_t front = 0, back = sorted.size();
-    walk.clear();
-    while (front < back) {
-      walk.push_back(sorted[front++].second);
-      if (front < back) walk.push_back(sorted[--back].second);
-    }
-  }
   struct Chunk {
     int32_t req, ordinal, begin, end;  // blocks [begin, end) of request req
     bool split;                        // the request has more than one chunk
@@ -157,16 +141,11 @@ heuristics::DecodeScheduleHost build_invariant_schedule(const std::vector<int32_
   std::vector<Chunk> chunks;
   heuristics::DecodeScheduleHost out;
   out.num_splits.assign(batch + 1, 0);
-  for (int32_t r : walk) {
+  for (int32_t r = 0; r < batch; ++r) {
     const int32_t count = (blocks[r] + chunk_blocks - 1) / chunk_blocks;
     for (int32_t c = 0; c < count; ++c)
       chunks.push_back({r, c, c * chunk_blocks, std::min(blocks[r], (c + 1) * chunk_blocks), count > 1});
-  }
-  for (int32_t r = 0; r < batch; ++r)
-    out.num_splits[r + 1] = out.num_splits[r] + (blocks[r] + chunk_blocks - 1) / chunk_blocks;
-  if (alternate) {
-    out.walk_next.assign(batch, -1);
-    for (size_t k = 1; k < walk.size(); ++k) out.walk_next[walk[k - 1]] = walk[k];
+    out.num_splits[r + 1] = out.num_splits[r] + count;
   }
   const auto cost = [&](const Chunk& c) { return static_cast<int64_t>(c.end - c.begin) + kOverhead; };
   int64_t total = 0, max_cost = 0;

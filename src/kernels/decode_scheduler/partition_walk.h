@@ -273,6 +273,7 @@ struct ChunkWalk {
   bool open;
   bool first_split;    // the open partition's begin request has more than one chunk
   bool end_split;      // its end request has more than one chunk
+  int32_t prefix;
   DecodeScheduleRecord cur;
 
   // Chunks of a request of `blocks` >= 1 blocks.
@@ -296,6 +297,7 @@ struct ChunkWalk {
     used = 0;
     open = false;
     first_split = end_split = false;
+    prefix = 0;
     num_splits[0] = 0;
   }
 
@@ -350,40 +352,15 @@ struct ChunkWalk {
       cur.end_block = empty ? 0 : static_cast<int32_t>(end);
       end_split = split;
     }
-    num_splits[req + 1] = static_cast<int32_t>(chunks);  // a count; split_counts_to_prefix makes the prefix sums
+    prefix += static_cast<int32_t>(chunks);
+    num_splits[req + 1] = prefix;
   }
 
   OPENMLA_HOST_DEVICE void finish() {
     if (open) close_partition();
     for (; part < num_parts; ++part) records[part] = PartitionWalk::idle_record(batch);
   }
-
-  // add_request writes each request's chunk count to num_splits[req + 1] (requests may come in any order); this turns
-  // them into the exclusive prefix sums in request order, once every request has been added.
-  OPENMLA_HOST_DEVICE static void split_counts_to_prefix(int32_t* num_splits, int32_t batch) {
-    int32_t sum = 0;
-    for (int32_t i = 1; i <= batch; ++i) {
-      sum += num_splits[i];
-      num_splits[i] = sum;
-    }
-  }
 };
-
-// ---- The walk order of batch-invariant dense schedules (docs/decode-schedule.md, decision schedule-v5) ---------------
-// Dense invariant schedules with merge counters walk the requests in alternating order: longest, shortest, second
-// longest, second shortest, ... (by blocks, ties by request index), so that no partition has to hold two long requests'
-// chunks where short ones could fill it. The walk order only moves a request's chunks between partitions: its chunk
-// boundaries, split slots (num_splits stays a prefix sum in request order) and merge order are those of request order,
-// so its bits are too. A record names its run's first and last request (begin_req, end_req: request ids, not
-// positions); the kernel goes from a request to the next by the successor list the scheduler writes after the merge
-// counters (merge_counters[merge_counter_count + req]: the next request in walk order, -1 after the last). Batches
-// above kInvariantOrderMaxBatch (what the scheduler stages at once) walk in request order, successor req + 1.
-inline constexpr int32_t kInvariantOrderMaxBatch = 1024;
-
-// Position in the walk of the request of rank `rank` (0: the most blocks) among `batch`.
-OPENMLA_HOST_DEVICE int32_t alternating_position(int32_t rank, int32_t batch) {
-  return rank < (batch + 1) / 2 ? 2 * rank : 2 * (batch - 1 - rank) + 1;
-}
 
 // The reading of a partition record, the inverse of the walk above: what record `rec` says about request `req`
 // (rec.begin_req <= req <= rec.end_req) of `blocks` blocks. The partition computes blocks [chunk_begin_block,
