@@ -27,7 +27,7 @@ DEFAULT = False
 K = 1024
 QUANT = 32.0
 SMOKE_TIMEOUT_S = 90
-# Rows also timed with the other splits of the exponentials (fma0_*, fma8_*: _set_mha_prefill_fp8_exp_fma).
+# Rows also timed with the splits of the exponentials other than the default (fma{0,4,8}_*: _set_mha_prefill_fp8_exp_fma).
 SPLIT_ROWS = ("b2_s4k_d192_causal_h128_fp8", "b2_s4k_d192_full_h128_fp8", "b1_s8k_d192_causal_h128_fp8",
               "b2_s4k_d128_causal_h128_fp8", "b16_s1k_d192_causal_h128_fp8")
 # The splits timed besides the default (chunks of 16 on the FMA pipe).
