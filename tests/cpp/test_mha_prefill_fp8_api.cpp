@@ -75,7 +75,7 @@ TEST(MhaPrefillFp8Api, ExpFmaChunksFromTheSetting) {
     return p.exp_fma_chunks;
   };
   EXPECT_EQ(heuristics::mha_prefill_fp8_exp_fma_chunks(), heuristics::kMhaPrefillFp8ExpFmaChunks);
-  EXPECT_EQ(built(), 4);
+  EXPECT_EQ(built(), heuristics::kMhaPrefillFp8ExpFmaChunks);
   for (const int chunks : {0, 8, 4}) {
     heuristics::set_mha_prefill_fp8_exp_fma_chunks(chunks);
     EXPECT_EQ(built(), chunks);
@@ -83,7 +83,7 @@ TEST(MhaPrefillFp8Api, ExpFmaChunksFromTheSetting) {
   for (const int other : {-1, 1, 2, 16}) {
     heuristics::set_mha_prefill_fp8_exp_fma_chunks(0);
     heuristics::set_mha_prefill_fp8_exp_fma_chunks(other);
-    EXPECT_EQ(built(), 4) << other;
+    EXPECT_EQ(built(), heuristics::kMhaPrefillFp8ExpFmaChunks) << other;
   }
   heuristics::set_mha_prefill_fp8_exp_fma_chunks(heuristics::kMhaPrefillFp8ExpFmaChunks);
 }
