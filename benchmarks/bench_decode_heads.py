@@ -15,9 +15,6 @@ Recorded beside time_us / gbps (run.py adds pct_copy_ceiling, the percentage of 
   target / ratio  rows with h_q <= 32 are memory-bound: target = this run's copy ceiling in GB/s, so ratio is the
                   fraction of it reached (aim >= 0.80, goal 0.95); the h_q = 96 rows: target = 0.80 x the h_q = 128
                   time, so ratio >= 1 meets the aim; other rows have none
-  plain_kernel_time_us, small_heads_time_us, small_heads_mode, small_heads_speedup
-                  sparse rows with h_q <= 32: the same call (CUPTI span) with the plain 64-head tile kernel and with
-                  the few-heads kernel (the default mode's is time_us itself); speedup = plain / few-heads
   flashmla_us     FlashMLA's whole call timed in the same run where it serves the shape (benchmarks/peer.py: dense
                   decode at any h_q, sparse decode at h_q 64 and 128), ratio_to_flashmla = flashmla_us / time_us
 
@@ -36,7 +33,6 @@ SEED = 0
 DENSE = dict(b=128, s_q=1, s_k=32768)
 SPARSE = dict(b=128, s_q=2, s_k=32768, topk=2048)
 MEMORY_BOUND_MAX_HEADS = 32
-SMALL_HEADS_MAX = 32  # heuristics::kSparseSmallHeadsMax: the few-heads sparse kernel's range
 H96_AIM = 0.80  # the h_q = 96 time against the h_q = 128 time
 
 # Per kind: the shared inputs of the rows (one kind held at a time) and the h_q = 128 time of this run.
@@ -150,33 +146,6 @@ def run(case, harness):
 
     timing = harness.time_decode_call(call)
     time_us = timing["time_us"]
-    # A/B: the few-heads sparse kernel (mode 2 of the launch rule, off by default) against the plain 64-head tile kernel,
-    # on a fresh schedule object with the rule switched off (openmla._openmla._set_sparse_small_heads).
-    plain = {}
-    if kind == "sparse" and h_q <= SMALL_HEADS_MAX:
-        from openmla import _openmla as C
-
-        default_mode = C._sparse_small_heads_mode()
-        plain["small_heads_mode"] = default_mode
-        for mode, key in ((0, "plain_kernel_time_us"), (2, "small_heads_time_us")):
-            if mode == default_mode:
-                plain[key] = time_us
-                continue
-            meta_ab, _ = openmla.get_mla_metadata()
-
-            def call_ab():
-                openmla.flash_mla_with_kvcache(q, k_cache, None, None, D_V, meta_ab, is_fp8_kvcache=True,
-                                               indices=indices, attn_sink=sink, out=out, lse=lse)
-
-            try:
-                C._set_sparse_small_heads(mode)
-                harness.rest_before_timing(call_ab)
-                t = harness.time_cupti(call_ab)
-            finally:
-                C._set_sparse_small_heads(None)
-            plain[key] = t.span_us if t.method == "cupti" else t.median_us
-        plain["small_heads_speedup"] = plain["plain_kernel_time_us"] / plain["small_heads_time_us"]
-        call()  # out / lse hold the default path's results again (the peer's check compares them)
     gbps = nbytes / (time_us * 1e-6) / 1e9
     if h_q == 128:
         _h128_us[kind] = time_us
@@ -197,7 +166,6 @@ def run(case, harness):
         "target": target,
         "ratio_to_h128": time_us / h128 if h128 else None,
         "proportional_to_h128": h_q / 128,
-        **plain,
         **{k: v for k, v in timing.items() if k != "time_us"},
         "out_finite": bool(torch.isfinite(out.float()).all()),
         "num_sm_parts": int(meta.tile_scheduler_metadata.shape[0]),

@@ -1,8 +1,8 @@
 // Diagnostics: the per-call host path (tools/diag/host_profile.py): times, inside the binding, each step the per-call
 // entries of bind_decode_step.cpp take (reading a tensor, the framework's current stream, an output allocation, the GIL
 // release, the device switch, the launch-context checks), so a profile separates them from the Python call around
-// them; in a trace build, the kernels' traces (tools/diag/kernel_trace.py); the sparse few-heads kernel's mode and the
-// FP8 prefill forward's split of the exponentials (A/Bs).
+// them; in a trace build, the kernels' traces (tools/diag/kernel_trace.py); the FP8 prefill forward's split of
+// the exponentials (an A/B).
 // Not an API: the names start with an underscore.
 #include <nanobind/stl/optional.h>
 
@@ -13,7 +13,6 @@
 
 #include "api/validate.h"
 #include "bind_common.h"
-#include "heuristics/decode_launch.h"
 #include "heuristics/mha_prefill_launch.h"
 #include "object_tensors.h"
 
@@ -160,13 +159,6 @@ void bind_diag(nb::module_& m) {
   m.def("_new_decode_outputs", &new_decode_outputs, nb::arg("like"), nb::arg("b"), nb::arg("s_q"), nb::arg("h_q"),
         nb::arg("d_v"),
         "Tests: the (out, lse) a decode entry allocates (one shared allocation) on like's device, in like's dtype.");
-  // The few-heads sparse decode kernel's mode (heuristics::sparse_small_heads_mode): 0 off (the plain kernel), 2 on
-  // (two producer warpgroups); None or another value: the default. Process-wide; later calls' launch plans. The
-  // benchmark's and the tests' A/B.
-  m.def(
-      "_set_sparse_small_heads", [](std::optional<int> mode) { heuristics::set_sparse_small_heads_mode(mode.value_or(-1)); },
-      nb::arg("mode").none());
-  m.def("_sparse_small_heads_mode", [] { return heuristics::sparse_small_heads_mode(); });
   // The FP8 dense prefill forward's split of the exponentials (heuristics::mha_prefill_fp8_exp_fma_chunks): how many of
   // each consumer thread's 16 column chunks take the FMA pipe's polynomial, 0 (all on the MUFU), 4 or 8; None or
   // another value: the default. Process-wide; later calls' launches. The benchmark's and the tests' A/B.

@@ -225,8 +225,6 @@ SparseDecodeCall prepare_sparse_decode(const SparseDecodeProblem& problem, const
       .num_sm_parts = num_sm_parts,
       .is_model1 = problem.cache_format == KVCacheFormat::kFp8Model1,
       .crossover = plan.crossover,
-      .small_heads = plan.small_heads,
-      .small_heads_two_producers = plan.small_heads_two_producers,
       .softmax_scale = scale.scale,
       .scale_log2 = scale.scale_log2,
       .q = args.q.data,

@@ -1,6 +1,5 @@
 #include "heuristics/decode_launch.h"
 
-#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -38,27 +37,11 @@ bool sparse_use_crossover(int num_head_blocks, int64_t partition_blocks) {
   return num_head_blocks % 2 == 0 && !few_blocks;
 }
 
-namespace {
-std::atomic<int> g_small_heads_mode{kSparseSmallHeadsDefaultMode};
-}  // namespace
-
-bool sparse_use_small_heads(int64_t h_q, bool batch_invariant, bool enabled) {
-  return enabled && h_q >= 1 && h_q <= kSparseSmallHeadsMax && !batch_invariant;
-}
-
-void set_sparse_small_heads_mode(int mode) {
-  g_small_heads_mode.store(mode == 0 || mode == 2 ? mode : kSparseSmallHeadsDefaultMode);
-}
-int sparse_small_heads_mode() { return g_small_heads_mode.load(); }
-
 SparseDecodeLaunchPlan plan_sparse_decode_launch(const SparseDecodeProblem& problem, int num_sm_parts,
                                                  bool has_topk_length, bool has_extra_topk_length) {
   SparseDecodeLaunchPlan plan;
   const int num_head_blocks = static_cast<int>((problem.h_q + 63) / 64);
   plan.combine_slices = combine_slices(problem.batch, problem.s_q, problem.h_q, kSparseCombineSliceBelowCtas);
-  const int small_heads_mode = sparse_small_heads_mode();
-  plan.small_heads = sparse_use_small_heads(problem.h_q, problem.batch_invariant, small_heads_mode != 0);
-  plan.small_heads_two_producers = plan.small_heads;
   if (problem.batch_invariant) {
     // A batch-invariant schedule lives on the device only (no host records), and the variant must not follow the
     // batch: crossover wherever the head tiles pair, as for large batches (docs/decode-schedule.md, "Batch

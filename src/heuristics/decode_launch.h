@@ -56,26 +56,8 @@ inline constexpr int kSparseHostRecordsMaxBatch = kernels::kHostScheduleMaxBatch
 inline constexpr int64_t kSparsePlainMaxBlocks = 12;
 bool sparse_use_crossover(int num_head_blocks, int64_t partition_blocks);
 
-// Few heads: up to kSparseSmallHeadsMax heads (one tile) the kernel with the swapped GEMM operands (64 tokens as the
-// wgmma rows, the heads as N = 32) replaces the plain kernel, whose 64-head tile spends on zero rows the Q K^T, softmax
-// and P V work and shared-memory reads of live ones (docs/sparse-decode.md, "Few heads"). Not with a batch-invariant
-// schedule (its chunk walk is the default kernels'). `enabled` = false turns the rule off.
-inline constexpr int64_t kSparseSmallHeadsMax = 32;
-bool sparse_use_small_heads(int64_t h_q, bool batch_invariant, bool enabled = true);
-// Process-wide mode of the rule, read by plan_sparse_decode_launch: 0 off (the plain kernel), 2 the few-heads kernel
-// with two producer warpgroups (WG1 produces too; WG0 is the only consumer). Mode 1, the one-producer variant, was
-// removed (docs/sparse-decode.md, "Few heads"). The Python layer's _set_sparse_small_heads(mode) sets it for the
-// benchmark's A/B; any other value restores the default. The default is 0: measured on an H200 (decode_heads,
-// b = 128, s_q = 2, topk 2048), the few-heads kernel was 2.3-5.0 % slower than the plain kernel at every h_q <= 32
-// (decision sparse-heads-2 in docs/sparse-decode.md).
-inline constexpr int kSparseSmallHeadsDefaultMode = 0;
-void set_sparse_small_heads_mode(int mode);
-int sparse_small_heads_mode();
-
 struct SparseDecodeLaunchPlan {
   bool crossover = false;  // see sparse_use_crossover()
-  bool small_heads = false;  // see sparse_use_small_heads()
-  bool small_heads_two_producers = false;  // the few-heads kernel's variant: always with small_heads
   // > 0: every request has this many blocks and the batch is small: `uniform_records` holds every partition's
   // record, packed (kernels::pack_partition_record), from the scheduler's own partition walk run on the host
   // (heuristics::walk_decode_schedule), byte-identical to what plan_decode writes. 0: the kernel reads the schedule.

@@ -140,52 +140,6 @@ TEST(DecodeLaunchPlan, SparseRecordsThatDoNotPackAreNotPassed) {
   EXPECT_TRUE(plan.crossover);
 }
 
-// With the rule on (mode 2), few heads (h_q <= 32, one head tile) take the swapped-operand kernel, unless the schedule
-// is batch-invariant (its chunk walk is the default kernels'); 33 heads and more keep the 64-head tiles.
-TEST(DecodeLaunchPlan, SparseFewHeadsKernelUpTo32Heads) {
-  // The default mode is the plain kernel for every h_q (measured faster); mode 2 enables the rule.
-  ASSERT_EQ(heuristics::kSparseSmallHeadsDefaultMode, 0);
-  {
-    const SparseDecodeProblem p{.batch = 4, .s_q = 2, .h_q = 16, .topk = 2048};
-    EXPECT_FALSE(heuristics::plan_sparse_decode_launch(p, 66, false, false).small_heads);
-  }
-  heuristics::set_sparse_small_heads_mode(2);
-  for (int64_t h_q : {1, 6, 8, 12, 16, 31, 32, 33, 64, 96, 99, 128}) {
-    for (int64_t batch : {1, 2, 16, 17, 128}) {
-      for (bool lengths : {false, true}) {
-        const SparseDecodeProblem p{.batch = batch, .s_q = 2, .h_q = h_q, .topk = 2048};
-        const heuristics::SparseDecodeLaunchPlan plan = heuristics::plan_sparse_decode_launch(p, 66, lengths, false);
-        EXPECT_EQ(plan.small_heads, h_q <= 32) << "h_q " << h_q << " b " << batch;
-        EXPECT_EQ(plan.small_heads_two_producers, plan.small_heads) << "h_q " << h_q;
-        if (plan.small_heads) EXPECT_FALSE(plan.crossover) << "h_q " << h_q;
-        SparseDecodeProblem inv = p;
-        inv.batch_invariant = true;
-        EXPECT_FALSE(heuristics::plan_sparse_decode_launch(inv, 66, lengths, false).small_heads) << "h_q " << h_q;
-      }
-    }
-  }
-  heuristics::set_sparse_small_heads_mode(-1);  // back to the default
-  EXPECT_FALSE(heuristics::sparse_use_small_heads(0, false));
-  EXPECT_TRUE(heuristics::sparse_use_small_heads(32, false));
-  EXPECT_FALSE(heuristics::sparse_use_small_heads(16, false, /*enabled=*/false));
-  ASSERT_EQ(heuristics::sparse_small_heads_mode(), heuristics::kSparseSmallHeadsDefaultMode);
-  const SparseDecodeProblem p{.batch = 4, .s_q = 1, .h_q = 16, .topk = 2048};
-  const SparseDecodeProblem big{.batch = 4, .s_q = 1, .h_q = 64, .topk = 2048};
-  for (int mode : {0, 2}) {
-    heuristics::set_sparse_small_heads_mode(mode);
-    const heuristics::SparseDecodeLaunchPlan plan = heuristics::plan_sparse_decode_launch(p, 132, false, false);
-    EXPECT_EQ(plan.small_heads, mode != 0) << mode;
-    EXPECT_EQ(plan.small_heads_two_producers, mode == 2) << mode;
-    const heuristics::SparseDecodeLaunchPlan plan64 = heuristics::plan_sparse_decode_launch(big, 132, false, false);
-    EXPECT_FALSE(plan64.small_heads || plan64.small_heads_two_producers) << mode;
-  }
-  heuristics::set_sparse_small_heads_mode(0);
-  heuristics::set_sparse_small_heads_mode(1);  // the removed one-producer mode: the default
-  EXPECT_EQ(heuristics::sparse_small_heads_mode(), heuristics::kSparseSmallHeadsDefaultMode);
-  heuristics::set_sparse_small_heads_mode(7);  // out of range: the default
-  EXPECT_EQ(heuristics::sparse_small_heads_mode(), heuristics::kSparseSmallHeadsDefaultMode);
-}
-
 // The launch decision as the API made it before the plan existed (crossover from the uniform payload; records from
 // the partition-major pass, now the oracle), against the plan: the same variant and the same parameter bytes.
 struct OldDecision {

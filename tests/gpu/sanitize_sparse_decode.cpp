@@ -2,8 +2,8 @@
 // call sequence — get_decode_workspace_sizes, plan_decode (GPU scheduler), sparse_decode (main kernel + PDL
 // combine) — over FP8 caches built on the GPU with the library's own quantize_kv_cache.
 //
-// Code paths covered: V3.2 layout with h_q = 128 (CTA-cluster path), 64, 16, 8 and 1 (the few-heads kernel at
-// h_q <= 32, MODEL1 too at 32); MODEL1 layout with an extra cache,
+// Code paths covered: V3.2 layout with h_q = 128 (CTA-cluster path), 64, 16, 8 and 1 (partial 64-head tiles;
+// MODEL1 too at 32); MODEL1 layout with an extra cache,
 // topk_length, extra_topk_length and attn_sink (finite and +-inf heads), at h_q 64 and 128; page sizes 64 and 61
 // (main and extra); topk not a multiple of 64; requests shorter than topk (-1 padding), -1 sprinkled through every
 // index row, a request whose every slot is invalid; a split schedule (b = 2, s_q = 1, topk = 2048 over the device's
@@ -333,10 +333,10 @@ int run_sparse_decode_sanitize_cases() {
   cases.push_back({"v32 h_q=64 page 61", v32, 2, 3, 64, 192, 61, {400, 250}, false, {}});
   // V3.2, h_q = 16 (a partial 64-head tile), sink on.
   cases.push_back({"v32 h_q=16 sink", v32, 2, 1, 16, 64, 64, {130, 64}, true, {}});
-  // Few heads (h_q <= 32: the swapped-operand kernel): MODEL1 h_q = 32 with an extra cache, lengths and a sink; V3.2
+  // Few heads (the plain kernel's partial 64-head tile): MODEL1 h_q = 32 with an extra cache, lengths and a sink; V3.2
   // h_q = 8 split over the device's SMs (partials + combine); h_q = 1 in one partition (request switches).
   {
-    Case c{"model1 h_q=32 few heads extra + topk_length + sink", model1, 3, 2, 32, 128, 61, {300, 200, 150}, true,
+    Case c{"model1 h_q=32 extra + topk_length + sink", model1, 3, 2, 32, 128, 61, {300, 200, 150}, true,
            {128, 37, 0}};
     c.extra_topk = 64;
     c.extra_page = 64;
@@ -345,12 +345,12 @@ int run_sparse_decode_sanitize_cases() {
     cases.push_back(c);
   }
   {
-    Case c{"v32 h_q=8 few heads split b=2 topk=2048", v32, 2, 1, 8, 2048, 64, {4096, 2500}, true, {}};
+    Case c{"v32 h_q=8 split b=2 topk=2048", v32, 2, 1, 8, 2048, 64, {4096, 2500}, true, {}};
     c.expect_split = true;
     cases.push_back(c);
   }
   {
-    Case c{"v32 h_q=1 few heads one partition", v32, 3, 2, 1, 128, 64, {200, 64, 129}, true, {}};
+    Case c{"v32 h_q=1 one partition", v32, 3, 2, 1, 128, 64, {200, 64, 129}, true, {}};
     c.num_sms = 1;
     cases.push_back(c);
   }

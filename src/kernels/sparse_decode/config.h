@@ -66,7 +66,6 @@ enum class NamedBarrier : int {
   kConsumers = 1,  // WG0 and WG1 (256 threads): request switches; barrier.sync (unaligned: two roles' code)
   kProducer = 2,   // the producer warpgroup (128 threads): its shared-memory stores before a bulk copy to the peer
   kInit = 3,       // the whole CTA, once, after the mbarrier setup (plain kernel; the crossover syncs the cluster)
-  kSmallHeadsWg0 = 4,  // the few-heads kernel's WG0 (128 threads): column maxima and row sums (small_heads.cuh)
 };
 
 // The traits of one cache layout. The bytes it reads are the codec's (Cache: common/fp8_cache_layout.h); the

@@ -719,12 +719,6 @@ __device__ __forceinline__ void consume(const SparseDecodeParams& p, SharedStora
   if (wg == 0) OPENMLA_TIMELINE(kEpilogueDone);
 }
 
-}  // namespace openmla::kernels::sparse_decode
-
-#include "kernels/sparse_decode/small_heads.cuh"
-
-namespace openmla::kernels::sparse_decode {
-
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------
@@ -733,8 +727,6 @@ namespace openmla::kernels::sparse_decode {
 template <Layout L, bool kCrossover>
 __global__ void __launch_bounds__(Common::kThreads, 1) sparse_decode_kernel(const __grid_constant__ SparseDecodeParams p) {
   constexpr bool kChunked = false;
-  constexpr bool kSmallHeads = false;
-  constexpr int kProducerWgs = 1;
 #include "kernels/sparse_decode/kernel_body.inc"
 }
 
@@ -745,21 +737,6 @@ template <Layout L, bool kCrossover>
 __global__ void __launch_bounds__(Common::kThreads, 1)
     sparse_decode_invariant_kernel(const __grid_constant__ SparseDecodeParams p) {
   constexpr bool kChunked = true;
-  constexpr bool kSmallHeads = false;
-  constexpr int kProducerWgs = 1;
-#include "kernels/sparse_decode/kernel_body.inc"
-}
-
-// Few heads (h_q <= kSmallHeadsN, one head tile; heuristics::sparse_use_small_heads): the plain kernel's producer with
-// the consumers of small_heads.cuh, which give the wgmma rows to tokens instead of heads (docs/sparse-decode.md, "Few
-// heads"). No crossover (one head tile), no chunked schedule. kProducerWgs = 2: WG1 is a second producer and WG0 the
-// only consumer. Its own units (instantiations/*_small_heads*.cu).
-template <Layout L, int kProducerWgs>
-__global__ void __launch_bounds__(Common::kThreads, 1)
-    sparse_decode_small_heads_kernel(const __grid_constant__ SparseDecodeParams p) {
-  constexpr bool kChunked = false;
-  constexpr bool kCrossover = false;
-  constexpr bool kSmallHeads = true;
 #include "kernels/sparse_decode/kernel_body.inc"
 }
 

@@ -26,15 +26,6 @@ Status launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream) {
     return p.crossover ? launch_invariant_variant<Layout::kV32, true>(p, stream)
                        : launch_invariant_variant<Layout::kV32, false>(p, stream);
   }
-  if (p.small_heads) {  // few heads (launch plan): the swapped-operand consumers, never crossover nor chunked
-    using sparse_decode::launch_small_heads_variant;
-    // Only the two-producer variant is built (docs/sparse-decode.md, "Few heads": the one-producer variant was
-    // removed).
-    if (!p.small_heads_two_producers)
-      return Status::internal("sparse decode: the one-producer few-heads kernel is not built");
-    return p.is_model1 ? launch_small_heads_variant<Layout::kModel1, 2>(p, stream)
-                       : launch_small_heads_variant<Layout::kV32, 2>(p, stream);
-  }
   if (p.is_model1)
     return p.crossover ? launch_variant<Layout::kModel1, true>(p, stream)
                        : launch_variant<Layout::kModel1, false>(p, stream);

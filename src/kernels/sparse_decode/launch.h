@@ -35,11 +35,6 @@ Status launch_variant(const SparseDecodeParams& params, cudaStream_t stream);
 template <Layout L, bool kCrossover>
 Status launch_invariant_variant(const SparseDecodeParams& params, cudaStream_t stream);
 
-// The few-heads kernel (params.small_heads: h_q <= 32, plain, default schedule) with two producer warpgroups
-// (params.small_heads_two_producers, always set with small_heads): instantiations/<layout>_small_heads_2p.cu.
-template <Layout L, int kProducerWgs>
-Status launch_small_heads_variant(const SparseDecodeParams& params, cudaStream_t stream);
-
 #if defined(OPENMLA_HAS_TRACE)
 // The variant's unit's trace array (kernel.cuh).
 template <Layout L, bool kCrossover>

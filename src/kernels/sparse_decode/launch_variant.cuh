@@ -49,12 +49,6 @@ Status launch_invariant_variant(const SparseDecodeParams& p, cudaStream_t stream
   return launch_kernel<L, kCrossover>(sparse_decode_invariant_kernel<L, kCrossover>, smem_limit, p, stream);
 }
 
-template <Layout L, int kProducerWgs>
-Status launch_small_heads_variant(const SparseDecodeParams& p, cudaStream_t stream) {
-  static detail::DynamicSmemLimit smem_limit;
-  return launch_kernel<L, false>(sparse_decode_small_heads_kernel<L, kProducerWgs>, smem_limit, p, stream);
-}
-
 #if defined(OPENMLA_HAS_TRACE)
 template <Layout L, bool kCrossover>
 Status trace_buffer(detail::TraceBuffer* out) {

@@ -1,7 +1,6 @@
 // Parameters of the sparse FP8 MLA decode main kernel. Plain data, built by api/sparse_decode.cpp.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 
 #include "common/output_view.h"
@@ -30,8 +29,6 @@ struct SparseDecodeParams {
   int num_sm_parts;     // records in `schedule`: grid.z
   bool is_model1;       // cache layout: MODEL1 (d_qk 512, 584 B/token) or V3.2 (d_qk 576, 656 B/token)
   bool crossover;       // head blocks paired in 2-CTA clusters that share the dequantisation (launch plan)
-  bool small_heads;     // h_q <= 32: the few-heads kernel (launch plan; sits in the padding before softmax_scale)
-  bool small_heads_two_producers;  // ... its variant with WG1 as a second producer (launch plan; padding too)
   float softmax_scale;
   float scale_log2;     // softmax_scale * log2(e)
 
@@ -74,13 +71,6 @@ struct SparseDecodeParams {
   // num_splits (sparse_split_base).
   int32_t uniform_num_splits[kHostScheduleMaxBatch + 1];
 };
-
-// small_heads and small_heads_two_producers were added in the padding after `crossover`: every other field keeps the offset the default kernels were
-// compiled and measured with.
-static_assert(offsetof(SparseDecodeParams, small_heads) == 22 &&
-                  offsetof(SparseDecodeParams, small_heads_two_producers) == 23 &&
-                  offsetof(SparseDecodeParams, softmax_scale) == 24,
-              "SparseDecodeParams' layout before softmax_scale");
 
 // The first split slot of request `req`: where its chunks' partials start. With host records, from the host prefix
 // sums of the same walk, never from the device schedule: the two may come from different plans (a schedule planned

@@ -1,8 +1,0 @@
-// Sparse decode main kernel: MODEL1 layout, few heads (h_q <= 32; small_heads.cuh), two producer warpgroups.
-#include "kernels/sparse_decode/launch_variant.cuh"
-
-namespace openmla::kernels::sparse_decode {
-
-template Status launch_small_heads_variant<Layout::kModel1, 2>(const SparseDecodeParams& params, cudaStream_t stream);
-
-}  // namespace openmla::kernels::sparse_decode
