@@ -14,7 +14,6 @@
 #include "api/validate.h"
 #include "bind_common.h"
 #include "heuristics/decode_launch.h"
-#include "heuristics/mha_prefill_launch.h"
 #include "object_tensors.h"
 
 #if defined(OPENMLA_HAS_TRACE)
@@ -167,14 +166,6 @@ void bind_diag(nb::module_& m) {
       "_set_sparse_small_heads", [](std::optional<int> mode) { heuristics::set_sparse_small_heads_mode(mode.value_or(-1)); },
       nb::arg("mode").none());
   m.def("_sparse_small_heads_mode", [] { return heuristics::sparse_small_heads_mode(); });
-  // The FP8 dense prefill forward's split of the exponentials (heuristics::mha_prefill_fp8_exp_fma_chunks): how many of
-  // each consumer thread's 16 column chunks take the FMA pipe's polynomial, 0 (all on the MUFU), 4 or 8; None or
-  // another value: the default. Process-wide; later calls' launches. The benchmark's and the tests' A/B.
-  m.def(
-      "_set_mha_prefill_fp8_exp_fma",
-      [](std::optional<int> chunks) { heuristics::set_mha_prefill_fp8_exp_fma_chunks(chunks.value_or(-1)); },
-      nb::arg("chunks").none());
-  m.def("_mha_prefill_fp8_exp_fma", [] { return heuristics::mha_prefill_fp8_exp_fma_chunks(); });
   m.def("_host_probe", &host_probe, nb::arg("what"), nb::arg("batches"), nb::arg("tensor"),
         "Diagnostics (tools/diag/host_profile.py): per-call ns of one step of the per-call host path, one value per "
         "batch of 32 calls.");
