@@ -8,11 +8,8 @@ exact in bf16 and both kernels see the same numbers). Both are timed with CUDA e
 (harness.time_cuda), median of 50; FLOPs as the bf16 suite.
 
 Columns: time_us (FP8), bf16_time_us, ratio_to_bf16 = bf16 time / FP8 time (the target of the row: > 1 is faster;
-the goal is >= 1.3 on the s >= 4096 rows), max_abs_diff_vs_bf16 (the two outputs on every row), exp_fma_chunks (the
-split of the exponentials the default time ran with: how many of each thread's 16 column chunks take the FMA pipe's
-polynomial); on four long rows and b16 s1k also the other splits of 0, 4 and 8 in the same process, set through
-openmla._openmla._set_mha_prefill_fp8_exp_fma: fma0_time_us / fma0_ratio_to_bf16 (every exponential on the MUFU, the
-kernel before the split), fma4_* (a quarter on the FMA pipe) and fma8_* (half of them), the default's omitted.
+the goal is >= 1.3 on the s >= 4096 rows), max_abs_diff_vs_bf16 and max_abs_diff_lse_vs_bf16 (the two outputs on
+every row).
 """
 from __future__ import annotations
 
@@ -27,11 +24,6 @@ DEFAULT = False
 K = 1024
 QUANT = 32.0
 SMOKE_TIMEOUT_S = 90
-# Rows also timed with the splits of the exponentials other than the default (fma{0,4,8}_*: _set_mha_prefill_fp8_exp_fma).
-SPLIT_ROWS = ("b2_s4k_d192_causal_h128_fp8", "b2_s4k_d192_full_h128_fp8", "b1_s8k_d192_causal_h128_fp8",
-              "b2_s4k_d128_causal_h128_fp8", "b16_s1k_d192_causal_h128_fp8")
-# The splits timed besides the default (chunks of 16 on the FMA pipe).
-SPLITS = (0, 4, 8)
 
 
 def cases(quick=False):
@@ -115,20 +107,6 @@ def run(case, harness):
     t = harness.time_cuda(ours_fp8)
     harness.rest_before_timing(ours_bf16)
     tb = harness.time_cuda(ours_bf16)
-    from openmla import _openmla as C
-
-    default_chunks = C._mha_prefill_fp8_exp_fma()
-    t_split = {}
-    if case["name"] in SPLIT_ROWS:
-        try:
-            for chunks in SPLITS:
-                if chunks == default_chunks:
-                    continue
-                C._set_mha_prefill_fp8_exp_fma(chunks)
-                harness.rest_before_timing(ours_fp8)
-                t_split[chunks] = harness.time_cuda(ours_fp8)
-        finally:
-            C._set_mha_prefill_fp8_exp_fma(None)
     flops = harness.formulas.dense_prefill_fwd_flops(lengths, lengths, h_q, d_qk, d_v, causal)
     record = {
         "params": {k: case[k] for k in ("b", "s_q", "s_k", "h_q", "h_kv", "d_qk", "d_v", "causal")},
@@ -142,11 +120,7 @@ def run(case, harness):
         "target": {"time_us": tb.median_us},  # run.py: ratio = bf16 time / ours
         "max_abs_diff_vs_bf16": float((out.float() - out_b.float()).abs().max()),
         "max_abs_diff_lse_vs_bf16": float((lse - lse_b).abs().max()),
-        "exp_fma_chunks": default_chunks,
     }
-    for chunks, ts in t_split.items():
-        record[f"fma{chunks}_time_us"] = ts.median_us
-        record[f"fma{chunks}_ratio_to_bf16"] = tb.median_us / ts.median_us
     if case["varlen"]:
         record["params"]["lengths"] = lengths
     del q8, k8, v8, qb, kb, vb, out, lse, out_b, lse_b

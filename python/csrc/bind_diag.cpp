@@ -13,7 +13,6 @@
 
 #include "api/validate.h"
 #include "bind_common.h"
-#include "heuristics/mha_prefill_launch.h"
 #include "object_tensors.h"
 
 #if defined(OPENMLA_HAS_TRACE)
@@ -159,14 +158,6 @@ void bind_diag(nb::module_& m) {
   m.def("_new_decode_outputs", &new_decode_outputs, nb::arg("like"), nb::arg("b"), nb::arg("s_q"), nb::arg("h_q"),
         nb::arg("d_v"),
         "Tests: the (out, lse) a decode entry allocates (one shared allocation) on like's device, in like's dtype.");
-  // The FP8 dense prefill forward's split of the exponentials (heuristics::mha_prefill_fp8_exp_fma_chunks): how many of
-  // each consumer thread's 16 column chunks take the FMA pipe's polynomial, 0 (all on the MUFU), 4 or 8; None or
-  // another value: the default. Process-wide; later calls' launches. The benchmark's and the tests' A/B.
-  m.def(
-      "_set_mha_prefill_fp8_exp_fma",
-      [](std::optional<int> chunks) { heuristics::set_mha_prefill_fp8_exp_fma_chunks(chunks.value_or(-1)); },
-      nb::arg("chunks").none());
-  m.def("_mha_prefill_fp8_exp_fma", [] { return heuristics::mha_prefill_fp8_exp_fma_chunks(); });
   m.def("_host_probe", &host_probe, nb::arg("what"), nb::arg("batches"), nb::arg("tensor"),
         "Diagnostics (tools/diag/host_profile.py): per-call ns of one step of the per-call host path, one value per "
         "batch of 32 calls.");

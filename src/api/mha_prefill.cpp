@@ -338,7 +338,6 @@ Status validate_mha_prefill_fp8(const MhaPrefillProblem& pr, const MhaPrefillArg
     p.base.fp16 = false;
     p.base.staged_out = false;  // the FP8 kernel stores O from the registers
     p.out_fp16 = args.out.dtype == DType::kFloat16;
-    p.exp_fma_chunks = heuristics::mha_prefill_fp8_exp_fma_chunks();
     p.q_descale = static_cast<const float*>(args.q_descale.data);
     p.q_descale_stride_b = strides[0][0];
     p.q_descale_stride_h = strides[0][1];

@@ -1,7 +1,6 @@
 #include "heuristics/mha_prefill_launch.h"
 
 #include <algorithm>
-#include <atomic>
 
 #include "kernels/mha_prefill/config.h"
 
@@ -24,14 +23,5 @@ MhaPrefillLaunchPlan plan_mha_prefill_launch(const MhaPrefillProblem& problem, i
                     (problem.epilogue == MhaPrefillEpilogue::kAuto && total_q <= kMhaPrefillStagedRows * problem.batch);
   return plan;
 }
-
-namespace {
-std::atomic<int> g_fp8_exp_fma_chunks{kMhaPrefillFp8ExpFmaChunks};
-}  // namespace
-
-void set_mha_prefill_fp8_exp_fma_chunks(int chunks) {
-  g_fp8_exp_fma_chunks.store(chunks == 0 || chunks == 4 || chunks == 8 ? chunks : kMhaPrefillFp8ExpFmaChunks);
-}
-int mha_prefill_fp8_exp_fma_chunks() { return g_fp8_exp_fma_chunks.load(std::memory_order_relaxed); }
 
 }  // namespace openmla::heuristics

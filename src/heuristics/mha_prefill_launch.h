@@ -42,13 +42,4 @@ inline constexpr int64_t kMhaPrefillStagedRows = 2048;
 // `total_q`: rows of q; `num_sms` > 0: the SMs to run on.
 MhaPrefillLaunchPlan plan_mha_prefill_launch(const MhaPrefillProblem& problem, int64_t total_q, int num_sms);
 
-// The FP8 forward's split of the exponentials (kernels/mha_prefill/params_fp8.h, exp_fma_chunks): how many of each
-// consumer thread's 16 column chunks of a step take the FMA pipe's cubic instead of the MUFU (0, 4 or 8; a kernel
-// each). Default 0 (every exponential on the MUFU): the 4- and 8-chunk kernels measured slower on every row (H200,
-// same-process A/B, docs/fp8-prefill-design.md, decisions fp8-d14 and fp8-d16). Process-wide; the Python layer's _set_mha_prefill_fp8_exp_fma(chunks) sets it for A/Bs (later calls'
-// launches), any other value restores the default.
-inline constexpr int kMhaPrefillFp8ExpFmaChunks = 0;
-void set_mha_prefill_fp8_exp_fma_chunks(int chunks);
-int mha_prefill_fp8_exp_fma_chunks();
-
 }  // namespace openmla::heuristics

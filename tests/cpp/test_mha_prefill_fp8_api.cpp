@@ -8,7 +8,6 @@
 #include <string>
 
 #include "api/mha_prefill_internal.h"
-#include "heuristics/mha_prefill_launch.h"
 #include "mha_prefill_fixture.h"
 #include "openmla/prefill.h"
 
@@ -63,29 +62,6 @@ TEST(MhaPrefillFp8Api, ValidCallBuildsParams) {
   EXPECT_EQ(p.v_descale_stride_b, 0);
   EXPECT_EQ(p.v_descale_stride_h, 0);
   EXPECT_EQ(p.base.grid, 132);
-}
-
-// The split of the exponentials (params exp_fma_chunks): the process-wide setting, default 4; 0, 4 and 8 kept, any
-// other value restores the default.
-TEST(MhaPrefillFp8Api, ExpFmaChunksFromTheSetting) {
-  auto built = [] {
-    kernels::MhaPrefillFp8Params p;
-    const Status st = detail::validate_mha_prefill_fp8(fp8_problem(), fp8_args(), &p);
-    EXPECT_TRUE(st.is_ok()) << st.message();
-    return p.exp_fma_chunks;
-  };
-  EXPECT_EQ(heuristics::mha_prefill_fp8_exp_fma_chunks(), heuristics::kMhaPrefillFp8ExpFmaChunks);
-  EXPECT_EQ(built(), heuristics::kMhaPrefillFp8ExpFmaChunks);
-  for (const int chunks : {0, 8, 4}) {
-    heuristics::set_mha_prefill_fp8_exp_fma_chunks(chunks);
-    EXPECT_EQ(built(), chunks);
-  }
-  for (const int other : {-1, 1, 2, 16}) {
-    heuristics::set_mha_prefill_fp8_exp_fma_chunks(0);
-    heuristics::set_mha_prefill_fp8_exp_fma_chunks(other);
-    EXPECT_EQ(built(), heuristics::kMhaPrefillFp8ExpFmaChunks) << other;
-  }
-  heuristics::set_mha_prefill_fp8_exp_fma_chunks(heuristics::kMhaPrefillFp8ExpFmaChunks);
 }
 
 TEST(MhaPrefillFp8Api, OptionalDescalesAndFp16Out) {

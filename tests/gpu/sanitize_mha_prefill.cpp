@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "device_buffer.h"
-#include "heuristics/mha_prefill_launch.h"
 #include "sanitize_random.h"
 #include "openmla/prefill.h"
 #include "openmla_ref/attention.h"
@@ -451,18 +450,12 @@ int run_mha_prefill_sanitize_cases() {
       {"FP8 varlen causal GQA, persistent loop", 192, false, 4, 2, true, {1, 130, 0, 257}, {5, 300, 7, 257}, 3, 2, 2},
       {"FP8 d128 non-causal, fp16 out, s_q > s_k", 128, true, 2, 2, false, {200, 64}, {129, 0}, 1, 0, 3},
   };
-  // Each FP8 case with each split of the exponentials between the MUFU and the FMA pipe (one kernel each).
-  for (const int chunks : {0, 4, 8}) {
-    openmla::heuristics::set_mha_prefill_fp8_exp_fma_chunks(chunks);
-    for (const Fp8Case& c : fp8_cases) {
-      if (!run_fp8_case(c)) {
-        ++failed;
-        std::printf("  FAILED: dense MHA prefill FP8 case '%s' (d_qk %d, h_q %d, h_kv %d, causal %d, sms %d, "
-                    "exponentials on the FMA pipe: %d of 16 chunks)\n",
-                    c.name, c.d_qk, c.h_q, c.h_kv, c.causal, c.num_sms, chunks);
-      }
+  for (const Fp8Case& c : fp8_cases) {
+    if (!run_fp8_case(c)) {
+      ++failed;
+      std::printf("  FAILED: dense MHA prefill FP8 case '%s' (d_qk %d, h_q %d, h_kv %d, causal %d, sms %d)\n", c.name,
+                  c.d_qk, c.h_q, c.h_kv, c.causal, c.num_sms);
     }
   }
-  openmla::heuristics::set_mha_prefill_fp8_exp_fma_chunks(openmla::heuristics::kMhaPrefillFp8ExpFmaChunks);
   return failed;
 }

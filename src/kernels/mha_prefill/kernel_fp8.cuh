@@ -16,11 +16,8 @@
 //   - P is quantised to e4m3 with a fixed offset of 2^8 (p' = 2^(s c - m + 8) <= 256 < 448), so every p >= 2^-14 is
 //     a normal e4m3 value; the epilogue takes the offset out of the lse and of 1 / l.
 //   - The output (bf16 or fp16, a run-time choice) leaves straight from the registers (no staged-O kernel).
-//   - A share of the exponentials (kFmaChunks of every thread's 16 column chunks) runs on the FMA pipe as a cubic
-//     (exp2_fma.h), the rest on the MUFU: the parameter exp_fma_chunks picks the kernel (0, 4 or 8; default 4).
 #pragma once
 
-#include "kernels/mha_prefill/exp2_fma.h"
 #include "kernels/mha_prefill/kernel.cuh"
 #include "kernels/mha_prefill/params_fp8.h"
 
@@ -345,49 +342,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[4]
   for (int j = 0; j < T::kPVSlices; ++j) E8::mma_rs<128>(o, pa[j], Desc::at(v, static_cast<uint32_t>(j * 32)), 1);
 }
 
-// The exponentials of a step, s <- 2^(s c - m) with this thread's partial row sums (column order, as
-// tile::exponentiate), kFmaChunks of the thread's 16 column chunks (8 columns of the tile, 4 values) on the FMA pipe
-// (exp2_fma) and the others on the MUFU (ex2.approx.ftz): chunks j with j % (16 / kFmaChunks) == 8 / kFmaChunks, spread
-// evenly through the step so that ptxas can interleave the two. kFmaChunks 0 is tile::exponentiate itself.
-//
-// The split (design note, "Exponentials on the FMA pipe"): per value the MUFU path issues one MUFU.EX2 (a warp's
-// takes 8 cycles of its sub-partition's MUFU: 16 lanes per cycle per SM), the FMA path 9 instructions (7 on the FP32
-// pipes, one warp instruction per cycle per sub-partition; a FMNMX and a shift on the ALU). With the FFMA, FADD and
-// pack each value needs either way, a warp's 64 values cost max(MUFU 8 (64 - k), issue 240 + 8 k) cycles with k values
-// on the FMA pipe: equal at k = 17, so k = 16 (4 chunks): 384 cycles instead of 512 (768 instead of 1,024 when both
-// warpgroups exponentiate at once).
-template <int kFmaChunks>
-__device__ __forceinline__ void exponentiate_split(float (&s)[64], float scale_log2, const float (&m)[2],
-                                                   float (&sum)[2]) {
-  static_assert(kFmaChunks == 0 || kFmaChunks == 4 || kFmaChunks == 8, "0, 4 or 8 of the 16 chunks on the FMA pipe");
-  if constexpr (kFmaChunks == 0) {
-    tile::exponentiate(s, scale_log2, m, sum);
-  } else {
-    constexpr int kPeriod = 16 / kFmaChunks;
-    sum[0] = sum[1] = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float x0 = fmaf(s[j * 4 + e], scale_log2, -m[0]);
-        const float x1 = fmaf(s[j * 4 + 2 + e], scale_log2, -m[1]);
-        if (j % kPeriod == kPeriod / 2) {
-          s[j * 4 + e] = exp2_fma(x0);
-          s[j * 4 + 2 + e] = exp2_fma(x1);
-        } else {
-          s[j * 4 + e] = ptx::exp2_approx(x0);
-          s[j * 4 + 2 + e] = ptx::exp2_approx(x1);
-        }
-        sum[0] += s[j * 4 + e];
-        sum[1] += s[j * 4 + 2 + e];
-      }
-    }
-  }
-}
-
 // The online-softmax step with P's offset: m_new = max(m, rowmax(S) c), s <- 2^(s c - m_new + 8), l <- l a + rowsum.
-// The rescale factor a stays on the MUFU (two per step).
-template <int kFmaChunks>
+// Every exponential, the rescale factor a included, is the MUFU's (ex2.approx.ftz, tile::exponentiate).
 __device__ __forceinline__ void softmax_step(float (&s)[64], float scale_log2, float (&m)[2], float (&l)[2],
                                              float (&a)[2], float offset) {
   float mx[2];
@@ -401,11 +357,11 @@ __device__ __forceinline__ void softmax_step(float (&s)[64], float scale_log2, f
     mo[i] = m_new - offset;
   }
   float sum[2];
-  exponentiate_split<kFmaChunks>(s, scale_log2, mo, sum);
+  tile::exponentiate(s, scale_log2, mo, sum);
   softmax::update_row_sums(l, a, sum);
 }
 
-template <int kDQK, int kWg, int kFmaChunks>
+template <int kDQK, int kWg>
 __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStorage<kDQK>& smem, int tid) {
   using T = Traits<kDQK>;
   using KvRing = Ring<T::kStages>;
@@ -467,7 +423,7 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       if (n == 0) exchange();
       if (Tiles::block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.base.causal))
         mask::by_key_limit(s, limit, n * T::kBlockN, frag.col);
-      softmax_step<kFmaChunks>(s, scale_log2, m, l, a, T::kPOffset);
+      softmax_step(s, scale_log2, m, l, a, T::kPOffset);
       a[0] = a[1] = 1.f;
       tile::to_a_fragments_e4m3(s, pa);
     }
@@ -490,7 +446,7 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
       if (n == 0) exchange();
       if (Tiles::block_needs_mask(info.s_q, info.s_k, info.m_block, n, p.base.causal))
         mask::by_key_limit(s, limit, n * T::kBlockN, frag.col);
-      softmax_step<kFmaChunks>(s, scale_log2, m, l, a, T::kPOffset);
+      softmax_step(s, scale_log2, m, l, a, T::kPOffset);
       ptx::wgmma_wait<0>();
       ptx::fence_registers(o);
       release(&smem.vt_free[vs]);
@@ -526,9 +482,7 @@ __device__ __forceinline__ void consume(const MhaPrefillFp8Params& p, SharedStor
   }
 }
 
-// kFmaChunks: how many of each thread's 16 column chunks of a step take their exponentials on the FMA pipe
-// (exponentiate_split; the parameter exp_fma_chunks picks the kernel).
-template <int kDQK, int kFmaChunks>
+template <int kDQK>
 __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
     mha_prefill_e4m3_kernel(const __grid_constant__ MhaPrefillFp8Params p, const __grid_constant__ CUtensorMap q_map,
                             const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
@@ -564,11 +518,11 @@ __global__ void __launch_bounds__(Traits<kDQK>::kThreads, 1)
     return;
   } else if (wg == 0) {
     ptx::setmaxnreg_inc<T::kRegsConsumer>();
-    consume<kDQK, 0, kFmaChunks>(p, smem, tid);
+    consume<kDQK, 0>(p, smem, tid);
     return;
   } else {
     ptx::setmaxnreg_inc<T::kRegsConsumer>();
-    consume<kDQK, 1, kFmaChunks>(p, smem, tid);
+    consume<kDQK, 1>(p, smem, tid);
     return;
   }
 }

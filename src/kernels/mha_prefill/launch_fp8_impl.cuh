@@ -27,15 +27,9 @@ Status launch_mha_prefill_fp8_typed(const MhaPrefillFp8Params& p, cudaStream_t s
   OPENMLA_RETURN_IF_ERROR(detail::make_ragged_map(q_op, &q_map, "dense MHA prefill (FP8) q"));
   OPENMLA_RETURN_IF_ERROR(detail::make_ragged_map(k_op, &k_map, "dense MHA prefill (FP8) k"));
   OPENMLA_RETURN_IF_ERROR(detail::make_ragged_map(v_op, &v_map, "dense MHA prefill (FP8) v"));
-  // p.exp_fma_chunks (params_fp8.h) picks the kernel: 0 or 8 chunks of exponentials on the FMA pipe, else 4.
-  static detail::DynamicSmemLimit smem_limit_fma0, smem_limit_fma4, smem_limit_fma8;
-  const auto kernel = p.exp_fma_chunks == 0   ? mha_prefill::fp8::mha_prefill_e4m3_kernel<kDQK, 0>
-                      : p.exp_fma_chunks == 8 ? mha_prefill::fp8::mha_prefill_e4m3_kernel<kDQK, 8>
-                                              : mha_prefill::fp8::mha_prefill_e4m3_kernel<kDQK, 4>;
+  static detail::DynamicSmemLimit smem_limit;
+  const auto kernel = mha_prefill::fp8::mha_prefill_e4m3_kernel<kDQK>;
   constexpr int smem_bytes = mha_prefill::fp8::kSmemBytes<kDQK>;
-  detail::DynamicSmemLimit& smem_limit = p.exp_fma_chunks == 0   ? smem_limit_fma0
-                                         : p.exp_fma_chunks == 8 ? smem_limit_fma8
-                                                                 : smem_limit_fma4;
   return detail::launch_with_dynamic_smem(smem_limit, reinterpret_cast<const void*>(kernel), smem_bytes,
                                           "dense MHA prefill (FP8): setting the shared-memory size",
                                           "dense MHA prefill (FP8) kernel launch", [&] {

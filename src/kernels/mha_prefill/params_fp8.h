@@ -23,11 +23,6 @@ struct MhaPrefillFp8Params {
   int64_t k_descale_stride_b, k_descale_stride_h;
   const float* v_descale;
   int64_t v_descale_stride_b, v_descale_stride_h;
-  // How many of each consumer thread's 16 column chunks of a step take their exponentials on the FMA pipe (a cubic,
-  // exp2_fma.h) instead of the MUFU: 0, 4 or 8 (kernel_fp8.cuh, exponentiate_split; one kernel each). The API sets
-  // heuristics::mha_prefill_fp8_exp_fma_chunks() (default kMhaPrefillFp8ExpFmaChunks, 0; the Python layer's
-  // _set_mha_prefill_fp8_exp_fma for A/Bs).
-  int exp_fma_chunks;
 };
 
 // Launches the FP8 kernel on `stream` (grid params.base.grid, 384 threads). Builds the Q, K and V tensor maps.
