@@ -17,7 +17,7 @@ Cases (bytes counted: rows x row bytes, reads only):
   dense_p1_seq        the same rows in order
 
 Printed: GB/s, and the fraction of this run's copy ceiling (1 GiB copy, read + written bytes, as benchmarks/run.py
-counts it). Run on the GPU machine with the extension built (tools/gpu_check.sh), e.g.
+counts it: harness.measure_ceilings). Run on the GPU machine with the extension built (tools/gpu_check.sh), e.g.
     PYTHONPATH=python:benchmarks python3 tools/diag/gather_ceiling.py --json $OUT/gather_ceiling.json
 """
 import argparse
@@ -58,23 +58,6 @@ if triton is not None:
         tl.store(out_ptr + pid * BLOCK_W + cols, tl.reduce(v, 0, _xor))
 
 
-def copy_ceiling_gbps(torch, reps):
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for i in range(reps + 2):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        torch.cuda.synchronize()
-        if i >= 2:
-            times.append(a.elapsed_time(b) * 1e-3)
-    del src, dst
-    return 2 * n / statistics.median(times) / 1e9
-
-
 def time_gather(torch, kernel, cache_words, idx, row_words, reps, rows_per_prog):
     block_w = triton.next_power_of_2(row_words)
     n = idx.numel()
@@ -108,9 +91,10 @@ def main():
     import torch
 
     import bench_sparse_decode as bsd
+    import harness
 
     kernel = gather_rows
-    copy = copy_ceiling_gbps(torch, 10)
+    copy = harness.measure_ceilings()["copy_gbps"]  # the benchmarks' own ceiling
     results = []
 
     def report(name, t, rows, row_bytes):
