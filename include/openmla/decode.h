@@ -146,7 +146,8 @@ struct DecodeWorkspaceSizes {
   size_t partial_lse_bytes = 0;  // partial_rows * sizeof(float)
   int64_t merge_counter_ints = 0;  // DecodeSchedule::merge_counters: one int32 per (request, query tile) of the
                                    // main kernel (dense: batch * h_kv * ceil(s_q * h_q / h_kv / 64); sparse:
-                                   // batch * s_q * ceil(h_q / 64))
+                                   // batch * s_q * ceil(h_q / 64)); a batch-invariant dense problem adds batch,
+                                   // where plan_decode writes the schedule's walk order (docs/decode-schedule.md)
   int64_t varlen_ints = 0;         // DecodeSchedule::varlen_lengths (problem.varlen_q; 0 otherwise): dense batch;
                                    // sparse batch * s_q, twice that with an extra cache. A sparse varlen problem's
                                    // other sizes are those of its b * s_q one-token requests (num_splits_ints
@@ -171,7 +172,10 @@ struct DecodeSchedule {
   // zero. With it, dense decode merges requests split into two chunks inside its main kernel (the chunk that
   // finishes last merges the other's partial), which spares the combine kernel's pass over their partials at the
   // end of the call; without it (undefined) the combine kernel merges every split request, as before. Calls that
-  // share a schedule must run one after another (they already share the split buffers).
+  // share a schedule must run one after another (they already share the split buffers). A batch-invariant dense
+  // schedule planned with counters keeps its walk order after them (the last batch ints of merge_counter_ints, which
+  // plan_decode writes and calls leave as they are; its calls must pass these counters); planned without counters,
+  // it walks request order and its calls may pass zeroed counters of their own.
   TensorRef merge_counters;
   // Required with problem.varlen_q (>= varlen_ints,) int32, contiguous, written by plan_decode: the lengths the
   // schedule was planned from (dense: each request's cache length, 0 for a request without query rows; sparse: each

@@ -49,7 +49,7 @@ Status workspace_sizes(const Problem& problem, DecodeWorkspaceSizes* sizes) {
   s.partial_rows = heuristics::decode_split_slots(problem, s.num_sm_parts) * problem.s_q * problem.h_q;
   s.partial_o_bytes = static_cast<size_t>(s.partial_rows) * static_cast<size_t>(problem.d_v) * sizeof(float);
   s.partial_lse_bytes = static_cast<size_t>(s.partial_rows) * sizeof(float);
-  s.merge_counter_ints = heuristics::decode_merge_counter_count(problem);
+  s.merge_counter_ints = heuristics::decode_merge_counter_ints(problem);
   s.varlen_ints = varlen_ints(problem);
   *sizes = s;
   return Status::ok();
@@ -125,7 +125,7 @@ Status validate_plan_decode(const DenseDecodeProblem& problem, const TensorRef& 
   OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(schedule, problem.batch));
   OPENMLA_RETURN_IF_ERROR(
       check_same_device(schedule.metadata, "schedule.metadata", schedule.num_splits, "schedule.num_splits"));
-  OPENMLA_RETURN_IF_ERROR(check_merge_counters(schedule, heuristics::decode_merge_counter_count(problem)));
+  OPENMLA_RETURN_IF_ERROR(check_merge_counters(schedule, heuristics::decode_merge_counter_ints(problem)));
   OPENMLA_RETURN_IF_ERROR(check_same_device(schedule.metadata, "schedule.metadata", cache_seqlens, "cache_seqlens"));
   OPENMLA_RETURN_IF_ERROR(check_schedule_disjoint(schedule, {{&cache_seqlens, "cache_seqlens"}}));
   OPENMLA_RETURN_IF_ERROR(resolve_num_sm_parts(problem, schedule.metadata.device_id, num_sm_parts));
@@ -148,7 +148,7 @@ Status validate_plan_decode(const SparseDecodeProblem& problem, const TensorRef&
   OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(schedule, problem.batch));
   OPENMLA_RETURN_IF_ERROR(
       check_same_device(schedule.metadata, "schedule.metadata", schedule.num_splits, "schedule.num_splits"));
-  OPENMLA_RETURN_IF_ERROR(check_merge_counters(schedule, heuristics::decode_merge_counter_count(problem)));
+  OPENMLA_RETURN_IF_ERROR(check_merge_counters(schedule, heuristics::decode_merge_counter_ints(problem)));
   OPENMLA_RETURN_IF_ERROR(
       check_same_device_all(schedule.metadata, "schedule.metadata",
                             {{&topk_length, "topk_length"}, {&extra_topk_length, "extra_topk_length"}}));

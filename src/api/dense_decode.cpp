@@ -112,7 +112,7 @@ Status validate_dense_decode(const DenseDecodeProblem& problem, const DenseDecod
   // ---- out, lse, schedule and split buffers (shapes not depending on num_sm_parts) ----------------------
   OPENMLA_RETURN_IF_ERROR(check_decode_outputs(g, args.out, args.lse, q.dtype));
   OPENMLA_RETURN_IF_ERROR(check_schedule_tensors(args.schedule, b));
-  OPENMLA_RETURN_IF_ERROR(check_merge_counters(args.schedule, heuristics::decode_merge_counter_count(problem)));
+  OPENMLA_RETURN_IF_ERROR(check_merge_counters(args.schedule, heuristics::decode_merge_counter_ints(problem)));
   OPENMLA_RETURN_IF_ERROR(check_split_buffers(args.split, problem.d_v));
 
   // ---- one device -------------------------------------------------------------------------------------------

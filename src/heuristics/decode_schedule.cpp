@@ -48,6 +48,12 @@ int64_t decode_merge_counter_count(const SparseDecodeProblem& problem) {
   return problem.batch * problem.s_q * ceil_div(problem.h_q, kTileRows);
 }
 
+int64_t decode_merge_counter_ints(const DenseDecodeProblem& problem) {
+  return decode_merge_counter_count(problem) + (problem.batch_invariant ? problem.batch : 0);
+}
+
+int64_t decode_merge_counter_ints(const SparseDecodeProblem& problem) { return decode_merge_counter_count(problem); }
+
 int32_t dense_request_blocks(int32_t seqlen, int32_t max_seqlen) {
   const int32_t n = kernels::dense_request_blocks_signed(seqlen, max_seqlen);
   return n < 0 ? -n : n;
@@ -134,30 +140,49 @@ int64_t decode_split_slots(const SparseDecodeProblem& problem, int num_sm_parts)
   return problem.batch * ceil_div(blocks, chunk);
 }
 
-int64_t invariant_schedule_load(const std::vector<int32_t>& blocks, int num_sm_parts, int32_t chunk_blocks) {
+std::vector<int32_t> invariant_walk_order(const std::vector<int32_t>& blocks, bool alternate) {
+  const int32_t batch = static_cast<int32_t>(blocks.size());
+  std::vector<int32_t> order(batch);
+  for (int32_t i = 0; i < batch; ++i) order[i] = i;
+  if (!alternate || batch > kernels::kInvariantOrderMaxBatch) return order;
+  std::vector<int32_t> by_rank = order;  // most blocks first, ties by request index
+  std::stable_sort(by_rank.begin(), by_rank.end(), [&](int32_t x, int32_t y) { return blocks[x] > blocks[y]; });
+  for (int32_t k = 0; k < batch; ++k) order[kernels::alternating_position(k, batch)] = by_rank[k];
+  return order;
+}
+
+int64_t invariant_schedule_load(const std::vector<int32_t>& blocks, int num_sm_parts, int32_t chunk_blocks,
+                                bool alternate) {
+  const std::vector<int32_t> order = invariant_walk_order(blocks, alternate);
   int64_t total = 0;
   for (int32_t n : blocks) total += kernels::ChunkWalk::request_work(n, chunk_blocks);
   const int32_t candidates = kernels::invariant_cut_candidates(chunk_blocks);
   for (int32_t j = 0; j < candidates; ++j) {  // the smallest that fits, as the GPU scheduler picks it
     const int64_t load = kernels::invariant_cut_candidate(total, num_sm_parts, j);
     kernels::ChunkCount count(load, chunk_blocks);
-    for (int32_t n : blocks) count.add(n);
+    for (int32_t i : order) count.add(blocks[i]);
     if (count.fits(num_sm_parts)) return load;
   }
   return kernels::invariant_cut_candidate(total, num_sm_parts, candidates - 1);  // always fits (partition_walk.h)
 }
 
 DecodeScheduleHost walk_invariant_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
-                                           int num_sm_parts, int32_t chunk_blocks) {
+                                           int num_sm_parts, int32_t chunk_blocks, bool alternate) {
   const int32_t batch = static_cast<int32_t>(blocks.size());
+  const std::vector<int32_t> order = invariant_walk_order(blocks, alternate);
   DecodeScheduleHost out;
   out.records.assign(num_sm_parts, DecodeScheduleRecord{});
   out.num_splits.assign(batch + 1, 0);
   kernels::ChunkWalk walk;
-  walk.begin(batch, num_sm_parts, chunk_blocks, invariant_schedule_load(blocks, num_sm_parts, chunk_blocks),
-             out.records.data(), out.num_splits.data());
-  for (int32_t i = 0; i < batch; ++i) walk.add_request(i, blocks[i], !empty.empty() && empty[i]);
+  walk.begin(batch, num_sm_parts, chunk_blocks, invariant_schedule_load(blocks, num_sm_parts, chunk_blocks, alternate),
+             out.records.data(), out.num_splits.data(), alternate);
+  for (int32_t i : order) walk.add_request(i, blocks[i], !empty.empty() && empty[i]);
   walk.finish();
+  kernels::ChunkWalk::split_counts_to_prefix(out.num_splits.data(), batch);
+  if (alternate) {
+    out.walk_next.assign(batch, -1);
+    for (int32_t k = 0; k + 1 < batch; ++k) out.walk_next[order[k]] = order[k + 1];
+  }
   return out;
 }
 

@@ -63,6 +63,10 @@ struct DecodeScheduleHost {
   std::vector<kernels::DecodeScheduleRecord> records;  // (num_sm_parts,)
   std::vector<int32_t> num_splits;                     // (batch + 1,)
   bool all_assigned = true;  // false only if the greedy pass ran out of partitions (must never happen)
+  // Batch-invariant dense schedules with merge counters: the successor list the GPU scheduler writes after the merge
+  // counters (the next request in walk order, -1 after the last; partition_walk.h, kInvariantOrderMaxBatch). Empty
+  // otherwise.
+  std::vector<int32_t> walk_next;
 };
 
 // Value of num_splits[batch] after a failed pass: every record idle, num_splits = 0 ... 0, -1
@@ -88,14 +92,26 @@ int32_t decode_chunk_blocks(const SparseDecodeProblem& problem);
 int64_t decode_split_slots(const DenseDecodeProblem& problem, int num_sm_parts);
 int64_t decode_split_slots(const SparseDecodeProblem& problem, int num_sm_parts);
 
+// The walk order of a batch-invariant schedule (position -> request): alternating (longest, shortest, second longest,
+// ...; ties by request index; kernels::alternating_position) where `alternate` and the batch is at most
+// kernels::kInvariantOrderMaxBatch, request order otherwise.
+std::vector<int32_t> invariant_walk_order(const std::vector<int32_t>& blocks, bool alternate);
+
 // The maximum partition load of the batch-invariant pass's optimal contiguous cut (kernels::ChunkCount): the smallest
-// candidate load whose greedy packing of the chunk sequence fits `num_sm_parts` partitions, as the GPU scheduler
-// picks it.
-int64_t invariant_schedule_load(const std::vector<int32_t>& blocks, int num_sm_parts, int32_t chunk_blocks);
+// candidate load whose greedy packing of the chunk sequence (in walk order) fits `num_sm_parts` partitions, as the
+// GPU scheduler picks it.
+int64_t invariant_schedule_load(const std::vector<int32_t>& blocks, int num_sm_parts, int32_t chunk_blocks,
+                                bool alternate = false);
 
 // The batch-invariant pass (ChunkWalk) over per-request block counts, run on the host: the records and num_splits
-// the GPU scheduler writes for these counts with chunks of `chunk_blocks` blocks.
+// the GPU scheduler writes for these counts with chunks of `chunk_blocks` blocks. `alternate`: the walk order and
+// successor list of a dense schedule with merge counters (decision schedule-v5; DecodeScheduleHost::walk_next).
 DecodeScheduleHost walk_invariant_schedule(const std::vector<int32_t>& blocks, const std::vector<bool>& empty,
-                                           int num_sm_parts, int32_t chunk_blocks);
+                                           int num_sm_parts, int32_t chunk_blocks, bool alternate = false);
+
+// One int32 per merge counter (decode_merge_counter_count), and for a batch-invariant dense problem the walk order's
+// successor list after them (batch more): what DecodeWorkspaceSizes::merge_counter_ints asks for.
+int64_t decode_merge_counter_ints(const DenseDecodeProblem& problem);
+int64_t decode_merge_counter_ints(const SparseDecodeProblem& problem);
 
 }  // namespace openmla::heuristics

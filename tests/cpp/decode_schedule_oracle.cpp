@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 
 #include "kernels/decode_scheduler/partition_walk.h"
 
@@ -131,9 +132,24 @@ heuristics::DecodeScheduleHost build_sparse_decode_schedule(int64_t batch, int64
 
 heuristics::DecodeScheduleHost build_invariant_schedule(const std::vector<int32_t>& blocks,
                                                         const std::vector<bool>& empty, int num_sm_parts,
-                                                        int32_t chunk_blocks) {
+                                                        int32_t chunk_blocks, bool alternate) {
   constexpr int64_t kOverhead = kDecodeRequestOverheadBlocks;
   const int32_t batch = static_cast<int32_t>(blocks.size());
+  // The walk order: the requests sorted by (blocks descending, index), then taken from the front and the back of that
+  // list in turn (up to 1024 requests; request order above).
+  std::vector<int32_t> walk(batch);
+  for (int32_t r = 0; r < batch; ++r) walk[r] = r;
+  if (alternate && batch <= 1024) {
+    std::vector<std::pair<int64_t, int32_t>> sorted;
+    for (int32_t r = 0; r < batch; ++r) sorted.push_back({-static_cast<int64_t>(blocks[r]), r});
+    std::sort(sorted.begin(), sorted.end());
+    size_t front = 0, back = sorted.size();
+    walk.clear();
+    while (front < back) {
+      walk.push_back(sorted[front++].second);
+      if (front < back) walk.push_back(sorted[--back].second);
+    }
+  }
   struct Chunk {
     int32_t req, ordinal, begin, end;  // blocks [begin, end) of request req
     bool split;                        // the request has more than one chunk
@@ -141,11 +157,16 @@ heuristics::DecodeScheduleHost build_invariant_schedule(const std::vector<int32_
   std::vector<Chunk> chunks;
   heuristics::DecodeScheduleHost out;
   out.num_splits.assign(batch + 1, 0);
-  for (int32_t r = 0; r < batch; ++r) {
+  for (int32_t r : walk) {
     const int32_t count = (blocks[r] + chunk_blocks - 1) / chunk_blocks;
     for (int32_t c = 0; c < count; ++c)
       chunks.push_back({r, c, c * chunk_blocks, std::min(blocks[r], (c + 1) * chunk_blocks), count > 1});
-    out.num_splits[r + 1] = out.num_splits[r] + count;
+  }
+  for (int32_t r = 0; r < batch; ++r)
+    out.num_splits[r + 1] = out.num_splits[r] + (blocks[r] + chunk_blocks - 1) / chunk_blocks;
+  if (alternate) {
+    out.walk_next.assign(batch, -1);
+    for (size_t k = 1; k < walk.size(); ++k) out.walk_next[walk[k - 1]] = walk[k];
   }
   const auto cost = [&](const Chunk& c) { return static_cast<int64_t>(c.end - c.begin) + kOverhead; };
   int64_t total = 0, max_cost = 0;
@@ -197,7 +218,7 @@ heuristics::DecodeScheduleHost build_invariant_schedule(const std::vector<int32_
     rec.begin_split = a.ordinal;
     rec.is_first_req_split = a.split ? 1 : 0;
     rec.is_last_req_split = z.split ? 1 : 0;
-    rec.pad = chunk_blocks;
+    rec.pad = chunk_blocks | (alternate ? kernels::kRecordWalkListBit : 0);  // the plan wrote its successor list
   }
   return out;
 }

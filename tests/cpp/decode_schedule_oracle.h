@@ -31,10 +31,12 @@ heuristics::DecodeScheduleHost build_sparse_decode_schedule(int64_t batch, int64
 // The batch-invariant pass (docs/decode-schedule.md, "Batch invariance"), partition-major: every request cut into
 // ceil(n / chunk_blocks) chunks first (a chunk costs its blocks + overhead), the smallest maximum load of a contiguous
 // cut of that sequence found by a binary search on the load (the greedy packing's partition count at each load), then
-// each partition takes chunks while its load stays within it, the last partition the rest. Written apart from
-// kernels::ChunkWalk (request-major, one candidate load per thread).
+// each partition takes chunks while its load stays within it, the last partition the rest. `alternate`: the chunk
+// sequence of the requests in alternating order (longest, shortest, second longest, ...; up to 1024 requests) and its
+// successor list (decision schedule-v5). Written apart from kernels::ChunkWalk (request-major, one candidate load
+// per thread).
 heuristics::DecodeScheduleHost build_invariant_schedule(const std::vector<int32_t>& blocks,
                                                         const std::vector<bool>& empty, int num_sm_parts,
-                                                        int32_t chunk_blocks);
+                                                        int32_t chunk_blocks, bool alternate = false);
 
 }  // namespace openmla::oracle

@@ -43,6 +43,7 @@ void expect_same_bytes(const DecodeScheduleHost& a, const DecodeScheduleHost& b,
     ASSERT_EQ(0, std::memcmp(&a.records[i], &b.records[i], sizeof(DecodeScheduleRecord)))
         << what << ": partition " << i << ": " << to_string(a.records[i]) << " vs " << to_string(b.records[i]);
   ASSERT_EQ(a.num_splits, b.num_splits) << what;
+  ASSERT_EQ(a.walk_next, b.walk_next) << what;
 }
 
 std::vector<int32_t> random_blocks(std::mt19937& rng, int n, int32_t max_blocks) {
@@ -99,13 +100,29 @@ TEST(DecodeInvariantWalk, MatchesOracle) {
     if (blocks.size() > 3) empty[1] = empty[blocks.size() - 1] = true;  // empty requests end their range at 0
     for (int parts : kPartCounts) {
       for (int32_t chunk : {1, 2, 7, kChunk}) {
-        const std::string what = "b=" + std::to_string(blocks.size()) + " parts=" + std::to_string(parts) +
-                                  " chunk=" + std::to_string(chunk);
-        expect_same_bytes(heuristics::walk_invariant_schedule(blocks, empty, parts, chunk),
-                          oracle::build_invariant_schedule(blocks, empty, parts, chunk), what);
+        for (const bool alternate : {false, true}) {
+          const std::string what = "b=" + std::to_string(blocks.size()) + " parts=" + std::to_string(parts) +
+                                    " chunk=" + std::to_string(chunk) + " alternate=" + std::to_string(alternate);
+          expect_same_bytes(heuristics::walk_invariant_schedule(blocks, empty, parts, chunk, alternate),
+                            oracle::build_invariant_schedule(blocks, empty, parts, chunk, alternate), what);
+        }
       }
     }
   }
+}
+
+TEST(DecodeInvariantWalk, AlternatingOrder) {
+  EXPECT_EQ(heuristics::invariant_walk_order({5, 1, 9, 1, 9}, true), (std::vector<int32_t>{2, 3, 4, 1, 0}));
+  EXPECT_EQ(heuristics::invariant_walk_order({5, 1, 9, 1, 9}, false), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(heuristics::invariant_walk_order({3, 3, 3, 3}, true), (std::vector<int32_t>{0, 3, 1, 2}));
+  EXPECT_EQ(heuristics::invariant_walk_order({7}, true), (std::vector<int32_t>{0}));
+  const DecodeScheduleHost s = heuristics::walk_invariant_schedule({5, 1, 9, 1, 9}, {}, 2, kChunk, true);
+  EXPECT_EQ(s.walk_next, (std::vector<int32_t>{-1, 0, 3, 4, 1}));
+  EXPECT_EQ(s.num_splits, (std::vector<int32_t>{0, 1, 2, 3, 4, 5})) << "split slots stay in request order";
+  std::vector<int32_t> big(kernels::kInvariantOrderMaxBatch + 1, 1);
+  big[5] = 100;
+  const std::vector<int32_t> order = heuristics::invariant_walk_order(big, true);
+  for (int32_t i = 0; i < static_cast<int32_t>(big.size()); ++i) ASSERT_EQ(order[i], i) << "request order above the limit";
 }
 
 // Zero-length requests (dense, clamped length 0: one block of work, a range ending at block 0) anywhere, all of them.
@@ -118,8 +135,8 @@ TEST(DecodeInvariantWalk, EmptyRequestsMatchTheOracle) {
       for (size_t i = 0; i < blocks.size(); ++i) empty[i] = all || blocks[i] == 1;
       for (int parts : kPartCounts) {
         const std::string what = "b=" + std::to_string(blocks.size()) + " parts=" + std::to_string(parts);
-        const DecodeScheduleHost s = heuristics::walk_invariant_schedule(blocks, empty, parts, kChunk);
-        expect_same_bytes(s, oracle::build_invariant_schedule(blocks, empty, parts, kChunk), what);
+        const DecodeScheduleHost s = heuristics::walk_invariant_schedule(blocks, empty, parts, kChunk, all);
+        expect_same_bytes(s, oracle::build_invariant_schedule(blocks, empty, parts, kChunk, all), what);
         for (size_t p = 0; p < s.records.size(); ++p)
           if (s.records[p].begin_req < static_cast<int32_t>(blocks.size()) && empty[s.records[p].end_req])
             EXPECT_EQ(s.records[p].end_block, 0) << what << ": partition " << p;
@@ -143,16 +160,21 @@ std::vector<Item> kernel_items(const DecodeScheduleHost& s, const std::vector<in
   for (size_t p = 0; p < s.records.size(); ++p) {
     const DecodeScheduleRecord& rec = s.records[p];
     if (rec.begin_req >= batch) continue;
-    EXPECT_EQ(rec.pad, chunk) << "an invariant record names its chunk size";
+    EXPECT_EQ(rec.pad & ~kernels::kRecordWalkListBit, chunk) << "an invariant record names its chunk size";
+    EXPECT_EQ((rec.pad & kernels::kRecordWalkListBit) != 0, !s.walk_next.empty()) << "the record flags the walk order";
     int32_t req = rec.begin_req, begin = rec.begin_block;
-    while (req <= rec.end_req) {
+    while (true) {
       const int32_t range_end = kernels::chunk_end_block(rec, req, blocks[req]);
       const int32_t end = kernels::invariant_chunk_end(begin, range_end, chunk);
       items.push_back({req, begin, end, s.num_splits[req] + begin / chunk, static_cast<int>(p)});
       if (end < range_end) {
         begin = end;
-      } else {
-        ++req;
+      } else if (req == rec.end_req) {
+        break;
+      } else {  // the next request in walk order (request order without a successor list)
+        req = (rec.pad & kernels::kRecordWalkListBit) == 0 ? req + 1 : s.walk_next[req];  // as the kernel reads it
+        EXPECT_GE(req, 0) << "partition " << p << " runs past the walk's last request";
+        if (req < 0) break;
         begin = 0;
       }
     }
@@ -189,8 +211,9 @@ RequestView expected_view(int32_t blocks, int32_t chunk) {
 TEST(DecodeInvariantWalk, EveryChunkIsOneItemAndEveryBlockIsCoveredOnce) {
   for (const auto& blocks : adversarial_lists()) {
     if (blocks.size() > 1000) continue;
-    for (int parts : kPartCounts) {
-      const DecodeScheduleHost s = heuristics::walk_invariant_schedule(blocks, {}, parts, kChunk);
+    for (int parts : kPartCounts)
+    for (const bool alternate : {false, true}) {
+      const DecodeScheduleHost s = heuristics::walk_invariant_schedule(blocks, {}, parts, kChunk, alternate);
       const std::vector<Item> items = kernel_items(s, blocks, kChunk);
       for (int32_t r = 0; r < static_cast<int32_t>(blocks.size()); ++r)
         ASSERT_EQ(request_view(s, items, r), expected_view(blocks[r], kChunk))
@@ -213,7 +236,7 @@ TEST(DecodeInvariantWalk, ARequestsPartitionDoesNotDependOnTheBatch) {
   const std::vector<int32_t> probes = {1, 2, kChunk - 1, kChunk, kChunk + 1, 3 * kChunk - 5, 512, 1000, 4097};
   for (int parts : {33, 66, 132}) {
     for (int32_t probe : probes) {
-      const DecodeScheduleHost alone = heuristics::walk_invariant_schedule({probe}, {}, parts, kChunk);
+      const DecodeScheduleHost alone = heuristics::walk_invariant_schedule({probe}, {}, parts, kChunk, true);
       const RequestView want = request_view(alone, kernel_items(alone, {probe}, kChunk), 0);
       ASSERT_EQ(want, expected_view(probe, kChunk));
       for (int trial = 0; trial < 40; ++trial) {
@@ -221,18 +244,23 @@ TEST(DecodeInvariantWalk, ARequestsPartitionDoesNotDependOnTheBatch) {
         std::vector<int32_t> blocks = random_blocks(rng, b, trial % 2 ? 64 : 1024);
         const int at = static_cast<int>(rng() % b);
         blocks[at] = probe;
-        const DecodeScheduleHost s = heuristics::walk_invariant_schedule(blocks, {}, parts, kChunk);
-        ASSERT_EQ(request_view(s, kernel_items(s, blocks, kChunk), at), want)
-            << "probe " << probe << " at " << at << " of b=" << b << ", parts=" << parts;
+        for (const bool alternate : {false, true}) {
+          const DecodeScheduleHost s = heuristics::walk_invariant_schedule(blocks, {}, parts, kChunk, alternate);
+          ASSERT_EQ(request_view(s, kernel_items(s, blocks, kChunk), at), want)
+              << "probe " << probe << " at " << at << " of b=" << b << ", parts=" << parts
+              << " alternate=" << alternate;
+        }
       }
     }
   }
 }
 
 // Partitions a greedy packing of the chunk sequence at `load` needs (written here a third time, chunk by chunk).
-int64_t greedy_parts(const std::vector<int32_t>& blocks, int32_t chunk, int64_t load) {
+int64_t greedy_parts(const std::vector<int32_t>& blocks, int32_t chunk, int64_t load,
+                     const std::vector<int32_t>& order) {
   int64_t parts = 0, used = 0;
-  for (int32_t n : blocks)
+  for (int32_t i : order) {
+    const int32_t n = blocks[i];
     for (int32_t b0 = 0; b0 < n; b0 += chunk) {
       const int64_t cost = std::min(n - b0, chunk) + kernels::kDecodeRequestOverheadBlocks;
       if (cost > load) return INT64_MAX;
@@ -242,6 +270,7 @@ int64_t greedy_parts(const std::vector<int32_t>& blocks, int32_t chunk, int64_t 
       }
       used += cost;
     }
+  }
   return parts;
 }
 
@@ -254,17 +283,20 @@ TEST(DecodeInvariantWalk, TheCutIsOptimal) {
   for (int trial = 0; trial < 30; ++trial) lists.push_back(random_blocks(rng, 1 + static_cast<int>(rng() % 300), 600));
   for (const auto& blocks : lists) {
     if (blocks.size() > 1000) continue;
-    for (int parts : kPartCounts) {
-      const std::string what = "b=" + std::to_string(blocks.size()) + " parts=" + std::to_string(parts);
-      const DecodeScheduleHost s = heuristics::walk_invariant_schedule(blocks, {}, parts, kChunk);
+    for (int parts : kPartCounts)
+    for (const bool alternate : {false, true}) {
+      const std::string what = "b=" + std::to_string(blocks.size()) + " parts=" + std::to_string(parts) +
+                               " alternate=" + std::to_string(alternate);
+      const DecodeScheduleHost s = heuristics::walk_invariant_schedule(blocks, {}, parts, kChunk, alternate);
       std::vector<int64_t> load(parts, 0);
       for (const Item& it : kernel_items(s, blocks, kChunk))
         load[it.part] += it.end - it.begin + kernels::kDecodeRequestOverheadBlocks;
-      const int64_t chosen = heuristics::invariant_schedule_load(blocks, parts, kChunk);
+      const int64_t chosen = heuristics::invariant_schedule_load(blocks, parts, kChunk, alternate);
+      const std::vector<int32_t> order = heuristics::invariant_walk_order(blocks, alternate);
       const int64_t heaviest = *std::max_element(load.begin(), load.end());
       EXPECT_LE(heaviest, chosen) << what;
-      EXPECT_LE(greedy_parts(blocks, kChunk, chosen), parts) << what;
-      EXPECT_GT(greedy_parts(blocks, kChunk, chosen - 1), parts) << what << ": a lighter cut exists";
+      EXPECT_LE(greedy_parts(blocks, kChunk, chosen, order), parts) << what;
+      EXPECT_GT(greedy_parts(blocks, kChunk, chosen - 1, order), parts) << what << ": a lighter cut exists";
       EXPECT_EQ(heaviest, chosen) << what;
     }
   }
@@ -317,6 +349,7 @@ TEST(DecodeInvariantProblem, WorkspaceSizes) {
   ASSERT_TRUE(get_decode_workspace_sizes(d, &inv).is_ok());
   EXPECT_EQ(inv.num_sm_parts, plain.num_sm_parts);
   EXPECT_EQ(inv.partial_rows, 8 * ((1000 + kChunk - 1) / kChunk) * 128);
+  EXPECT_EQ(inv.merge_counter_ints, plain.merge_counter_ints + 8) << "the walk order's successor list after the counters";
   d.max_blocks_per_seq = 0;
   const Status st = get_decode_workspace_sizes(d, &inv);
   EXPECT_FALSE(st.is_ok());

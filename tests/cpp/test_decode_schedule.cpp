@@ -328,6 +328,7 @@ void expect_same_bytes(const DecodeScheduleHost& a, const DecodeScheduleHost& b,
     ASSERT_EQ(0, std::memcmp(&a.records[i], &b.records[i], sizeof(DecodeScheduleRecord)))
         << what << ": partition " << i << ": " << to_string(a.records[i]) << " vs " << to_string(b.records[i]);
   ASSERT_EQ(a.num_splits, b.num_splits) << what;
+  ASSERT_EQ(a.walk_next, b.walk_next) << what;
 }
 
 // Per-request work of dense cache_seqlens, from the heuristics' per-request rules (tested on their own
@@ -485,7 +486,7 @@ class DecodeScheduleGpu : public ::testing::Test {
   DecodeScheduleHost run_gpu(const std::vector<int32_t>& lengths, int parts, bool sparse, int topk,
                              const std::vector<int32_t>& topk_len, int extra_topk,
                              const std::vector<int32_t>& extra_len, int64_t payload_override = 0,
-                             int32_t max_seqlen = 0, int32_t chunk_blocks = 0) {
+                             int32_t max_seqlen = 0, int32_t chunk_blocks = 0, bool walk_order = false) {
     const int batch = static_cast<int>(sparse ? (topk_len.empty() ? lengths.size() : topk_len.size()) : lengths.size());
     auto upload = [](const std::vector<int32_t>& v) -> int32_t* {
       if (v.empty()) return nullptr;
@@ -504,6 +505,13 @@ class DecodeScheduleGpu : public ::testing::Test {
     // Poison the outputs so an unwritten field shows up.
     EXPECT_EQ(cudaMemset(d_records, 0x5a, parts * sizeof(kernels::DecodeScheduleRecord)), cudaSuccess);
     EXPECT_EQ(cudaMemset(d_splits, 0x5a, (batch + 1) * sizeof(int32_t)), cudaSuccess);
+    // walk_order: merge counters of no counter, so that a batch-invariant dense pass writes its successor list at
+    // their start (DecodeScheduleHost::walk_next).
+    int32_t* d_next = nullptr;
+    if (walk_order) {
+      EXPECT_EQ(cudaMalloc(&d_next, batch * sizeof(int32_t)), cudaSuccess);
+      EXPECT_EQ(cudaMemset(d_next, 0x5a, batch * sizeof(int32_t)), cudaSuccess);
+    }
     const kernels::DecodeSchedulerParams params{
         .batch = batch,
         .num_sm_parts = parts,
@@ -517,7 +525,7 @@ class DecodeScheduleGpu : public ::testing::Test {
         .extra_topk_length = d_extra_len,
         .records = d_records,
         .num_splits = d_splits,
-        .merge_counters = nullptr,
+        .merge_counters = d_next,
         .merge_counter_count = 0,
         .payload_override = payload_override,
     };
@@ -537,8 +545,12 @@ class DecodeScheduleGpu : public ::testing::Test {
               cudaSuccess);
     EXPECT_EQ(cudaMemcpy(out.num_splits.data(), d_splits, (batch + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost),
               cudaSuccess);
+    if (walk_order) {
+      out.walk_next.resize(batch);
+      EXPECT_EQ(cudaMemcpy(out.walk_next.data(), d_next, batch * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
     for (void* p : {static_cast<void*>(d_seqlens), static_cast<void*>(d_topk_len), static_cast<void*>(d_extra_len),
-                    static_cast<void*>(d_records), static_cast<void*>(d_splits)})
+                    static_cast<void*>(d_records), static_cast<void*>(d_splits), static_cast<void*>(d_next)})
       if (p) cudaFree(p);
     return out;
   }
@@ -550,9 +562,14 @@ TEST_F(DecodeScheduleGpu, InvariantMatchesOracle) {
   const int32_t chunk = static_cast<int32_t>(kDecodeInvariantChunkTokens / 64);
   for (const auto& c : adversarial_cases()) {
     const DenseWork w = dense_work(c.seqlens);
-    for (int parts : kPartCounts)
+    for (int parts : kPartCounts) {
       expect_same_bytes(run_gpu(c.seqlens, parts, false, 0, {}, 0, {}, 0, 0, chunk),
                         oracle::build_invariant_schedule(w.blocks, w.empty, parts, chunk), c.name + " dense invariant");
+      // With merge counters: the alternating walk order and its successor list (decision schedule-v5).
+      expect_same_bytes(run_gpu(c.seqlens, parts, false, 0, {}, 0, {}, 0, 0, chunk, true),
+                        oracle::build_invariant_schedule(w.blocks, w.empty, parts, chunk, true),
+                        c.name + " dense invariant, walk order");
+    }
   }
   // The optimal cut's corner cases: as many chunks as partitions, one more, one fewer; one huge request among tiny
   // ones; every request empty.
@@ -564,9 +581,11 @@ TEST_F(DecodeScheduleGpu, InvariantMatchesOracle) {
   for (const auto& seqlens : corner) {
     const DenseWork w = dense_work(seqlens);
     for (int parts : kPartCounts)
-      expect_same_bytes(run_gpu(seqlens, parts, false, 0, {}, 0, {}, 0, 0, chunk),
-                        oracle::build_invariant_schedule(w.blocks, w.empty, parts, chunk),
-                        "corner b=" + std::to_string(seqlens.size()) + " dense invariant");
+      for (const bool order : {false, true})
+        expect_same_bytes(run_gpu(seqlens, parts, false, 0, {}, 0, {}, 0, 0, chunk, order),
+                          oracle::build_invariant_schedule(w.blocks, w.empty, parts, chunk, order),
+                          "corner b=" + std::to_string(seqlens.size()) + " dense invariant, order " +
+                              std::to_string(order));
   }
   std::vector<int32_t> topk_len(300);
   for (size_t i = 0; i < topk_len.size(); ++i) topk_len[i] = static_cast<int32_t>((i * 977) % 20000);

@@ -34,6 +34,8 @@ struct Case {
   int64_t page = 64;            // tokens per cache page (the any-page kernel for other sizes)
   bool invariant = false;       // batch-invariant schedule: request 2 has 8392 tokens (3 chunks), merged in the main
                                 // kernel by the chunk that publishes last (with counters) or by the combine
+  bool counters_at_call_only = false;  // planned without counters, called with zeroed ones (the tensor style: its
+                                       // plan has none, its calls bring the pool's): the records' request order
 };
 
 uint16_t to_bits(float v, bool fp16) {
@@ -139,8 +141,8 @@ bool run_case(const Case& c) {
   int32_t* d_len = upload(seqlens);
   int32_t* d_meta = upload(std::vector<int32_t>(ws.metadata_ints, 0));
   int32_t* d_splits = upload(std::vector<int32_t>(ws.num_splits_ints, 0));
-  // Garbage in the counters: plan_decode must zero them.
-  int32_t* d_counters = upload(std::vector<int32_t>(ws.merge_counter_ints, 0x5a5a5a5a));
+  // Garbage in the counters: plan_decode must zero them (zeros where the plan does not see them).
+  int32_t* d_counters = upload(std::vector<int32_t>(ws.merge_counter_ints, c.counters_at_call_only ? 0 : 0x5a5a5a5a));
   float* d_po = upload(std::vector<float>(ws.partial_rows * kDv, nan));
   float* d_pl = upload(std::vector<float>(ws.partial_rows, nan));
   uint16_t* d_out = upload(std::vector<uint16_t>(kB * kSq * kHq * kDv, to_bits(nan, c.fp16)));
@@ -156,7 +158,8 @@ bool run_case(const Case& c) {
   args.cache_seqlens = make_tensor(d_len, DType::kInt32, {kB});
   args.schedule.metadata = make_tensor(d_meta, DType::kInt32, {ws.num_sm_parts, openmla::kDecodeScheduleRecordInts});
   args.schedule.num_splits = make_tensor(d_splits, DType::kInt32, {ws.num_splits_ints});
-  if (c.counters) args.schedule.merge_counters = make_tensor(d_counters, DType::kInt32, {ws.merge_counter_ints});
+  if (c.counters && !c.counters_at_call_only)
+    args.schedule.merge_counters = make_tensor(d_counters, DType::kInt32, {ws.merge_counter_ints});
   args.split.partial_o = make_tensor(d_po, DType::kFloat32, {ws.partial_rows, kDv});
   args.split.partial_lse = make_tensor(d_pl, DType::kFloat32, {ws.partial_rows});
   args.out = make_tensor(d_out, dtype, {kB, kSq, kHq, kDv});
@@ -166,6 +169,7 @@ bool run_case(const Case& c) {
   cudaStream_t stream = nullptr;
   if (ok) ok = cudaStreamCreate(&stream) == cudaSuccess;
   if (ok) ok = report(c.name, "plan_decode", openmla::plan_decode(problem, args.cache_seqlens, args.schedule, stream));
+  if (c.counters_at_call_only) args.schedule.merge_counters = make_tensor(d_counters, DType::kInt32, {ws.merge_counter_ints});
   const openmla::test_hooks::DenseDecodeOptions options{.merge_publish_always = c.publish_always};
   if (ok) ok = report(c.name, "dense_decode", openmla::test_hooks::dense_decode(problem, args, options, stream));
   if (ok) {
@@ -201,9 +205,26 @@ bool run_case(const Case& c) {
         }
       }
     }
-    // A schedule with counters: plan_decode zeroed them and the call left them zero.
-    for (int32_t v : counters)
-      if (c.counters && v != 0) ++bad;
+    // A schedule with counters: plan_decode zeroed them and the call left them zero. A batch-invariant plan with
+    // counters keeps its walk order's successor list after them (the last kB ints): a chain through every request
+    // from the one nobody names, -1 after the last (docs/decode-schedule.md, decision schedule-v5).
+    const bool listed = c.counters && c.invariant && !c.counters_at_call_only;
+    const int64_t counter_ints = ws.merge_counter_ints - (c.invariant ? kB : 0);
+    for (int64_t i = 0; i < ws.merge_counter_ints; ++i)
+      if (c.counters && (i < counter_ints || !listed) && counters[i] != 0) ++bad;
+    if (listed) {
+      std::vector<int> named(kB, 0);
+      for (int64_t r = 0; r < kB; ++r) {
+        const int32_t n = counters[counter_ints + r];
+        if (n >= 0 && n < kB && n != r) ++named[n];
+        else if (n != -1) ++bad;
+      }
+      int64_t req = -1, visited = 0;
+      for (int64_t r = 0; r < kB; ++r)
+        if (named[r] == 0) req = r;  // the walk's first request (one at most in a chain)
+      for (; req >= 0 && req < kB && visited <= kB; ++visited) req = counters[counter_ints + req];
+      if (visited != kB) ++bad;
+    }
     int two_chunk = 0;
     for (int64_t r = 0; r < kB; ++r) two_chunk += splits[r + 1] - splits[r] == 2;
     if (bad) std::printf("dense_decode sanitize [%s]: %d unexpected output or counter values\n", c.name, bad);
@@ -254,6 +275,9 @@ int run_dense_decode_sanitize_cases() {
       {"batch-invariant page 16 h_kv=2 fp16 3-chunk merge", 2, false, true, 0, true, false, 16, true},
       {"batch-invariant page 1 h_kv=1 causal bf16 3-chunk merge", 1, true, false, 0, true, false, 1, true},
       {"batch-invariant h_kv=1 bf16, no counters", 1, false, false, 0, false, false, 64, true},
+      // One partition (every request in one record): planned without counters, called with zeroed ones.
+      {"batch-invariant h_kv=1 bf16 one partition, counters at the call only", 1, false, false, 1, true, false, 64,
+       true, true},
   };
   int failed = 0;
   for (const Case& c : cases) failed += run_case(c) ? 0 : 1;

@@ -9,7 +9,13 @@
 //      O(1) per request), the requests staged kDecodeSchedulerChunk at a time in shared memory; the smallest
 //      candidate that fits is the load (invariant_cut_candidates <= kDecodeSchedulerThreads: the launcher checks).
 //   3. Thread 0 walks the requests with that load (ChunkWalk), from the same staging (restaged only when the batch
-//      needs more than one round).
+//      needs more than one round), then turns the chunk counts into num_splits' prefix sums (request order).
+//
+// Dense schedules with merge counters walk the requests in alternating order (partition_walk.h, decision
+// schedule-v5): up to kInvariantOrderMaxBatch requests (staged at once) every thread ranks a strided share of them
+// against all the others (blocks descending, ties by index: O(b^2 / threads) comparisons), the ranks give the walk
+// order in shared memory, passes 2 and 3 read the requests in that order, and the successor list goes after the
+// merge counters. Larger batches walk in request order (successor req + 1, written all the same).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +31,10 @@ __global__ void __launch_bounds__(kDecodeSchedulerThreads, 1)
   __shared__ int32_t staged[kDecodeSchedulerChunk];  // signed block counts of one chunk of requests
   __shared__ int64_t warp_sums[kDecodeSchedulerThreads / 32];
   __shared__ bool fits[kDecodeSchedulerThreads];
+  __shared__ int32_t walk_order[kDecodeSchedulerChunk];  // position -> request, where `alternate`
+  static_assert(kInvariantOrderMaxBatch <= kDecodeSchedulerChunk, "an ordered batch is staged at once");
+  const bool ordered = !p.sparse && p.merge_counters != nullptr;  // the successor list is written
+  const bool alternate = ordered && p.batch <= kInvariantOrderMaxBatch;
 
   for (int64_t i = threadIdx.x; i < p.merge_counter_count; i += kDecodeSchedulerThreads) p.merge_counters[i] = 0;
 
@@ -45,9 +55,21 @@ __global__ void __launch_bounds__(kDecodeSchedulerThreads, 1)
     __syncthreads();  // the previous round has been counted
     for (int i = threadIdx.x; i < n_staged; i += kDecodeSchedulerThreads) staged[i] = request_blocks_signed(p, base + i);
     __syncthreads();
+    if (alternate) {  // (one round: base = 0) the rank of each request, its position in the walk
+      for (int i = threadIdx.x; i < n_staged; i += kDecodeSchedulerThreads) {
+        const int32_t n = staged[i] < 0 ? -staged[i] : staged[i];
+        int32_t rank = 0;
+        for (int j = 0; j < n_staged; ++j) {
+          const int32_t m = staged[j] < 0 ? -staged[j] : staged[j];
+          rank += (m > n || (m == n && j < i)) ? 1 : 0;
+        }
+        walk_order[alternating_position(rank, p.batch)] = i;
+      }
+      __syncthreads();
+    }
     if (counting) {
       for (int i = 0; i < n_staged; ++i) {
-        const int32_t n = staged[i];
+        const int32_t n = staged[alternate ? walk_order[i] : i];
         count.add(n < 0 ? -n : n);
       }
     }
@@ -62,7 +84,7 @@ __global__ void __launch_bounds__(kDecodeSchedulerThreads, 1)
     for (int32_t j = candidates - 1; j >= 0; --j)
       if (fits[j]) pick = j;
     walk.begin(p.batch, p.num_sm_parts, p.chunk_blocks, invariant_cut_candidate(total, p.num_sm_parts, pick),
-               p.records, p.num_splits);
+               p.records, p.num_splits, ordered);
   }
   const bool staged_once = p.batch <= kDecodeSchedulerChunk;  // pass 2's staging still holds every request
   for (int base = 0; base < p.batch; base += kDecodeSchedulerChunk) {
@@ -75,12 +97,23 @@ __global__ void __launch_bounds__(kDecodeSchedulerThreads, 1)
     }
     if (threadIdx.x == 0) {
       for (int i = 0; i < n_staged; ++i) {
-        const int32_t n = staged[i];
-        walk.add_request(base + i, n < 0 ? -n : n, n < 0);
+        const int req = alternate ? walk_order[i] : i;
+        const int32_t n = staged[req];
+        walk.add_request(base + req, n < 0 ? -n : n, n < 0);
       }
     }
   }
-  if (threadIdx.x == 0) walk.finish();
+  if (threadIdx.x == 0) {
+    walk.finish();
+    ChunkWalk::split_counts_to_prefix(p.num_splits, p.batch);
+  }
+  if (ordered) {  // the successor list, after the merge counters
+    int32_t* const next = p.merge_counters + p.merge_counter_count;
+    for (int k = threadIdx.x; k < p.batch; k += kDecodeSchedulerThreads) {
+      const int req = alternate ? walk_order[k] : k;
+      next[req] = k + 1 < p.batch ? (alternate ? walk_order[k + 1] : k + 1) : -1;
+    }
+  }
 }
 
 }  // namespace openmla::kernels::decode_scheduler

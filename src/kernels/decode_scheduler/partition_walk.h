@@ -259,11 +259,17 @@ struct ChunkCount {
   OPENMLA_HOST_DEVICE bool fits(int32_t num_parts) const { return valid && used_parts <= num_parts; }
 };
 
+// Record pad bit of a batch-invariant record whose schedule was planned in walk order (decision schedule-v5): its
+// requests follow the successor list after the merge counters. Without it the range is walked in request order (a
+// plan without merge counters: the tensor style's get_mla_metadata, whose calls bring zeroed counters of their own).
+inline constexpr int32_t kRecordWalkListBit = 1 << 30;
+
 struct ChunkWalk {
   // Configuration.
   int32_t batch;
   int32_t num_parts;
   int32_t chunk_blocks;
+  bool listed;                    // the successor list is written (record pad | kRecordWalkListBit)
   int64_t load;                   // the cut's maximum partition load (ChunkCount's smallest fitting candidate)
   DecodeScheduleRecord* records;  // (num_parts,)
   int32_t* num_splits;            // (batch + 1,)
@@ -273,7 +279,6 @@ struct ChunkWalk {
   bool open;
   bool first_split;    // the open partition's begin request has more than one chunk
   bool end_split;      // its end request has more than one chunk
-  int32_t prefix;
   DecodeScheduleRecord cur;
 
   // Chunks of a request of `blocks` >= 1 blocks.
@@ -286,8 +291,9 @@ struct ChunkWalk {
   }
 
   OPENMLA_HOST_DEVICE void begin(int32_t batch_, int32_t num_parts_, int32_t chunk_blocks_, int64_t load_,
-                                 DecodeScheduleRecord* records_, int32_t* num_splits_) {
+                                 DecodeScheduleRecord* records_, int32_t* num_splits_, bool listed_ = false) {
     batch = batch_;
+    listed = listed_;
     num_parts = num_parts_;
     chunk_blocks = chunk_blocks_;
     load = load_;
@@ -297,14 +303,13 @@ struct ChunkWalk {
     used = 0;
     open = false;
     first_split = end_split = false;
-    prefix = 0;
     num_splits[0] = 0;
   }
 
   OPENMLA_HOST_DEVICE void close_partition() {
     cur.is_first_req_split = first_split ? 1 : 0;  // (one request: first_split == end_split)
     cur.is_last_req_split = end_split ? 1 : 0;
-    cur.pad = chunk_blocks;
+    cur.pad = chunk_blocks | (listed ? kRecordWalkListBit : 0);
     records[part] = cur;
     ++part;
     open = false;
@@ -352,15 +357,40 @@ struct ChunkWalk {
       cur.end_block = empty ? 0 : static_cast<int32_t>(end);
       end_split = split;
     }
-    prefix += static_cast<int32_t>(chunks);
-    num_splits[req + 1] = prefix;
+    num_splits[req + 1] = static_cast<int32_t>(chunks);  // a count; split_counts_to_prefix makes the prefix sums
   }
 
   OPENMLA_HOST_DEVICE void finish() {
     if (open) close_partition();
     for (; part < num_parts; ++part) records[part] = PartitionWalk::idle_record(batch);
   }
+
+  // add_request writes each request's chunk count to num_splits[req + 1] (requests may come in any order); this turns
+  // them into the exclusive prefix sums in request order, once every request has been added.
+  OPENMLA_HOST_DEVICE static void split_counts_to_prefix(int32_t* num_splits, int32_t batch) {
+    int32_t sum = 0;
+    for (int32_t i = 1; i <= batch; ++i) {
+      sum += num_splits[i];
+      num_splits[i] = sum;
+    }
+  }
 };
+
+// ---- The walk order of batch-invariant dense schedules (docs/decode-schedule.md, decision schedule-v5) ---------------
+// Dense invariant schedules with merge counters walk the requests in alternating order: longest, shortest, second
+// longest, second shortest, ... (by blocks, ties by request index), so that no partition has to hold two long requests'
+// chunks where short ones could fill it. The walk order only moves a request's chunks between partitions: its chunk
+// boundaries, split slots (num_splits stays a prefix sum in request order) and merge order are those of request order,
+// so its bits are too. A record names its run's first and last request (begin_req, end_req: request ids, not
+// positions); the kernel goes from a request to the next by the successor list the scheduler writes after the merge
+// counters (merge_counters[merge_counter_count + req]: the next request in walk order, -1 after the last). Batches
+// above kInvariantOrderMaxBatch (what the scheduler stages at once) walk in request order, successor req + 1.
+inline constexpr int32_t kInvariantOrderMaxBatch = 1024;
+
+// Position in the walk of the request of rank `rank` (0: the most blocks) among `batch`.
+OPENMLA_HOST_DEVICE int32_t alternating_position(int32_t rank, int32_t batch) {
+  return rank < (batch + 1) / 2 ? 2 * rank : 2 * (batch - 1 - rank) + 1;
+}
 
 // The reading of a partition record, the inverse of the walk above: what record `rec` says about request `req`
 // (rec.begin_req <= req <= rec.end_req) of `blocks` blocks. The partition computes blocks [chunk_begin_block,

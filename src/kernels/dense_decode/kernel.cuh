@@ -360,7 +360,10 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
   // so it is not live across the pair loop. `item_step` 0: the next item is a chunk of the same request.
   int item_begin = rec.begin_block;
   int item_step = 1;
-  for (int req = rec.begin_req; req <= rec.end_req; req += kChunked ? item_step : 1) {
+  // kChunked: the requests of the range follow the walk order (docs/decode-schedule.md, decision schedule-v5): from
+  // begin_req to end_req by the successor list after the merge counters (request order without counters); the loop
+  // ends when the next request is -1.
+  for (int req = rec.begin_req; kChunked ? req >= 0 : req <= rec.end_req; req += kChunked ? item_step : 1) {
     if (tid == 0) OPENMLA_DENSE_STAMP(req - rec.begin_req, kPrologueStart);
     // ---------------------------------------------------------------- request prologue
     // Negative lengths count as empty (as in the scheduler). A length beyond the block table's row is the
@@ -636,9 +639,18 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
       if (more) {
         next_req = req;
         next_begin = chunk_end;
+      } else if (req == rec.end_req) {
+        next_req = -1;
+      } else if (params.merge_counters != nullptr &&
+                 (__shfl_sync(0xffffffff, params.schedule[blockIdx.z].pad, 0) & kRecordWalkListBit) != 0) {
+        // The successor list after the counters, only where the plan wrote it (the record says so: a plan without
+        // counters walks request order, and its call's counters hold no list). Read here, not kept across the loop.
+        const int64_t next_at =
+            static_cast<int64_t>(params.batch) * params.h_kv * params.num_m_blocks + req;
+        next_req = __shfl_sync(0xffffffff, params.merge_counters[next_at], 0);
       }
     }
-    const bool has_next = kChunked ? next_req <= rec.end_req : req < rec.end_req;
+    const bool has_next = kChunked ? next_req >= 0 : req < rec.end_req;
     if (kChunked ? !has_next : req == rec.end_req) ptx::griddep_launch_dependents();
     // The next request's inputs while this epilogue runs (docs/dense-decode.md, decisions dense-v12, dense-v13,
     // dense-v17): its Q (the Q buffer is dead here and the epilogue stages in the K buffers; by TMA from thread 0
