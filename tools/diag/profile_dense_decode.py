@@ -26,13 +26,20 @@ def main():
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--peer", action="store_true", help="call FlashMLA (flash_mla) instead of openmla, same inputs")
+    ap.add_argument("--page-size", type=int, default=64, help="cache page size (1-256; 1-8 run the gather kernel)")
+    ap.add_argument("--fp8", action="store_true", help="an e4m3 cache with per-tensor scales (the FP8 dense kernel)")
     a = ap.parse_args()
     torch.manual_seed(0)
-    page = 64
+    page = a.page_size
     seqlens = torch.full((a.b,), a.s_k, dtype=torch.int32, device="cuda")
     blocks_per_seq = (a.s_k + page - 1) // page
     num_blocks = a.b * blocks_per_seq
     cache = (torch.randn(num_blocks, page, 1, 576, device="cuda") / 10).to(torch.bfloat16)
+    extra = {}
+    if a.fp8:
+        cache = cache.to(torch.float8_e4m3fn)
+        one = torch.ones(1, dtype=torch.float32, device="cuda")
+        extra = dict(is_fp8_kvcache=True, descale_q=one, descale_k=one)
     table = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(a.b, blocks_per_seq)
     q = (torch.randn(a.b, a.s_q, a.h_q, 576, device="cuda") / 10).to(torch.bfloat16)
     mod = openmla
@@ -40,7 +47,7 @@ def main():
         import flash_mla as mod
     meta, _ = mod.get_mla_metadata()
     for _ in range(a.iters):
-        mod.flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta, causal=a.causal)
+        mod.flash_mla_with_kvcache(q, cache, table, seqlens, 512, meta, causal=a.causal, **extra)
     torch.cuda.synchronize()
     print("profile_dense_decode: done")
 
