@@ -7,9 +7,9 @@
 // l % 8 of rows 16 w + 4 j + l / 8 (j = 0..3), in every 64-column tile of the group. One warp instruction then reads
 // four whole 128-byte lines (as the sparse kernels' gathers do): four L2 requests per instruction, not sixteen.
 //
-// Page ids travel in one register per lane for a pair of blocks ("PairIds"): lane l holds the page of row
-// 16 w + l % 16 of block l / 16 of the pair (-1: past the length, outside the cache, or past the CTA's range); a copy
-// takes its row's id by a shuffle.
+// Page ids travel in one register per lane for a pair of blocks ("PairIds"): lane l holds the block-table entry of row
+// 16 w + l % 16 of block l / 16 of the pair (-1: past the length or past the CTA's range; an entry outside the cache is
+// kept as read and zero-filled at its use); a copy takes its row's id by a shuffle.
 //
 // L2 look-ahead (the kernel's gather_flags, params.h): each token row of a pair further ahead is pulled into L2 as one
 // 1,152-byte bulk prefetch, so the DRAM sees whole rows instead of three 512 / 128-byte pieces at three times, and the
@@ -57,13 +57,24 @@ __device__ __forceinline__ int page_of_token(const DenseDecodeParams& p, int req
   return page >= 0 && page < p.num_cache_blocks ? page : -1;
 }
 
-// This lane's id of the pair of blocks starting at `blk` (lane l: row 16 w + l % 16 of block blk + l / 16); blocks at
-// or past `blk_end` get -1 (never gathered, never prefetched).
+// Whether a page id is an address: inside the cache [0, num_cache_blocks) (negative ids, -1 included, are not).
+__device__ __forceinline__ bool page_in_cache(const DenseDecodeParams& p, int page) {
+  return static_cast<unsigned>(page) < static_cast<unsigned>(p.num_cache_blocks);
+}
+
+// This lane's id of the pair of blocks starting at `blk` (lane l: row 16 w + l % 16 of block blk + l / 16): the
+// block-table entry as stored, or -1 for a block at or past `blk_end` or a token at or past the length (never
+// gathered, never prefetched). The entry is NOT range-checked here: the ids are requested pairs ahead, and a check at
+// the load would wait for it (decision dense-v24: that wait was 27 % of the page-1 kernel's stall samples); every use
+// (gather_kv_tiles, prefetch_pair_rows_l2) tests page_in_cache after its shuffle.
 __device__ __forceinline__ int pair_ids(const DenseDecodeParams& p, int req, int blk, int blk_end, int seqlen,
                                         int log2_page, int wg_tid) {
   const int lane = wg_tid % 32, b = blk + lane / 16;
-  if (b >= blk_end) return -1;
-  return page_of_token(p, req, b * Traits::kBlockN + (wg_tid / 32) * 16 + lane % 16, seqlen, log2_page);
+  const int tok = b * Traits::kBlockN + (wg_tid / 32) * 16 + lane % 16;
+  int page = -1;
+  if (b < blk_end && tok < seqlen)
+    page = p.block_table[static_cast<int64_t>(req) * p.block_table_stride + (tok >> log2_page)];
+  return page;
 }
 
 // Address of token row `row_in_page` of page `page` (kv head `kv_head`) in the cache.
@@ -89,8 +100,9 @@ __device__ __forceinline__ void gather_kv_tiles(SharedStorage& smem, const Dense
   for (int j = 0; j < 4; ++j) {
     const int row = warp * 16 + 4 * j + lr;
     const int page = __shfl_sync(0xffffffffu, ids, half * 16 + 4 * j + lr);
-    bytes[j] = page >= 0 ? 16u : 0u;
-    src[j] = (page >= 0 ? row_address(p, page, row & (page_size - 1), kv_head) : static_cast<const uint8_t*>(p.k_cache)) +
+    const bool valid = page_in_cache(p, page);
+    bytes[j] = valid ? 16u : 0u;
+    src[j] = (valid ? row_address(p, page, row & (page_size - 1), kv_head) : static_cast<const uint8_t*>(p.k_cache)) +
              chunk * 16;
     dst[j] = buf_base + row * Traits::kRowBytes + ((chunk ^ (row & 7)) << 4);
   }
@@ -113,7 +125,7 @@ __device__ __forceinline__ void gather_kv_tiles(SharedStorage& smem, const Dense
 // L2 prefetch of this lane's row of a pair (PairIds): one 1,152-byte bulk prefetch.
 __device__ __forceinline__ void prefetch_pair_rows_l2(const DenseDecodeParams& p, int ids, int page_size, int wg_tid,
                                                       int kv_head) {
-  if (ids < 0) return;
+  if (!page_in_cache(p, ids)) return;
   const int row = (wg_tid / 32) * 16 + wg_tid % 16;
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row_address(p, ids, row & (page_size - 1), kv_head)),
                "r"(Traits::kHeadDimQK * 2)

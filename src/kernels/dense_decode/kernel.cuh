@@ -234,8 +234,8 @@ __device__ __forceinline__ int varlen_q_len(const DenseVarlenQ& vq, int req, int
 #ifndef OPENMLA_SHIM_TUNE
 template <bool kAnyPage, bool kChunked, bool kGather, bool kVarlenQ>
 __host__ __device__ constexpr int placement_shim_lines() {
-  if constexpr (kGather) return kChunked ? 10 : 16;
-  else if constexpr (kAnyPage) return kChunked ? 6 : kVarlenQ ? 9 : 4;
+  if constexpr (kGather) return kChunked ? 12 : 15;
+  else if constexpr (kAnyPage) return kChunked ? 9 : kVarlenQ ? 9 : 4;
   else return kChunked ? 9 : 13;  // page 64: the default and per-request query length loops 13
 }
 #else  // tools: -DOPENMLA_SHIM_TUNE=<lines> sets every variant's count

@@ -81,7 +81,7 @@ struct DensePageGeometry {
 // refills, 2: the one after it); kGatherEvictNormal: the gathers with L2 evict_normal instead of the TMA kernels'
 // evict_last (the prefetches are evict_normal either way).
 inline constexpr int kGatherPrefetchMask = 3, kGatherEvictNormal = 4;
-inline constexpr int kGatherDefaultFlags = 2 | kGatherEvictNormal;
+inline constexpr int kGatherDefaultFlags = 1 | kGatherEvictNormal;  // distance 1: decision dense-v24
 
 // Per-request query lengths (docs/dense-decode.md, "Per-request query lengths"): the varlen kernels' own argument
 // after the page geometry (a DenseDecodeParams field would move the default kernels' parameters).
