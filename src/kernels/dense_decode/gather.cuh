@@ -33,6 +33,14 @@ __device__ __forceinline__ void cp_async_16_hint(uint32_t smem_dst, const void* 
                : "memory");
 }
 
+// The same copy without the L2 fetch hint (mode kGatherModeNoFetchHint).
+__device__ __forceinline__ void cp_async_16_nohint(uint32_t smem_dst, const void* src, uint32_t src_bytes,
+                                                   uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(smem_dst), "l"(src),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
+}
+
 __device__ __forceinline__ uint64_t make_l2_evict_normal_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
@@ -89,6 +97,7 @@ __device__ __forceinline__ const uint8_t* row_address(const DenseDecodeParams& p
 // [t_begin, t_end) (whole tile groups), into K buffer `buf`; after each group, arrives on that group's barrier once its
 // copies have landed (.noinc: the barrier counts the 128 threads of the warpgroup that refills the group). `page_size`
 // is a power of two <= 8: a row's place in its page is row % page_size.
+template <int kMode = 0>
 __device__ __forceinline__ void gather_kv_tiles(SharedStorage& smem, const DenseDecodeParams& p, int ids, int half,
                                                 int page_size, int wg_tid, int kv_head, int buf, int t_begin,
                                                 int t_end, uint64_t policy) {
@@ -114,7 +123,12 @@ __device__ __forceinline__ void gather_kv_tiles(SharedStorage& smem, const Dense
 #pragma unroll
       for (int i = 0; i < Traits::kVTilesPerHalf; ++i) {
         if (i >= n) break;
-        cp_async_16_hint(dst[j] + (t + i) * Traits::kTileBytes, src[j] + (t + i) * Traits::kRowBytes, bytes[j], policy);
+        if constexpr ((kMode & kGatherModeNoFetchHint) != 0)
+          cp_async_16_nohint(dst[j] + (t + i) * Traits::kTileBytes, src[j] + (t + i) * Traits::kRowBytes, bytes[j],
+                             policy);
+        else
+          cp_async_16_hint(dst[j] + (t + i) * Traits::kTileBytes, src[j] + (t + i) * Traits::kRowBytes, bytes[j],
+                           policy);
       }
     }
     ptx::cp_async_mbarrier_arrive_noinc(&smem.k_bar[buf][g]);
@@ -123,10 +137,29 @@ __device__ __forceinline__ void gather_kv_tiles(SharedStorage& smem, const Dense
 }
 
 // L2 prefetch of this lane's row of a pair (PairIds): one 1,152-byte bulk prefetch.
+// Mode kGatherModeLinePrefetch: the warp's 32 rows (16 per block of the pair) as nine 128-byte lines each, the 288
+// lines dealt to the 32 lanes (item k * 32 + lane = line item % 9 of row item / 9), each lane its own address, so no
+// loop over the lanes. A row whose start is not 128-byte aligned (a padded stride) gets nine lines from its start: a
+// hint, not a copy.
+template <int kMode = 0>
 __device__ __forceinline__ void prefetch_pair_rows_l2(const DenseDecodeParams& p, int ids, int page_size, int wg_tid,
                                                       int kv_head) {
-  if (!page_in_cache(p, ids)) return;
   const int row = (wg_tid / 32) * 16 + wg_tid % 16;
+  if constexpr ((kMode & kGatherModeLinePrefetch) != 0) {
+    const int lane = wg_tid % 32;
+#pragma unroll
+    for (int k = 0; k < 9; ++k) {
+      const int item = k * 32 + lane, r = item / 9, c = item % 9;
+      const int page = __shfl_sync(0xffffffffu, ids, r);
+      const int row_r = (wg_tid / 32) * 16 + r % 16;
+      if (page_in_cache(p, page))
+        asm volatile("prefetch.global.L2::evict_normal [%0];" ::"l"(row_address(p, page, row_r & (page_size - 1),
+                                                                                kv_head) + c * 128)
+                     : "memory");
+    }
+    return;
+  }
+  if (!page_in_cache(p, ids)) return;
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row_address(p, ids, row & (page_size - 1), kv_head)),
                "r"(Traits::kHeadDimQK * 2)
                : "memory");

@@ -243,7 +243,7 @@ template <bool, bool, bool, bool>
 __host__ __device__ constexpr int placement_shim_lines() { return OPENMLA_SHIM_TUNE; }
 #endif
 
-template <bool kIsFp16, bool kAnyPage, bool kChunked, bool kGather = false, bool kVarlenQ = false>
+template <bool kIsFp16, bool kAnyPage, bool kChunked, bool kGather = false, bool kVarlenQ = false, int kGatherMode = 0>
 __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& params, const CUtensorMap& k_map,
                                                   const CUtensorMap& k_map_rope, const CUtensorMap& q_map,
                                                   const DensePageGeometry& pg,
@@ -303,7 +303,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
   const bool is_page_issuer = kGather || (kAnyPage && lane == 0 && slot < pg.pages_per_block);
   auto refill_any_page = [&](int page, int blk, int buf, int t_begin, int t_end) {
     if constexpr (kGather)
-      gather::gather_kv_tiles(smem, params, page, buf, pg.page_size, wg_tid, kv_head, buf, t_begin, t_end,
+      gather::gather_kv_tiles<kGatherMode>(smem, params, page, buf, pg.page_size, wg_tid, kv_head, buf, t_begin, t_end,
                               gather::policy_of(gather_flags));  // (one createpolicy: not held across the loop)
     else
       load_kv_tiles_any_page(smem, &k_map, &k_map_rope, pg, page, blk, slot, wg_tid == 0, kv_head, buf, t_begin, t_end,
@@ -439,7 +439,7 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
           if (two) refill_any_page(ids0, blk_begin + 1, 1, T::kVTilesPerHalf, 2 * T::kVTilesPerHalf);
           // The loop prefetches `prefetch_pairs` pairs ahead from its first pair on; at distance 2 the second pair's
           // rows (refilled during the first) are prefetched here.
-          if (prefetch_pairs == 2) gather::prefetch_pair_rows_l2(params, ids1, pg.page_size, wg_tid, kv_head);
+          if (prefetch_pairs == 2) gather::prefetch_pair_rows_l2<kGatherMode>(params, ids1, pg.page_size, wg_tid, kv_head);
         }
       } else if constexpr (kAnyPage) {
         if (tid < T::kWarpgroupThreads && is_page_issuer) {
@@ -568,7 +568,8 @@ __device__ __forceinline__ void dense_decode_body(const DenseDecodeParams& param
         // kGather: the L2 look-ahead (gather.cuh), one bulk prefetch per row of the pair `prefetch_pairs` ahead.
         if constexpr (kGather) {
           if (prefetch_pairs != 0)
-            gather::prefetch_pair_rows_l2(params, prefetch_pairs == 1 ? ids1 : ids2, pg.page_size, wg_tid, kv_head);
+            gather::prefetch_pair_rows_l2<kGatherMode>(params, prefetch_pairs == 1 ? ids1 : ids2, pg.page_size, wg_tid,
+                                                       kv_head);
         }
         // Step 1: S1 = Q K1^T, starting with the tiles WG1 itself refilled first.
         float mx[2] = {-INFINITY, -INFINITY};
@@ -999,14 +1000,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 // Page sizes 1, 2, 4 and 8 (docs/dense-decode.md, "Small pages: the gather kernel"): the same pair loop, each block's 64
 // rows gathered by cp.async (gather.cuh) from the pages the block table names row by row. The cache tensor maps are not
 // read (the launcher passes empty ones); q_map serves the TMA Q path as in the other kernels.
-template <bool kIsFp16>
+// kGatherMode: the experiment modes of params.h (0: the default kernel).
+template <bool kIsFp16, int kGatherMode = 0>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     dense_decode_gather_kernel(const __grid_constant__ DenseDecodeParams params,
                                const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap k_map_rope,
                                const __grid_constant__ CUtensorMap q_map, const DensePageGeometry pages,
                                const int gather_flags) {
-  dense_decode_body<kIsFp16, true, false, true>(params, k_map, k_map_rope, q_map, pages, DenseVarlenQ{},
-                                                gather_flags);
+  dense_decode_body<kIsFp16, true, false, true, false, kGatherMode>(params, k_map, k_map_rope, q_map, pages,
+                                                                    DenseVarlenQ{}, gather_flags);
 }
 
 // The gather kernel's batch-invariant twin (chunk walk as below; instantiations/*_gather_invariant.cu).

@@ -28,6 +28,14 @@ int gather_flags_override() {
   }();
   return flags;
 }
+// OPENMLA_DENSE_GATHER_MODE (1): the bf16 gather kernel's experiment mode (params.h; default schedule only). Read once.
+int gather_mode_override() {
+  static const int mode = [] {
+    const char* e = std::getenv("OPENMLA_DENSE_GATHER_MODE");
+    return e != nullptr && *e != 0 ? std::atoi(e) & 3 : 0;
+  }();
+  return mode;
+}
 }  // namespace
 
 Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeometry& pages, cudaStream_t stream) {
@@ -45,9 +53,14 @@ Status launch_dense_decode(const DenseDecodeParams& params, const DensePageGeome
     return params.is_fp16 ? dense_decode::launch_invariant_variant<true, false>(params, pages, stream)
                           : dense_decode::launch_invariant_variant<false, false>(params, pages, stream);
   }
-  if (pages.page_size < kDenseMinTmaPageSize)
+  if (pages.page_size < kDenseMinTmaPageSize) {
+    if (!params.is_fp16) switch (gather_mode_override()) {
+        case 1: return dense_decode::launch_gather_variant<false, false, 1>(params, pages, gather_flags, stream);
+        default: break;
+      }
     return params.is_fp16 ? dense_decode::launch_gather_variant<true, false>(params, pages, gather_flags, stream)
                           : dense_decode::launch_gather_variant<false, false>(params, pages, gather_flags, stream);
+  }
   if (pages.page_size != 64)
     return params.is_fp16 ? dense_decode::launch_any_page_variant<true>(params, pages, stream)
                           : dense_decode::launch_any_page_variant<false>(params, pages, stream);

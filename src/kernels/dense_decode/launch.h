@@ -42,7 +42,8 @@ Status launch_any_page_variant(const DenseDecodeParams& params, const DensePageG
 // The gather kernel's variants (page sizes 1-8): instantiations/<dtype>_gather[_invariant].cu (kChunked: the
 // batch-invariant twin).
 // gather_flags: its L2 look-ahead and policy (params.h, kGatherDefaultFlags).
-template <bool kIsFp16, bool kChunked>
+// kGatherMode: params.h's experiment modes (instantiations/bf16_gather_modes.cu: bf16, kChunked false, mode 1).
+template <bool kIsFp16, bool kChunked, int kGatherMode = 0>
 Status launch_gather_variant(const DenseDecodeParams& params, const DensePageGeometry& pages, int gather_flags,
                              cudaStream_t stream);
 // The batch-invariant kernels' variants (params.chunk_blocks > 0): instantiations/<dtype>[_any_page]_invariant.cu.

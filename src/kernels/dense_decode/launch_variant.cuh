@@ -116,14 +116,14 @@ Status launch_any_page_variant(const DenseDecodeParams& p, const DensePageGeomet
 // Page sizes 1-8 (docs/dense-decode.md, "Small pages: the gather kernel"): the cache is gathered by cp.async, so only
 // q's map is built (the cache maps are passed empty and never read).
 // kChunked: the batch-invariant twin (params.chunk_blocks > 0).
-template <bool kIsFp16, bool kChunked>
+template <bool kIsFp16, bool kChunked, int kGatherMode>
 Status launch_gather_variant(const DenseDecodeParams& p, const DensePageGeometry& pages, int gather_flags,
                              cudaStream_t stream) {
   CUtensorMap k_map{}, k_map_rope{}, q_map{};
   OPENMLA_RETURN_IF_ERROR(encode_q_map<kIsFp16>(p, &q_map));
   auto kernel = [] {  // (if constexpr: each unit compiles one of the two kernels)
     if constexpr (kChunked) return dense_decode_gather_invariant_kernel<kIsFp16>;
-    else return dense_decode_gather_kernel<kIsFp16>;
+    else return dense_decode_gather_kernel<kIsFp16, kGatherMode>;
   }();
   constexpr int smem_bytes = static_cast<int>(sizeof(SharedStorage)) + 1024;  // + slack to align to 1024
   static detail::DynamicSmemLimit smem_limit;

@@ -81,6 +81,14 @@ struct DensePageGeometry {
 // refills, 2: the one after it); kGatherEvictNormal: the gathers with L2 evict_normal instead of the TMA kernels'
 // evict_last (the prefetches are evict_normal either way).
 inline constexpr int kGatherPrefetchMask = 3, kGatherEvictNormal = 4;
+// The gather kernel's compile-time experiment modes (session 21, decision dense-v25; bf16, default schedule only,
+// chosen by OPENMLA_DENSE_GATHER_MODE, read once; 0 = the default kernel): kGatherModeNoFetchHint drops the 128-byte
+// L2 fetch hint of each 16-byte gather (the look-ahead already put the rows in L2; with the hint the L2 handles a
+// whole line per 16-byte request; instantiated, A/B pending), kGatherModeLinePrefetch prefetches a row as its nine
+// 128-byte lines, one lane each (prefetch.global.L2) instead of one bulk prefetch per row, whose uniform operands
+// make ptxas serialise the 32 lanes' prefetches in a loop (compiled, not instantiated: its loop grew 2,432 -> 2,701
+// instructions with a 92-byte spill, so it was not worth a GPU run).
+inline constexpr int kGatherModeNoFetchHint = 1, kGatherModeLinePrefetch = 2;
 inline constexpr int kGatherDefaultFlags = 1 | kGatherEvictNormal;  // distance 1: decision dense-v24
 
 // Per-request query lengths (docs/dense-decode.md, "Per-request query lengths"): the varlen kernels' own argument
