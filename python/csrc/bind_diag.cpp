@@ -1,8 +1,8 @@
 // Diagnostics: the per-call host path (tools/diag/host_profile.py): times, inside the binding, each step the per-call
 // entries of bind_decode_step.cpp take (reading a tensor, the framework's current stream, an output allocation, the GIL
 // release, the device switch, the launch-context checks), so a profile separates them from the Python call around
-// them; in a trace build, the kernels' traces (tools/diag/kernel_trace.py); the FP8 prefill forward's split of
-// the exponentials (an A/B).
+// them; in a trace build, the kernels' traces (tools/diag/kernel_trace.py); the FP8 prefill forward's key block (an
+// A/B of its two kernels).
 // Not an API: the names start with an underscore.
 #include <nanobind/stl/optional.h>
 
@@ -13,6 +13,7 @@
 
 #include "api/validate.h"
 #include "bind_common.h"
+#include "heuristics/mha_prefill_launch.h"
 #include "object_tensors.h"
 
 #if defined(OPENMLA_HAS_TRACE)
@@ -158,6 +159,15 @@ void bind_diag(nb::module_& m) {
   m.def("_new_decode_outputs", &new_decode_outputs, nb::arg("like"), nb::arg("b"), nb::arg("s_q"), nb::arg("h_q"),
         nb::arg("d_v"),
         "Tests: the (out, lse) a decode entry allocates (one shared allocation) on like's device, in like's dtype.");
+  // The FP8 dense prefill forward's key block (heuristics::mha_prefill_fp8_block_n, decision fp8-d5): 128 or 192 for
+  // later calls; None (or another value) clears the override (then OPENMLA_FP8_BLOCK_N, read once, or the default).
+  // Process-wide. The benchmark's and the tests' A/B of the two kernels in one process.
+  m.def(
+      "_set_mha_prefill_fp8_block_n",
+      [](std::optional<int> block_n) { heuristics::set_mha_prefill_fp8_block_n(block_n.value_or(0)); },
+      nb::arg("block_n").none());
+  m.def("_mha_prefill_fp8_block_n", [] { return heuristics::mha_prefill_fp8_block_n(); },
+        "The key block later FP8 dense prefill calls launch (128 or 192; 0: OPENMLA_FP8_BLOCK_N is invalid).");
   m.def("_host_probe", &host_probe, nb::arg("what"), nb::arg("batches"), nb::arg("tensor"),
         "Diagnostics (tools/diag/host_profile.py): per-call ns of one step of the per-call host path, one value per "
         "batch of 32 calls.");

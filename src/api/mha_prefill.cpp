@@ -4,6 +4,7 @@
 // without a GPU (tests/cpp/test_mha_prefill_api.cpp).
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "api/families.h"
@@ -338,6 +339,13 @@ Status validate_mha_prefill_fp8(const MhaPrefillProblem& pr, const MhaPrefillArg
     p.base.fp16 = false;
     p.base.staged_out = false;  // the FP8 kernel stores O from the registers
     p.out_fp16 = args.out.dtype == DType::kFloat16;
+    p.block_n = heuristics::mha_prefill_fp8_block_n();
+    if (p.block_n == 0) {
+      const char* env = std::getenv(heuristics::kMhaPrefillFp8BlockNEnv);  // read once by the heuristics; quoted here
+      return Status::invalid_argument(std::string("environment variable ") + heuristics::kMhaPrefillFp8BlockNEnv +
+                                      " is '" + (env != nullptr ? env : "") +
+                                      "'; expected 128 or 192 (the FP8 forward's key block), or unset");
+    }
     p.q_descale = static_cast<const float*>(args.q_descale.data);
     p.q_descale_stride_b = strides[0][0];
     p.q_descale_stride_h = strides[0][1];

@@ -94,16 +94,22 @@ __device__ __forceinline__ void row_max(const float (&s)[kElems], float (&mx)[2]
 // Row maxima as a tree: per row, pairwise FMNMX levels (5 for N = 128, 4 for N = 64) instead of row_max's chain of
 // N / 8 dependent ones, then the quad reduction. The same value as row_max (max is exact and associative); a kernel
 // whose softmax chain starts with the row max takes this one (docs/mha-prefill.md, decision mha-v0.16), the decode
-// kernels keep the chain (their SASS is the guard's: docs/architecture.md, "Device layer").
+// kernels keep the chain (their SASS is the guard's: docs/architecture.md, "Device layer"). N = 192 (the FP8
+// forward's 192-key blocks) first folds chunks 16-23 onto 0-7, then continues as N = 128 (6 levels).
 template <int kElems>
 __device__ __forceinline__ void row_max_tree(const float (&s)[kElems], float (&mx)[2]) {
   constexpr int kChunks = kElems / 4;  // 8-column chunks
-  static_assert(kChunks == 8 || kChunks == 16 || kChunks == 32, "the tree folds halves down to 4: N = 64, 128, 256");
+  static_assert(kChunks == 8 || kChunks == 16 || kChunks == 24 || kChunks == 32,
+                "the tree folds halves down to 4: N = 64, 128, 192, 256");
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float t[kChunks];
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) t[j] = fmaxf(s[j * 4 + 2 * i], s[j * 4 + 2 * i + 1]);
+    if constexpr (kChunks == 24) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) t[j] = fmaxf(t[j], t[j + 16]);
+    }
     if constexpr (kChunks >= 32) {
 #pragma unroll
       for (int j = 0; j < 16; ++j) t[j] = fmaxf(t[j], t[j + 16]);

@@ -1,6 +1,9 @@
 #include "heuristics/mha_prefill_launch.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/mha_prefill/config.h"
 
@@ -22,6 +25,30 @@ MhaPrefillLaunchPlan plan_mha_prefill_launch(const MhaPrefillProblem& problem, i
   plan.staged_out = problem.epilogue == MhaPrefillEpilogue::kStaged ||
                     (problem.epilogue == MhaPrefillEpilogue::kAuto && total_q <= kMhaPrefillStagedRows * problem.batch);
   return plan;
+}
+
+int parse_mha_prefill_fp8_block_n(const char* env) {
+  if (env == nullptr || env[0] == '\0') return kMhaPrefillFp8BlockN;
+  if (std::strcmp(env, "128") == 0) return 128;
+  if (std::strcmp(env, "192") == 0) return 192;
+  return 0;
+}
+
+namespace {
+std::atomic<int> g_fp8_block_n_override{0};  // 0: none
+int fp8_block_n_from_env() {
+  static const int value = parse_mha_prefill_fp8_block_n(std::getenv(kMhaPrefillFp8BlockNEnv));  // read once
+  return value;
+}
+}  // namespace
+
+int mha_prefill_fp8_block_n() {
+  const int o = g_fp8_block_n_override.load(std::memory_order_relaxed);
+  return o != 0 ? o : fp8_block_n_from_env();
+}
+
+void set_mha_prefill_fp8_block_n(int block_n) {
+  g_fp8_block_n_override.store(block_n == 128 || block_n == 192 ? block_n : 0, std::memory_order_relaxed);
 }
 
 }  // namespace openmla::heuristics

@@ -42,4 +42,22 @@ inline constexpr int64_t kMhaPrefillStagedRows = 2048;
 // `total_q`: rows of q; `num_sms` > 0: the SMs to run on.
 MhaPrefillLaunchPlan plan_mha_prefill_launch(const MhaPrefillProblem& problem, int64_t total_q, int num_sms);
 
+// The FP8 forward's key block (decision fp8-d5, docs/fp8-prefill-design.md): 128 or 192 keys, a kernel each in every
+// build. 192 spreads the consumer step's per-block fixed part (stage tests, row-max shuffles, O's rescale) over 1.5x
+// the keys; 128 wastes fewer keys on the causal diagonal (a 192-key block there holds up to 191 keys past the tile's
+// last row against 127). Default 192: predicted faster on the s >= 4096 rows (the design note's estimate; not yet
+// measured on a GPU). The environment variable OPENMLA_FP8_BLOCK_N (128 or 192) overrides it, read once per process
+// (the first FP8 call); the Python layer's _set_mha_prefill_fp8_block_n(n) overrides both for later calls (A/Bs in
+// one process: the benchmark, the tests).
+inline constexpr int kMhaPrefillFp8BlockN = 192;
+inline constexpr const char* kMhaPrefillFp8BlockNEnv = "OPENMLA_FP8_BLOCK_N";
+// The value of OPENMLA_FP8_BLOCK_N: null or empty -> the default; "128" / "192" -> that; anything else -> 0 (the FP8
+// call then fails with a message naming the variable, rather than timing a kernel nobody asked for).
+int parse_mha_prefill_fp8_block_n(const char* env);
+// The key block later FP8 calls launch: the setter's value if set, else the environment's (read once), else the
+// default; 0 when the environment's value is not 128 or 192.
+int mha_prefill_fp8_block_n();
+// 128 or 192: later calls use it; any other value (the Python layer's None) clears the override.
+void set_mha_prefill_fp8_block_n(int block_n);
+
 }  // namespace openmla::heuristics

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "api/mha_prefill_internal.h"
+#include "heuristics/mha_prefill_launch.h"
 #include "mha_prefill_fixture.h"
 #include "openmla/prefill.h"
 
@@ -62,6 +63,34 @@ TEST(MhaPrefillFp8Api, ValidCallBuildsParams) {
   EXPECT_EQ(p.v_descale_stride_b, 0);
   EXPECT_EQ(p.v_descale_stride_h, 0);
   EXPECT_EQ(p.base.grid, 132);
+}
+
+// The key block (decision fp8-d5): OPENMLA_FP8_BLOCK_N's parse, the override of the Python layer's setter, and the
+// parameter the launcher dispatches on.
+TEST(MhaPrefillFp8Api, BlockNParse) {
+  EXPECT_EQ(heuristics::parse_mha_prefill_fp8_block_n(nullptr), heuristics::kMhaPrefillFp8BlockN);
+  EXPECT_EQ(heuristics::parse_mha_prefill_fp8_block_n(""), heuristics::kMhaPrefillFp8BlockN);
+  EXPECT_EQ(heuristics::parse_mha_prefill_fp8_block_n("128"), 128);
+  EXPECT_EQ(heuristics::parse_mha_prefill_fp8_block_n("192"), 192);
+  for (const char* bad : {"256", "160", "128 ", "0x80", "-1", "abc"})
+    EXPECT_EQ(heuristics::parse_mha_prefill_fp8_block_n(bad), 0) << bad;
+  EXPECT_TRUE(heuristics::kMhaPrefillFp8BlockN == 128 || heuristics::kMhaPrefillFp8BlockN == 192);
+}
+
+TEST(MhaPrefillFp8Api, BlockNOverrideReachesParams) {
+  const int from_env = heuristics::mha_prefill_fp8_block_n();  // this process's environment (or the default)
+  for (int block_n : {128, 192}) {
+    heuristics::set_mha_prefill_fp8_block_n(block_n);
+    EXPECT_EQ(heuristics::mha_prefill_fp8_block_n(), block_n);
+    kernels::MhaPrefillFp8Params p;
+    const Status st = detail::validate_mha_prefill_fp8(fp8_problem(), fp8_args(), &p);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_EQ(p.block_n, block_n);
+  }
+  heuristics::set_mha_prefill_fp8_block_n(256);  // not a kernel: clears the override
+  EXPECT_EQ(heuristics::mha_prefill_fp8_block_n(), from_env);
+  heuristics::set_mha_prefill_fp8_block_n(0);
+  EXPECT_EQ(heuristics::mha_prefill_fp8_block_n(), from_env);
 }
 
 TEST(MhaPrefillFp8Api, OptionalDescalesAndFp16Out) {

@@ -4,7 +4,9 @@
 // straddle a sequence end and the tensor end, a grid smaller than the tile count (the persistent loop and the
 // dynamic tile counter), q/k/v as views of one packed qkv tensor, rows past the last sequence poisoned with NaN, and
 // cumulative lengths out of order and out of range (memory safety only); and the FP8 forward (float8_e4m3fn q, k, v,
-// per-(sequence, kv head) descales: its producer warp transposes V in shared memory, which racecheck follows).
+// per-(sequence, kv head) descales: its producer warp transposes V in shared memory, which racecheck follows), each
+// case with both of its key blocks (128 and 192 keys, decision fp8-d5; the 192-key kernel's V^T stages share a tail
+// tile, column halves apart).
 // Buffers are cudaMalloc'ed to the exact size of the views, so an out-of-bounds access is a memcheck error; results of
 // the rows inside sequences are compared with the CPU reference, and rows past the last sequence must stay unwritten.
 #include <cuda_runtime.h>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "device_buffer.h"
+#include "heuristics/mha_prefill_launch.h"
 #include "sanitize_random.h"
 #include "openmla/prefill.h"
 #include "openmla_ref/attention.h"
@@ -449,13 +452,22 @@ int run_mha_prefill_sanitize_cases() {
   const Fp8Case fp8_cases[] = {
       {"FP8 varlen causal GQA, persistent loop", 192, false, 4, 2, true, {1, 130, 0, 257}, {5, 300, 7, 257}, 3, 2, 2},
       {"FP8 d128 non-causal, fp16 out, s_q > s_k", 128, true, 2, 2, false, {200, 64}, {129, 0}, 1, 0, 3},
+      // Several 192-key blocks per tile (both V^T stages and the shared tail in use, stages reused), partial last
+      // blocks, the causal diagonal across a block edge with s_q < s_k.
+      {"FP8 causal, 192-key block edges, persistent loop", 192, false, 2, 1, true, {200, 1, 64}, {577, 385, 193}, 2, 5,
+       2},
   };
-  for (const Fp8Case& c : fp8_cases) {
-    if (!run_fp8_case(c)) {
-      ++failed;
-      std::printf("  FAILED: dense MHA prefill FP8 case '%s' (d_qk %d, h_q %d, h_kv %d, causal %d, sms %d)\n", c.name,
-                  c.d_qk, c.h_q, c.h_kv, c.causal, c.num_sms);
+  for (const int block_n : {128, 192}) {
+    openmla::heuristics::set_mha_prefill_fp8_block_n(block_n);
+    for (const Fp8Case& c : fp8_cases) {
+      if (!run_fp8_case(c)) {
+        ++failed;
+        std::printf("  FAILED: dense MHA prefill FP8 case '%s' (d_qk %d, h_q %d, h_kv %d, causal %d, sms %d, "
+                    "key block %d)\n",
+                    c.name, c.d_qk, c.h_q, c.h_kv, c.causal, c.num_sms, block_n);
+      }
     }
   }
+  openmla::heuristics::set_mha_prefill_fp8_block_n(0);  // back to the environment's value or the default
   return failed;
 }

@@ -8,6 +8,10 @@ between the compared ones; outputs NaN-filled before the call (rows inside a seq
 last must not). The kernel runs before the reference allocates anything. Every GPU test prints its measured errors
 (pytest -s shows them; the summary test prints the FP8 and the bf16 kernel's errors side by side).
 
+Every GPU test runs for both key blocks of the kernel (decision fp8-d5: 128 and 192 keys, a kernel each), set through
+openmla._openmla._set_mha_prefill_fp8_block_n by the `mha` fixture; the smoke call runs both;
+test_fp8_block_n_from_the_environment checks the environment variable OPENMLA_FP8_BLOCK_N in child processes.
+
 Without torch or a Hopper GPU the GPU tests are collected and skipped with their reason (conftest.py).
 """
 from __future__ import annotations
@@ -24,6 +28,8 @@ from conftest import GPU_SKIP_REASON  # noqa: F401  (the marker's reason)
 gpu = pytest.mark.gpu
 DEVICE = "cuda"
 LENGTHS = (0, 1, 63, 64, 65, 127, 128, 129, 1000, 4097)
+# The kernel's key blocks (heuristics::mha_prefill_fp8_block_n): every GPU test runs with each.
+BLOCK_NS = (128, 192)
 # e4m3 N(0, 1) x 48: |x| < 5.3 sigma stays below 256 (no saturation), 3 mantissa bits either way.
 QUANT = 48.0
 
@@ -40,16 +46,23 @@ def _ref():
     return mha_prefill_fp8_ref
 
 
-@pytest.fixture
-def mha(smoke):
+@pytest.fixture(params=BLOCK_NS, ids=lambda n: f"bn{n}")
+def mha(smoke, request):
+    """openmla with the FP8 kernel of key block request.param (128 or 192) for the test's calls."""
     ok, report = smoke
     if not ok:
         pytest.fail(f"dense MHA prefill smoke test failed, not running the GPU case: {report}")
-    return openmla
+    from openmla import _openmla as C
+
+    C._set_mha_prefill_fp8_block_n(request.param)
+    assert C._mha_prefill_fp8_block_n() == request.param
+    yield openmla
+    C._set_mha_prefill_fp8_block_n(None)
 
 
 _SMOKE_CODE = r"""
 import torch, openmla
+from openmla import _openmla as C
 torch.backends.cuda.matmul.allow_tf32 = False
 g = torch.Generator(device="cuda").manual_seed(0)
 cu = torch.tensor([0, 70, 200], dtype=torch.int32, device="cuda")
@@ -57,19 +70,22 @@ q = (torch.randn((200, 4, 192), generator=g, device="cuda") * 48).to(torch.float
 k = (torch.randn((200, 2, 192), generator=g, device="cuda") * 48).to(torch.float8_e4m3fn)
 v = (torch.randn((200, 2, 128), generator=g, device="cuda") * 48).to(torch.float8_e4m3fn)
 d = torch.full((2, 2), 1 / 48, device="cuda")
-out, lse = openmla.flash_attn_varlen_func(q, k, v, cu, cu, 130, 130, causal=True, q_descale=d, k_descale=d,
-                                          v_descale=d)
-torch.cuda.synchronize()
 qf, kf, vf = (t[70:].float() / 48 for t in (q, k, v))
 z = torch.einsum("thd,shd->hts", qf, kf.repeat_interleave(2, dim=1)) * 192 ** -0.5
 z = z.masked_fill(torch.ones(130, 130, device="cuda").triu(1).bool(), float("-inf"))
 ref = torch.einsum("hts,shd->thd", z.softmax(-1), vf.repeat_interleave(2, dim=1))
 pav = torch.einsum("hts,shd->thd", z.softmax(-1), vf.abs().repeat_interleave(2, dim=1))
-err = (out[70:].float() - ref).abs()
-print("max error", err.max().item(), "max ref", ref.abs().max().item())
-assert bool((err <= 0.08 * pav + 1e-2).all()), f"max error {err.max().item()} (P's e4m3 rounding allows 2^-4 p|v|)"
-assert bool(torch.isfinite(lse[70:]).all())
-print("smoke ok", err.max().item())
+for block_n in (192, 128):  # both kernels (decision fp8-d5)
+    C._set_mha_prefill_fp8_block_n(block_n)
+    out, lse = openmla.flash_attn_varlen_func(q, k, v, cu, cu, 130, 130, causal=True, q_descale=d, k_descale=d,
+                                              v_descale=d)
+    torch.cuda.synchronize()
+    err = (out[70:].float() - ref).abs()
+    print("block_n", block_n, "max error", err.max().item(), "max ref", ref.abs().max().item())
+    assert bool((err <= 0.08 * pav + 1e-2).all()), \
+        f"block_n {block_n}: max error {err.max().item()} (P's e4m3 rounding allows 2^-4 p|v|)"
+    assert bool(torch.isfinite(lse[70:]).all())
+    print("smoke ok", block_n, err.max().item())
 """
 
 
@@ -254,6 +270,10 @@ DESCALE_FORMS = [Case((300, 129, 1000), (300, 500, 1000), h_q=8, h_kv=4, causal=
 LARGE = [Case((1000, 129, 4097), (1000, 129, 4097), h_q=8, h_kv=4, q_scale=8.0, causal=c, d_qk=d)
          for c in (False, True) for d in (192, 128)]
 WIDE = [Case((1000, 129, 2000), (1000, 129, 2000), h_q=8, h_kv=2, causal=c, wide=True) for c in (False, True)]
+# Lengths at and around the 192-key block's edges (partial last blocks, two and three blocks, the causal diagonal
+# crossing a block with s_q != s_k: bottom-right), for both kernels.
+BLOCK_EDGES = [Case((191, 192, 193, 383, 1, 200), (191, 192, 193, 385, 385, 577), h_q=4, h_kv=2, causal=c, d_qk=d)
+               for c in (False, True) for d in (192, 128)]
 POISONED = [Case((65, 200, 1, 130, 64), (65, 200, 1, 130, 64), h_q=8, h_kv=2, causal=c, poison=(1, 3), pad=131,
                  d_qk=d) for c in (False, True) for d in (192, 128)]
 
@@ -289,6 +309,12 @@ def test_fp8_each_length(mha, case):
 @gpu
 @pytest.mark.parametrize("case", CHUNKED, ids=str)
 def test_fp8_chunked(mha, case):
+    run_and_check(mha, case)
+
+
+@gpu
+@pytest.mark.parametrize("case", BLOCK_EDGES, ids=str)
+def test_fp8_block_edges(mha, case):
     run_and_check(mha, case)
 
 
@@ -455,3 +481,45 @@ def test_fp8_error_against_the_bf16_kernel(mha, d_qk, causal):
                   lse_max_abs_err=float(bl.max()))
     _report(f"FP8 vs bf16 kernel, d{d_qk} {'causal' if causal else 'full'} (s 4096/1000/129, h 8/2): fp8 {_fmt(f8)}; "
             f"bf16 {_fmt(bstats)}")
+
+
+_ENV_CODE = r"""
+import torch, openmla
+from openmla import _openmla as C
+print("block_n", C._mha_prefill_fp8_block_n())
+q = (torch.randn((300, 2, 128), device="cuda") * 48).to(torch.float8_e4m3fn)
+cu = torch.tensor([0, 300], dtype=torch.int32, device="cuda")
+try:
+    out, lse = openmla.flash_attn_varlen_func(q, q, q, cu, cu, 300, 300, causal=True, q_descale=1 / 48,
+                                              k_descale=1 / 48, v_descale=1 / 48)
+    torch.cuda.synchronize()
+    print("call ok", bool(torch.isfinite(out).all()))
+except ValueError as err:
+    print("ValueError", err)
+"""
+
+
+@gpu
+@pytest.mark.parametrize("value", ("128", "192", "", "256"))
+def test_fp8_block_n_from_the_environment(smoke, value):
+    """OPENMLA_FP8_BLOCK_N (read once per process) picks the kernel; unset or empty: the default; another value: every
+    FP8 call raises ValueError naming the variable."""
+    import subprocess
+    import sys
+
+    from test_mha_prefill import SMOKE_TIMEOUT_S, _child_env
+
+    ok, report = smoke
+    if not ok:
+        pytest.fail(f"dense MHA prefill smoke test failed: {report}")
+    env = dict(_child_env(), OPENMLA_FP8_BLOCK_N=value)
+    proc = subprocess.run([sys.executable, "-c", _ENV_CODE], env=env, capture_output=True, text=True,
+                          timeout=SMOKE_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if value == "256":
+        assert "block_n 0" in proc.stdout and "ValueError" in proc.stdout and "OPENMLA_FP8_BLOCK_N" in proc.stdout, \
+            proc.stdout
+        return
+    want = (f"block_n {value}",) if value else ("block_n 128", "block_n 192")  # empty: the default
+    assert proc.stdout.split("\n")[0] in want, proc.stdout
+    assert "call ok True" in proc.stdout, proc.stdout

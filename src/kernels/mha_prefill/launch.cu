@@ -33,8 +33,14 @@ Status launch_mha_prefill(const MhaPrefillParams& p, cudaStream_t stream) {
 
 Status launch_mha_prefill_fp8(const MhaPrefillFp8Params& params, cudaStream_t stream) {
   const MhaPrefillFp8Params& p = params;
-  if (p.base.d_qk == 192) return launch_mha_prefill_fp8_typed<192>(p, stream);
-  if (p.base.d_qk == 128) return launch_mha_prefill_fp8_typed<128>(p, stream);
+  if (p.block_n != 128 && p.block_n != 192)
+    return Status::internal("dense MHA prefill (FP8): no kernel variant for key blocks of " +
+                            std::to_string(p.block_n) + " (built: 128 and 192)");
+  const bool wide = p.block_n == 192;
+  if (p.base.d_qk == 192)
+    return wide ? launch_mha_prefill_fp8_typed<192, 192>(p, stream) : launch_mha_prefill_fp8_typed<192, 128>(p, stream);
+  if (p.base.d_qk == 128)
+    return wide ? launch_mha_prefill_fp8_typed<128, 192>(p, stream) : launch_mha_prefill_fp8_typed<128, 128>(p, stream);
   return Status::internal("dense MHA prefill (FP8): no kernel variant for d_qk " + std::to_string(p.base.d_qk) +
                           " (the API admits 192 and 128)");
 }

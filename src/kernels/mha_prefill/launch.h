@@ -18,8 +18,8 @@ namespace openmla::kernels {
 
 template <int kDQK, bool kFp16>
 Status launch_mha_prefill_typed(const MhaPrefillParams& p, cudaStream_t stream);
-// The FP8 (e4m3) variants (instantiations/d*_e4m3.cu; launch_fp8_impl.cuh).
-template <int kDQK>
+// The FP8 (e4m3) variants (instantiations/d*_e4m3.cu; launch_fp8_impl.cuh): key blocks of 128 or 192 keys.
+template <int kDQK, int kBlockN>
 Status launch_mha_prefill_fp8_typed(const MhaPrefillFp8Params& p, cudaStream_t stream);
 
 #if defined(OPENMLA_HAS_TRACE)
